@@ -1,0 +1,1 @@
+"""OpenCLIP → ONNX export, preprocessing folded into the graph (`python -m export -h`)."""

@@ -1,0 +1,74 @@
+"""`python -m export`: OpenCLIP image encoder to ONNX (FP32 + FP16), cached, parity-checked."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from export.build import default_cache_dir, ensure_exported
+from export.model import DEFAULT_MODEL, DEFAULT_PRETRAINED, Weights, WeightsUnavailableError
+
+
+def weights_from_spec(spec: str) -> Weights:
+    """``random`` / ``random:SEED`` / a path to a checkpoint file / an open_clip pretrained tag."""
+    if spec == "random" or spec.startswith("random:"):
+        return Weights.random(int(spec.partition(":")[2] or 0))
+    if "/" in spec or spec.endswith((".bin", ".pt", ".pth", ".safetensors")):
+        return Weights.checkpoint(spec)
+    return Weights.pretrained(spec)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="open_clip model name")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--pretrained",
+        default=None,
+        help=f"open_clip pretrained tag (default {DEFAULT_PRETRAINED})",
+    )
+    source.add_argument("--checkpoint", type=Path, help="local open_clip checkpoint file")
+    source.add_argument(
+        "--random-init", action="store_true", help="random weights (tests and benchmarks only)"
+    )
+    source.add_argument("--weights", help="one spec: random[:SEED] | PATH | TAG")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --random-init")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="default: " + str(default_cache_dir())
+    )
+    parser.add_argument("--no-fp16", action="store_true", help="skip the FP16 variant")
+    parser.add_argument("--force", action="store_true", help="re-export even if cached")
+    parser.add_argument("--print-dir", action="store_true", help="print only the export directory")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.weights:
+        weights = weights_from_spec(args.weights)
+    elif args.random_init:
+        weights = Weights.random(args.seed)
+    elif args.checkpoint:
+        weights = Weights.checkpoint(args.checkpoint)
+    else:
+        weights = Weights.pretrained(args.pretrained or DEFAULT_PRETRAINED)
+    try:
+        exported = ensure_exported(
+            args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force
+        )
+    except WeightsUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_dir:
+        print(exported.directory)
+    else:
+        print(json.dumps({"directory": str(exported.directory)} | exported.manifest, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The exportable encoder: uint8 NHWC pixels in, open_clip's normalisation inside, embedding out."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import open_clip
+import torch
+from torch import nn
+
+DEFAULT_MODEL = "ViT-B-32"
+DEFAULT_PRETRAINED = "laion2b_s34b_b79k"
+
+log = logging.getLogger(__name__)
+
+
+class WeightsUnavailableError(RuntimeError):
+    """Pretrained weights could not be fetched or a checkpoint could not be read."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Which weights to load: an open_clip pretrained tag, a checkpoint file, or a random seed."""
+
+    kind: Literal["pretrained", "checkpoint", "random"]
+    value: str
+
+    @classmethod
+    def pretrained(cls, tag: str = DEFAULT_PRETRAINED) -> Weights:
+        return cls("pretrained", tag)
+
+    @classmethod
+    def checkpoint(cls, path: str | Path) -> Weights:
+        return cls("checkpoint", str(Path(path).resolve()))
+
+    @classmethod
+    def random(cls, seed: int = 0) -> Weights:
+        return cls("random", str(seed))
+
+    def cache_id(self) -> str:
+        """A string that changes whenever the weights do (checkpoints are hashed by content)."""
+        if self.kind == "checkpoint":
+            if not Path(self.value).is_file():
+                raise WeightsUnavailableError(f"checkpoint file not found: {self.value}")
+            digest = hashlib.sha256()
+            with open(self.value, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            return f"checkpoint:{digest.hexdigest()}"
+        return f"{self.kind}:{self.value}"
+
+    def describe(self) -> str:
+        return {"pretrained": "pretrained ", "checkpoint": "checkpoint ", "random": "random seed "}[
+            self.kind
+        ] + self.value
+
+
+class PixelEncoder(nn.Module):
+    """open_clip's visual tower behind its own preprocessing, taking the wire format directly.
+
+    ``pixels`` is uint8 ``[batch, H, W, 3]`` RGB, already resized and centre-cropped. The cast, the
+    ``/255``, CLIP's mean/std normalisation and the NHWC→NCHW transpose are folded into one
+    multiply-add here, so they run inside the graph on the accelerator and the wire carries a
+    quarter of the bytes an FP32 tensor would.
+    """
+
+    def __init__(self, visual: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.visual = visual
+        mean_t = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std_t = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
+        # (x/255 - mean)/std == x * (1/(255*std)) - mean/std
+        self.register_buffer("scale", 1.0 / (255.0 * std_t))
+        self.register_buffer("shift", mean_t / std_t)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = pixels.permute(0, 3, 1, 2).to(torch.float32)
+        x = x * self.scale - self.shift
+        return self.visual(x)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    clip: nn.Module
+    encoder: PixelEncoder
+    image_size: int
+    embed_dim: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    interpolation: str
+
+
+def load(model_name: str, weights: Weights) -> LoadedModel:
+    """Create the open_clip model with the requested weights; never silently random."""
+    if weights.kind == "random":
+        torch.manual_seed(int(weights.value))
+        clip = open_clip.create_model(model_name, pretrained=None)
+    elif weights.kind == "checkpoint":
+        try:
+            clip = open_clip.create_model(model_name, pretrained=weights.value)
+        except Exception as exc:  # unreadable file, wrong architecture, truncated download...
+            raise WeightsUnavailableError(
+                f"cannot load checkpoint {weights.value} into {model_name}: {exc}"
+            ) from exc
+    else:
+        clip = _create_pretrained(model_name, weights.value)
+    clip.eval()
+    cfg = clip.visual.preprocess_cfg
+    size = cfg["size"]
+    image_size = int(size[0] if isinstance(size, tuple | list) else size)
+    encoder = PixelEncoder(clip.visual, tuple(cfg["mean"]), tuple(cfg["std"])).eval()
+    with torch.no_grad():
+        embed_dim = int(
+            encoder(torch.zeros(1, image_size, image_size, 3, dtype=torch.uint8)).shape[-1]
+        )
+    return LoadedModel(
+        clip=clip,
+        encoder=encoder,
+        image_size=image_size,
+        embed_dim=embed_dim,
+        mean=tuple(cfg["mean"]),
+        std=tuple(cfg["std"]),
+        interpolation=str(cfg.get("interpolation", "bicubic")),
+    )
+
+
+def _create_pretrained(model_name: str, tag: str) -> nn.Module:
+    known = open_clip.list_pretrained_tags_by_model(model_name)
+    if tag not in known:
+        raise WeightsUnavailableError(
+            f"open_clip has no pretrained tag {tag!r} for {model_name}; "
+            f"known tags: {', '.join(known)}"
+        )
+    try:
+        return open_clip.create_model(model_name, pretrained=tag)
+    except Exception as exc:  # hub/network errors come in many types; all mean the same here
+        raise WeightsUnavailableError(
+            f"could not fetch pretrained weights {tag!r} for {model_name}: {exc}\n"
+            "Either point at a local checkpoint file (--checkpoint PATH, or "
+            "CLIP_WEIGHTS=/path/to.bin for make serve), or use random weights explicitly for tests "
+            "and benchmarks "
+            "(--random-init, or CLIP_WEIGHTS=random)."
+        ) from exc

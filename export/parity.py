@@ -1,0 +1,76 @@
+"""Parity of the exported graphs against open_clip's own torch pipeline on the same uint8 input."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torchvision.transforms import Normalize
+
+from export.model import LoadedModel
+from gateway.contract import INPUT_NAME
+
+FP32_MAX_ABS = 1e-4
+FP16_MIN_COSINE = 0.999
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    batch: int
+    fp32_max_abs: float
+    fp16_cosine_min: float | None
+    fp16_cosine_mean: float | None
+
+    @property
+    def ok(self) -> bool:
+        fp16_ok = self.fp16_cosine_min is None or self.fp16_cosine_min >= FP16_MIN_COSINE
+        return self.fp32_max_abs <= FP32_MAX_ABS and fp16_ok
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ok": self.ok}
+
+
+def reference(loaded: LoadedModel, pixels: np.ndarray) -> np.ndarray:
+    """open_clip in torch: ToTensor's /255, its Normalize transform, ``encode_image``."""
+    x = torch.from_numpy(pixels).permute(0, 3, 1, 2).to(torch.float32) / 255.0
+    x = Normalize(loaded.mean, loaded.std)(x)
+    with torch.no_grad():
+        return loaded.clip.encode_image(x).numpy()  # type: ignore[no-any-return]
+
+
+def session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    # ORT_ENABLE_ALL adds CPU layout transforms that crash onnxruntime 1.31's CPU EP on the FP16
+    # graph (segfault at session creation); EXTENDED keeps every fusion and is what we compare.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return (a64 * b64).sum(-1) / (np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1))
+
+
+def check(
+    loaded: LoadedModel, fp32_path: Path, fp16_path: Path | None, batch: int = 8, seed: int = 0
+) -> ParityReport:
+    rng = np.random.default_rng(seed)
+    size = loaded.image_size
+    pixels = rng.integers(0, 256, size=(batch, size, size, 3), dtype=np.uint8)
+    expected = reference(loaded, pixels)
+    got32 = session(fp32_path).run(None, {INPUT_NAME: pixels})[0]
+    cos16_min = cos16_mean = None
+    if fp16_path is not None:
+        got16 = session(fp16_path).run(None, {INPUT_NAME: pixels})[0]
+        cos = cosine(expected, got16)
+        cos16_min, cos16_mean = float(cos.min()), float(cos.mean())
+    return ParityReport(
+        batch=batch,
+        fp32_max_abs=float(np.abs(expected - got32).max()),
+        fp16_cosine_min=cos16_min,
+        fp16_cosine_mean=cos16_mean,
+    )

@@ -1,0 +1,42 @@
+"""Fixtures shared by every test layer: one random-weights export and one real tritonserver."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.repository import RepositorySettings, render
+
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if (TESTS / "integration") in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def exported():  # -> export.build.ExportedModel (torch is imported lazily, only when needed)
+    """ViT-B/32 with random weights (seed 0), FP32 + FP16, from the export cache when present."""
+    from export.build import ensure_exported
+    from export.model import Weights
+
+    return ensure_exported("ViT-B-32", Weights.random(0))
+
+
+@pytest.fixture(scope="session")
+def cpu_repository(exported, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("repo") / "model_repository"
+    return render(RepositorySettings(profile="cpu"), exported.directory, out)
+
+
+@pytest.fixture(scope="session")
+def triton(cpu_repository: Path) -> Iterator[object]:
+    """A real tritonserver (cpu profile) on free loopback ports, shared by the session."""
+    from gateway.localtriton import LocalTriton
+
+    with LocalTriton(cpu_repository) as server:
+        yield server

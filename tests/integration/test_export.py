@@ -1,0 +1,150 @@
+"""The exported ONNX graphs: contract, parity with open_clip, caching, where weights come from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from export import parity
+from export.build import ensure_exported
+from export.model import Weights, load
+from gateway.contract import INPUT_NAME, OUTPUT_NAME
+from gateway.repository import PROFILES, RepositorySettings, render
+
+ROOT = Path(__file__).resolve().parents[2]
+ONNX_TO_TRITON = {onnx.TensorProto.UINT8: mc.TYPE_UINT8, onnx.TensorProto.FLOAT: mc.TYPE_FP32}
+
+
+def dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+def test_graph_contract(exported, variant: str) -> None:
+    path = exported.fp32 if variant == "fp32" else exported.fp16
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.checker.check_model(model)
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    (inp,), (out,) = model.graph.input, model.graph.output
+    assert inp.name == INPUT_NAME and out.name == OUTPUT_NAME
+    assert inp.type.tensor_type.elem_type == onnx.TensorProto.UINT8
+    # FP16 keeps FP32 at its output so every profile speaks the same contract
+    assert out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    batch, *rest = dims(inp)
+    assert isinstance(batch, str) and rest == [224, 224, 3]  # symbolic batch axis
+    assert dims(out)[1:] == [512]
+
+
+def test_rendered_configs_agree_with_the_graph(exported, tmp_path: Path) -> None:
+    graph = onnx.load(str(exported.fp32), load_external_data=False).graph
+    for profile in PROFILES:
+        repo = render(RepositorySettings(profile=profile), exported.directory, tmp_path / profile)
+        model_dir = next(repo.iterdir())
+        config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
+        for tensors, graph_tensors in ((config.input, graph.input), (config.output, graph.output)):
+            assert [t.name for t in tensors] == [g.name for g in graph_tensors]
+            for t, g in zip(tensors, graph_tensors, strict=True):
+                assert t.data_type == ONNX_TO_TRITON[g.type.tensor_type.elem_type]
+                assert list(t.dims) == dims(g)[1:]  # Triton's dims exclude the batch axis
+        filename = config.default_model_filename or "model.onnx"
+        if profile == "cpu":
+            assert (model_dir / "1" / "model.py").exists()
+            filename = config.parameters["onnx_file"].string_value
+        assert (model_dir / "1" / filename).resolve().exists()
+
+
+def test_parity_with_open_clip_in_torch(exported) -> None:
+    """Recorded at export time and recomputed here on a fresh input and batch size."""
+    recorded = exported.manifest["parity"]
+    assert recorded["ok"] and recorded["fp32_max_abs"] <= 1e-4
+    assert recorded["fp16_cosine_min"] >= 0.999
+    loaded = load("ViT-B-32", Weights.random(0))
+    report = parity.check(loaded, exported.fp32, exported.fp16, batch=3, seed=42)
+    print(f"\nparity: {report.as_dict()}")
+    assert report.fp32_max_abs <= parity.FP32_MAX_ABS
+    assert report.fp16_cosine_min is not None and report.fp16_cosine_min >= parity.FP16_MIN_COSINE
+
+
+def test_dynamic_batch_axis(exported) -> None:
+    session = parity.session(exported.fp32)
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, size=(5, 224, 224, 3), dtype=np.uint8)
+    whole = session.run(None, {INPUT_NAME: x})[0]
+    singles = np.concatenate([session.run(None, {INPUT_NAME: x[i : i + 1]})[0] for i in range(5)])
+    assert whole.shape == (5, 512)
+    np.testing.assert_allclose(whole, singles, atol=1e-5)
+
+
+def test_cache_hit_is_cheap_and_keys_on_weights(exported) -> None:
+    started = time.perf_counter()
+    again = ensure_exported("ViT-B-32", Weights.random(0))
+    assert again.directory == exported.directory
+    assert time.perf_counter() - started < 5  # a hit is a manifest read, not a torch export
+    assert exported.manifest["weights"]["id"] == "random:0"
+    from export.build import cache_key
+
+    assert cache_key("ViT-B-32", Weights.random(0), True) != cache_key(
+        "ViT-B-32", Weights.random(1), True
+    )
+    assert cache_key("ViT-B-32", Weights.random(0), True) != cache_key(
+        "ViT-B-32", Weights.random(0), False
+    )
+
+
+def test_checkpoint_weights_are_loaded(exported, tmp_path: Path) -> None:
+    """A checkpoint holding seed-0 weights exports to the same function as random seed 0."""
+    loaded = load("ViT-B-32", Weights.random(0))
+    checkpoint = tmp_path / "vit-b-32.pt"
+    torch.save(loaded.clip.state_dict(), checkpoint)
+    from_file = ensure_exported(
+        "ViT-B-32", Weights.checkpoint(checkpoint), tmp_path / "cache", fp16=False
+    )
+    assert from_file.manifest["weights"]["kind"] == "checkpoint"
+    assert from_file.fp16 is None
+    x = np.random.default_rng(3).integers(0, 256, size=(2, 224, 224, 3), dtype=np.uint8)
+    a = parity.session(exported.fp32).run(None, {INPUT_NAME: x})[0]
+    b = parity.session(from_file.fp32).run(None, {INPUT_NAME: x})[0]
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def run_export_cli(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "export", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_unreachable_pretrained_weights_stop_with_both_alternatives(tmp_path: Path) -> None:
+    result = run_export_cli("--cache-dir", str(tmp_path), env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    assert "laion2b_s34b_b79k" in result.stderr
+    assert "--checkpoint" in result.stderr and "--random-init" in result.stderr
+    assert not list(tmp_path.glob("models/*/model.onnx"))  # never silently random
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    result = run_export_cli("--checkpoint", str(tmp_path / "nope.pt"), "--cache-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "nope.pt" in result.stderr
+
+
+def test_cli_prints_the_cached_directory(exported) -> None:
+    result = run_export_cli("--random-init", "--print-dir")
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()) == exported.directory

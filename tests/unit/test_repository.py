@@ -1,0 +1,127 @@
+"""Rendered config.pbtxt files: valid for Triton's own schema, and consistent across profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from gateway.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
+from gateway.repository import PROFILES, RepositorySettings, render_config
+
+# The TensorRT-accelerator keys the onnxruntime backend understands (README "Parameter mapping"
+# table and the key checks in src/onnxruntime.cc of triton-inference-server/onnxruntime_backend).
+ORT_BACKEND_TRT_KEYS = {
+    "precision_mode", "max_workspace_size_bytes", "trt_engine_cache_enable",
+    "trt_engine_cache_path", "trt_timing_cache_enable", "trt_timing_cache_path",
+    "trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes",
+    "trt_cuda_graph_enable", "trt_layer_norm_fp32_fallback", "trt_engine_cache_prefix",
+    "trt_builder_optimization_level", "trt_max_partition_iterations", "trt_min_subgraph_size",
+}  # fmt: skip
+
+
+def parse(config: mc.ModelConfig) -> mc.ModelConfig:
+    """Round-trip through text: what Triton reads is what we check."""
+    return text_format.Parse(text_format.MessageToString(config), mc.ModelConfig())
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_has_the_same_tensor_contract(profile: str) -> None:
+    config = parse(render_config(RepositorySettings(profile=profile), 224, 512))
+    assert config.name == TRITON_MODEL_NAME
+    assert config.max_batch_size == 32
+    (inp,) = config.input
+    assert (inp.name, inp.data_type, list(inp.dims)) == (INPUT_NAME, mc.TYPE_UINT8, [224, 224, 3])
+    (out,) = config.output
+    assert (out.name, out.data_type, list(out.dims)) == (OUTPUT_NAME, mc.TYPE_FP32, [512])
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8, 16, 32]
+
+
+def test_settings_flow_into_every_profile() -> None:
+    for profile in PROFILES:
+        settings = RepositorySettings(
+            profile=profile,
+            max_batch_size=16,
+            max_queue_delay_us=7500,
+            instance_count=3,
+            max_queue_size=9,
+        )
+        config = parse(render_config(settings, 224, 512))
+        assert config.max_batch_size == 16
+        # preferred sizes above the max are dropped rather than rejected by Triton at load
+        assert list(config.dynamic_batching.preferred_batch_size) == [4, 8, 16]
+        assert config.dynamic_batching.max_queue_delay_microseconds == 7500
+        assert config.dynamic_batching.default_queue_policy.max_queue_size == 9
+        assert (
+            config.dynamic_batching.default_queue_policy.timeout_action
+            == mc.ModelQueuePolicy.REJECT
+        )
+        assert [g.count for g in config.instance_group] == [3]
+
+
+def test_cpu_profile_is_python_backend_with_ort() -> None:
+    config = parse(render_config(RepositorySettings(profile="cpu", cpu_threads=2), 224, 512))
+    assert config.backend == "python"
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    assert config.parameters["onnx_file"].string_value == "model.onnx"
+    assert config.parameters["intra_op_threads"].string_value == "2"
+    assert [w.batch_size for w in config.model_warmup] == [1]
+
+
+def test_cuda_profile_uses_fp16_graph_and_cuda_ep() -> None:
+    config = parse(render_config(RepositorySettings(profile="cuda"), 224, 512))
+    assert config.backend == "onnxruntime"
+    assert config.default_model_filename == "model_fp16.onnx"
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
+    (accel,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accel.name == "cuda"
+    assert accel.parameters["enable_cuda_graph"] == "0"
+    fp32 = parse(render_config(RepositorySettings(profile="cuda", cuda_precision="fp32"), 224, 512))
+    assert fp32.default_model_filename == "model.onnx"
+
+
+def test_tensorrt_profile_covers_every_batch_with_one_profile_and_warms_it() -> None:
+    settings = RepositorySettings(profile="tensorrt", trt_cache_path="/engines", max_batch_size=32)
+    config = parse(render_config(settings, 224, 512))
+    (accel,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+    params = dict(accel.parameters)
+    assert accel.name == "tensorrt"
+    assert set(params) <= ORT_BACKEND_TRT_KEYS
+    assert params["precision_mode"] == "FP16"
+    assert params["trt_engine_cache_enable"] == "1"
+    assert params["trt_engine_cache_path"] == "/engines"
+    assert params["trt_profile_min_shapes"] == f"{INPUT_NAME}:1x224x224x3"
+    assert params["trt_profile_max_shapes"] == f"{INPUT_NAME}:32x224x224x3"
+    assert params["trt_profile_opt_shapes"] == f"{INPUT_NAME}:32x224x224x3"
+    warm = [w.batch_size for w in config.model_warmup]
+    assert warm == [1, 4, 8, 16, 32]
+    for warmup in config.model_warmup:
+        tensor = warmup.inputs[INPUT_NAME]
+        assert (tensor.data_type, list(tensor.dims)) == (mc.TYPE_UINT8, [224, 224, 3])
+
+
+def test_warmup_sizes_above_max_are_refused() -> None:
+    with pytest.raises(ValueError, match="exceed max_batch_size"):
+        RepositorySettings(max_batch_size=8, warmup_batch_sizes=(1, 16))
+
+
+def test_env_configures_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "tensorrt")
+    monkeypatch.setenv("GATEWAY_TRITON_MAX_QUEUE_DELAY_US", "10000")
+    monkeypatch.setenv("GATEWAY_TRITON_PREFERRED_BATCH_SIZES", "[8, 16]")
+    settings = RepositorySettings()
+    assert (settings.profile, settings.max_queue_delay_us, settings.preferred) == (
+        "tensorrt",
+        10000,
+        (8, 16),
+    )
+
+
+def test_templates_have_no_unrendered_placeholders(tmp_path: Path) -> None:
+    for profile in PROFILES:
+        text = text_format.MessageToString(
+            render_config(RepositorySettings(profile=profile), 224, 512)
+        )
+        assert "${" not in text and "$" not in text.replace("$$", "")

@@ -1,0 +1,49 @@
+"""Triton Python-backend model for the `cpu` profile: the exported ONNX graph on ORT's CPU EP.
+
+Runs inside Triton's python backend stub (triton/README.md explains the interpreter it uses). The
+dynamic batcher hands `execute` several requests at once; they are concatenated into one ORT run
+and split again, so batching across gateway requests actually reaches the model.
+"""
+
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.input_name = config["input"][0]["name"]
+        self.output_name = config["output"][0]["name"]
+        path = os.path.join(
+            args["model_repository"], args["model_version"], params.get("onnx_file", "model.onnx")
+        )
+        options = ort.SessionOptions()
+        threads = int(params.get("intra_op_threads", "0") or 0)
+        if threads > 0:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        arrays = [
+            pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
+            for request in requests
+        ]
+        try:
+            batch = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            embeddings = self.session.run([self.output_name], {self.input_name: batch})[0]
+        except Exception as exc:  # report it on every request of the batch instead of crashing
+            error = pb_utils.TritonError(f"onnxruntime failed: {exc}")
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        responses = []
+        start = 0
+        for array in arrays:
+            end = start + len(array)
+            tensor = pb_utils.Tensor(self.output_name, np.ascontiguousarray(embeddings[start:end]))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+            start = end
+        return responses
