@@ -1,0 +1,1 @@
+"""Benchmarks: our gateway beside the baselines of the background reports, one command."""
