@@ -156,3 +156,23 @@ def render(
     if settings.profile == "cpu":
         shutil.copy2(templates / "python" / "model.py", version_dir / "model.py")
     return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gateway.repository EXPORT_DIR OUT_DIR``; settings from ``GATEWAY_TRITON_*``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gateway.repository", description=__doc__)
+    parser.add_argument("export_dir", type=Path, help="a directory written by `python -m export`")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--profile", choices=PROFILES, help="overrides GATEWAY_TRITON_PROFILE")
+    parser.add_argument("--copy", action="store_true", help="copy ONNX files instead of linking")
+    args = parser.parse_args(argv)
+    settings = RepositorySettings(**({"profile": args.profile} if args.profile else {}))
+    render(settings, args.export_dir, args.out_dir, link=not args.copy)
+    print(args.out_dir / TRITON_MODEL_NAME / "config.pbtxt")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

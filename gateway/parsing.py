@@ -1,0 +1,122 @@
+"""Request bodies to image items: multipart parts in order, or the OpenAI JSON shape."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
+
+from gateway.errors import InvalidRequest, PayloadTooLarge, UnprocessableRequest
+from gateway.service import ImageItem
+
+EncodingFormat = Literal["float", "base64"]
+#: Multipart fields that are options, not images. Every other part is an image, in order.
+OPTION_FIELDS = frozenset({"model", "encoding_format", "normalize"})
+
+
+class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=False):
+    """OpenAI's embeddings request, with images as base64 strings or ``data:`` URIs."""
+
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: EncodingFormat = "float"
+    #: Not OpenAI's: ``false`` returns the raw (unnormalised) embedding.
+    normalize: bool = True
+    #: Accepted for OpenAI compatibility; only the model's own dimension is served.
+    dimensions: int | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    items: list[ImageItem]
+    model: str | None
+    encoding_format: EncodingFormat | None
+    normalize: bool | None
+
+
+def parse_json(body: bytes, max_images: int) -> ParsedRequest:
+    try:
+        request = msgspec.json.decode(body, type=EmbeddingRequest)
+    except msgspec.ValidationError as exc:
+        raise UnprocessableRequest(f"invalid embeddings request: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from exc
+    items: list[ImageItem] = [request.input] if isinstance(request.input, str) else [*request.input]
+    _check_count(len(items), max_images)
+    return ParsedRequest(items, request.model, request.encoding_format, request.normalize)
+
+
+async def parse_multipart(
+    chunks: AsyncIterator[bytes], boundary: str, *, max_images: int, max_image_bytes: int
+) -> ParsedRequest:
+    """Stream-parse the body, keeping image parts in arrival order whatever their field names."""
+    items: list[ImageItem] = []
+    options: dict[str, str] = {}
+    segment: MultipartSegment | None = None
+    buffer = bytearray()
+    parser = PushMultipartParser(
+        boundary,
+        max_segment_count=max_images + len(OPTION_FIELDS),
+        max_segment_size=max_image_bytes,
+        max_header_count=16,
+    )
+    try:
+        async for chunk in chunks:
+            for event in parser.parse(chunk):
+                if isinstance(event, MultipartSegment):
+                    segment, buffer = event, bytearray()
+                elif event is not None:
+                    buffer += event
+                elif segment is not None:
+                    if segment.name in OPTION_FIELDS and not segment.filename:
+                        options[segment.name] = buffer.decode(segment.charset or "utf-8").strip()
+                    else:
+                        items.append(bytes(buffer))
+            if not chunk:
+                break
+        parser.close()
+    except ParserLimitReached as exc:
+        raise PayloadTooLarge(
+            f"multipart limit reached at part {len(items)}: {exc} (at most {max_images} images "
+            f"of at most {max_image_bytes} bytes each)",
+            index=len(items),
+        ) from exc
+    except ParserError as exc:
+        raise InvalidRequest(f"malformed multipart body: {exc}") from exc
+    _check_count(len(items), max_images)
+    return ParsedRequest(
+        items,
+        options.get("model"),
+        _encoding_format(options.get("encoding_format")),
+        _flag(options.get("normalize"), "normalize"),
+    )
+
+
+def _check_count(count: int, max_images: int) -> None:
+    if count == 0:
+        raise InvalidRequest("no images in the request")
+    if count > max_images:
+        raise PayloadTooLarge(
+            f"{count} images in one request; the limit is {max_images}", index=max_images
+        )
+
+
+def _encoding_format(value: str | None) -> EncodingFormat | None:
+    if value is None or value in ("float", "base64"):
+        return value  # type: ignore[return-value]
+    raise InvalidRequest(f"encoding_format must be 'float' or 'base64', not {value!r}")
+
+
+def _flag(value: str | None, name: str) -> bool | None:
+    if value is None:
+        return None
+    lowered = value.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise InvalidRequest(f"{name} must be true or false, not {value!r}")

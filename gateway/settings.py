@@ -1,0 +1,74 @@
+"""The gateway's one settings object (env prefix ``GATEWAY_``), built by the app factory."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.contract import TRITON_MODEL_NAME
+
+MiB = 1 << 20
+
+
+class GatewaySettings(BaseSettings):
+    """Everything the gateway process reads from its environment; frozen once built."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", frozen=True, extra="ignore")
+
+    # --- HTTP -------------------------------------------------------------------------------
+    #: Address uvicorn binds (the container publishes only this port).
+    host: str = "0.0.0.0"  # the gateway is the container's one public port
+    port: int = Field(8000, ge=1, le=65535)
+    #: uvicorn worker processes; 0 = derived from the CPU count (see gateway/__main__.py).
+    workers: int = Field(1, ge=0)
+
+    # --- model ------------------------------------------------------------------------------
+    #: Public model id in requests, responses and /v1/models.
+    model_id: str = "ViT-B-32"
+    #: Other names accepted in a request's ``model`` field (e.g. an OpenAI model name a client
+    #: cannot change). A request naming anything else gets 404.
+    model_aliases: tuple[str, ...] = ()
+
+    # --- Triton -----------------------------------------------------------------------------
+    #: Triton's gRPC endpoint; loopback in the one-container-per-GPU layout.
+    triton_url: str = "127.0.0.1:8001"
+    triton_model: str = TRITON_MODEL_NAME
+    #: Deadline of a whole /v1/embeddings request, carried into the gRPC call as its timeout.
+    request_timeout_s: float = Field(30.0, gt=0)
+    #: Largest batch sent to Triton per call; 0 = the model's own max_batch_size.
+    max_batch_size: int = Field(0, ge=0)
+
+    # --- preprocessing ----------------------------------------------------------------------
+    #: Decode/resize threads. Decoding releases the GIL, so threads scale across cores; 0 = one
+    #: per CPU available to this process.
+    decode_threads: int = Field(0, ge=0)
+    #: Largest image (width x height, as its header claims) accepted; checked before decoding.
+    max_image_pixels: int = Field(100_000_000, ge=1)
+    #: Largest single encoded image.
+    max_image_bytes: int = Field(32 * MiB, ge=1)
+    #: Progressive JPEGs decoded at 1/8 scale skip their AC scans (see gateway/jpeg.py).
+    progressive_dc_only: bool = True
+
+    # --- limits -----------------------------------------------------------------------------
+    #: Largest request body; a bigger Content-Length is refused before the body is read.
+    max_body_bytes: int = Field(64 * MiB, ge=1024)
+    max_images_per_request: int = Field(256, ge=1)
+
+    # --- logging ----------------------------------------------------------------------------
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @property
+    def decode_workers(self) -> int:
+        if self.decode_threads:
+            return self.decode_threads
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
+
+    def accepts_model(self, name: str | None) -> bool:
+        return name is None or name == self.model_id or name in self.model_aliases

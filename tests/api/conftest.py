@@ -1,0 +1,36 @@
+"""The real app on the deterministic fake backend, through Litestar's test client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from litestar.testing import TestClient
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.fakes import FakeBackend
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    return FakeBackend(max_batch_size=4)
+
+
+@pytest.fixture
+def settings() -> GatewaySettings:
+    return GatewaySettings(
+        max_images_per_request=16,
+        max_body_bytes=2 << 20,
+        max_image_bytes=1 << 20,
+        max_image_pixels=30_000_000,
+        decode_threads=2,
+        model_aliases=("clip",),
+    )
+
+
+@pytest.fixture
+def client(settings: GatewaySettings, fake: FakeBackend) -> Iterator[TestClient]:
+    app = create_app(settings, lambda _: fake)
+    with TestClient(app) as test_client:
+        yield test_client

@@ -1,0 +1,57 @@
+"""Health, readiness, model listing and the OpenAPI document."""
+
+from __future__ import annotations
+
+from litestar.testing import TestClient
+
+from tests.fakes import FakeBackend
+
+
+def test_healthz_never_touches_the_backend(client: TestClient, fake: FakeBackend) -> None:
+    fake.is_ready = False
+    fake.fail_with = AssertionError("healthz must not call the backend")  # type: ignore[assignment]
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_readyz_follows_the_backend(client: TestClient, fake: FakeBackend) -> None:
+    assert client.get("/readyz").status_code == 200
+    fake.is_ready = False
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.headers["retry-after"] == "2"
+
+
+def test_models_lists_the_served_model(client: TestClient, fake: FakeBackend) -> None:
+    (entry,) = client.get("/v1/models").json()["data"]
+    assert entry["id"] == "ViT-B-32"
+    assert entry["object"] == "model"
+    assert (entry["ready"], entry["embed_dim"], entry["image_size"]) == (True, 512, 224)
+    assert entry["aliases"] == ["clip"]
+
+
+def test_openapi_documents_both_request_forms_and_all_routes(client: TestClient) -> None:
+    doc = client.get("/docs/openapi.json").json()
+    assert {"/v1/embeddings", "/v1/models", "/healthz", "/readyz"} <= set(doc["paths"])
+    operation = doc["paths"]["/v1/embeddings"]["post"]
+    assert set(operation["requestBody"]["content"]) == {"application/json", "multipart/form-data"}
+    json_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert json_schema["required"] == ["input"]
+    assert set(operation["responses"]["200"]["content"]) == {
+        "application/json",
+        "application/octet-stream",
+    }
+    for status in ("400", "413", "415", "422", "503", "504"):
+        assert "application/problem+json" in operation["responses"][status]["content"]
+    params = {p["name"] for p in operation["parameters"]}
+    assert {"dtype", "normalize"} <= params
+
+
+def test_shutdown_closes_the_backend(settings, fake: FakeBackend) -> None:
+    from gateway.app import create_app
+
+    with TestClient(create_app(settings, lambda _: fake)) as client:
+        assert client.get("/healthz").status_code == 200
+    assert fake.closed
