@@ -77,6 +77,9 @@ class PixelEncoder(nn.Module):
         self.register_buffer("scale", 1.0 / (255.0 * std_t))
         self.register_buffer("shift", mean_t / std_t)
 
+    scale: torch.Tensor
+    shift: torch.Tensor
+
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = pixels.permute(0, 3, 1, 2).to(torch.float32)
         x = x * self.scale - self.shift
@@ -136,7 +139,8 @@ def _create_pretrained(model_name: str, tag: str) -> nn.Module:
             f"known tags: {', '.join(known)}"
         )
     try:
-        return open_clip.create_model(model_name, pretrained=tag)
+        model: nn.Module = open_clip.create_model(model_name, pretrained=tag)
+        return model
     except Exception as exc:  # hub/network errors come in many types; all mean the same here
         raise WeightsUnavailableError(
             f"could not fetch pretrained weights {tag!r} for {model_name}: {exc}\n"

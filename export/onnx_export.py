@@ -45,7 +45,7 @@ def convert_fp16(fp32: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = convert_float_to_float16(fp32, keep_io_types=True)
+    model: onnx.ModelProto = convert_float_to_float16(fp32, keep_io_types=True)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
     return model

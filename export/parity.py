@@ -39,7 +39,8 @@ def reference(loaded: LoadedModel, pixels: np.ndarray) -> np.ndarray:
     x = torch.from_numpy(pixels).permute(0, 3, 1, 2).to(torch.float32) / 255.0
     x = Normalize(loaded.mean, loaded.std)(x)
     with torch.no_grad():
-        return loaded.clip.encode_image(x).numpy()  # type: ignore[no-any-return]
+        embedding: torch.Tensor = loaded.clip.encode_image(x)  # type: ignore[operator]
+    return embedding.numpy()
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -52,7 +53,9 @@ def session(path: Path) -> ort.InferenceSession:
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    return (a64 * b64).sum(-1) / (np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1))
+    norms = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
+    result: np.ndarray = (a64 * b64).sum(-1) / norms
+    return result
 
 
 def check(

@@ -1,0 +1,163 @@
+"""The real gateway over real HTTP, in front of a real Triton (cpu profile)."""
+
+from __future__ import annotations
+
+import base64
+import socket
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from export import parity
+from gateway.contract import INPUT_NAME
+from gateway.images import ImageOptions, preprocess
+from tests import samples
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture(scope="module")
+def http(gateway) -> httpx.Client:
+    with httpx.Client(base_url=gateway.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def ort_session(exported):
+    return parity.session(exported.fp32)
+
+
+def expected(ort_session, images: list[bytes]) -> np.ndarray:
+    """What the gateway must answer: our preprocessing, the same graph run by ORT, normalised."""
+    pixels = np.empty((len(images), 224, 224, 3), np.uint8)
+    for i, data in enumerate(images):
+        preprocess(data, pixels[i], ImageOptions(224, 30_000_000, 32 << 20))
+    raw = ort_session.run(None, {INPUT_NAME: pixels})[0]
+    return raw / np.linalg.norm(raw, axis=1, keepdims=True)
+
+
+def files(*images: bytes) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("image", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(images)]
+
+
+def rows(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text[:500]
+    return np.array([r["embedding"] for r in response.json()["data"]], dtype=np.float32)
+
+
+def test_multipart_batch(http: httpx.Client, ort_session) -> None:
+    images = [samples.compact(i) for i in range(4)] + [samples.png(1), samples.progressive_jpeg(2)]
+    got = rows(http.post("/v1/embeddings", files=files(*images)))
+    assert got.shape == (6, 512)
+    np.testing.assert_allclose(got, expected(ort_session, images), atol=1e-5)
+
+
+def test_more_images_than_max_batch_are_split_and_kept_in_order(
+    http: httpx.Client, ort_session
+) -> None:
+    images = [samples.compact(i) for i in range(40)]  # model max_batch_size is 32
+    got = rows(http.post("/v1/embeddings", files=files(*images)))
+    np.testing.assert_allclose(got, expected(ort_session, images), atol=1e-5)
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_openai_json(http: httpx.Client, ort_session, encoding_format: str) -> None:
+    images = [samples.compact(50), samples.webp(3)]
+    payload = {
+        "model": "ViT-B-32",
+        "input": [
+            base64.b64encode(images[0]).decode(),
+            "data:image/webp;base64," + base64.b64encode(images[1]).decode(),
+        ],
+        "encoding_format": encoding_format,
+    }
+    response = http.post("/v1/embeddings", json=payload)
+    assert response.status_code == 200, response.text[:500]
+    data = [r["embedding"] for r in response.json()["data"]]
+    if encoding_format == "base64":
+        got = np.stack([np.frombuffer(base64.b64decode(d), "<f4") for d in data])
+    else:
+        got = np.array(data, dtype=np.float32)
+    np.testing.assert_allclose(got, expected(ort_session, images), atol=1e-5)
+
+
+def test_binary_response(http: httpx.Client, ort_session) -> None:
+    images = [samples.compact(60), samples.compact(61), samples.compact(62)]
+    response = http.post(
+        "/v1/embeddings?dtype=float16",
+        files=files(*images),
+        headers={"Accept": "application/octet-stream"},
+    )
+    assert response.status_code == 200
+    assert response.headers["x-embedding-shape"] == "3,512"
+    got = np.frombuffer(response.content, "<f2").reshape(3, 512).astype(np.float32)
+    np.testing.assert_allclose(got, expected(ort_session, images), atol=2e-3)
+
+
+def test_official_openai_client(gateway, ort_session) -> None:
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-needed", max_retries=0)
+    images = [samples.compact(70), samples.compact(71)]
+    result = client.embeddings.create(
+        model="ViT-B-32", input=[base64.b64encode(x).decode() for x in images]
+    )  # the client asks for base64 and decodes it itself
+    got = np.array([d.embedding for d in result.data], dtype=np.float32)
+    assert [d.index for d in result.data] == [0, 1]
+    assert result.model == "ViT-B-32"
+    np.testing.assert_allclose(got, expected(ort_session, images), atol=1e-5)
+    assert client.models.list().data[0].id == "ViT-B-32"
+
+
+@pytest.mark.parametrize(
+    ("bad", "status"),
+    [
+        (b"", 422),
+        (b"plain text, not an image", 422),
+        (samples.truncated_jpeg(), 422),
+        (samples.corrupt_jpeg(), 422),
+        (samples.gif(), 415),
+        (samples.claims_pixels(40000, 40000), 422),
+    ],
+    ids=["empty", "not-image", "truncated", "corrupt", "gif", "pixel-bomb"],
+)
+def test_bad_items_over_http(http: httpx.Client, bad: bytes, status: int) -> None:
+    response = http.post("/v1/embeddings", files=files(samples.compact(0), bad))
+    assert response.status_code == status
+    assert response.headers["content-type"].startswith(PROBLEM)
+    assert response.json()["index"] == 1
+
+
+def test_request_level_errors_over_http(http: httpx.Client) -> None:
+    too_many = http.post("/v1/embeddings", files=files(*[samples.compact(0)] * 65))
+    assert too_many.status_code == 413
+    bad_json = http.post(
+        "/v1/embeddings", content=b"{nope", headers={"content-type": "application/json"}
+    )
+    assert bad_json.status_code == 400
+    bad_b64 = http.post("/v1/embeddings", json={"input": ["%%%"]})
+    assert (bad_b64.status_code, bad_b64.json()["index"]) == (422, 0)
+    wrong_type = http.post("/v1/embeddings", content=b"abc", headers={"content-type": "text/plain"})
+    assert wrong_type.status_code == 415
+    for response in (too_many, bad_json, bad_b64, wrong_type):
+        assert response.headers["content-type"].startswith(PROBLEM)
+
+
+def test_huge_content_length_is_refused_without_reading_the_body(gateway) -> None:
+    with socket.create_connection((gateway.host, gateway.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2147483648\r\n\r\n{"
+        )
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 413")
+    assert b"application/problem+json" in reply
+
+
+def test_health_readiness_models_and_docs(http: httpx.Client) -> None:
+    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/readyz").status_code == 200
+    (model,) = http.get("/v1/models").json()["data"]
+    assert (model["id"], model["embed_dim"], model["image_size"]) == ("ViT-B-32", 512, 224)
+    doc = http.get("/docs/openapi.json").json()
+    assert "multipart/form-data" in doc["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
