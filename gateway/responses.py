@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import orjson
+
+if TYPE_CHECKING:
+    from gateway.service import Embeddings
 
 BINARY_MEDIA_TYPE = "application/octet-stream"
 BinaryDtype = Literal["float32", "float16"]
@@ -45,3 +48,11 @@ def binary(vectors: np.ndarray, dtype: BinaryDtype) -> tuple[bytes, dict[str, st
         "X-Embedding-Dtype": dtype,
     }
     return raw.tobytes(), headers
+
+
+def server_timing(result: Embeddings) -> str:
+    """W3C Server-Timing: where the request's time went inside the gateway (milliseconds)."""
+    return (
+        f'decode;dur={result.decode_seconds * 1000:.2f};desc="decode+preprocess", '
+        f'infer;dur={result.infer_seconds * 1000:.2f};desc="triton"'
+    )

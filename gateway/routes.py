@@ -68,13 +68,14 @@ async def create_embeddings(
         raise UnknownModel(f"model {parsed.model!r} is not served here; use {settings.model_id!r}")
     unit = parsed.normalize if parsed.normalize is not None else normalize is not False
     result = await service.embed(parsed.items, normalize=unit)
+    timing = {"Server-Timing": responses.server_timing(result)}
     if request.accept.best_match([JSON, responses.BINARY_MEDIA_TYPE], JSON) == JSON:
         body = responses.openai_json(
             result.vectors, settings.model_id, parsed.encoding_format or "float"
         )
-        return Response(body, media_type=JSON)
+        return Response(body, media_type=JSON, headers=timing)
     raw, headers = responses.binary(result.vectors, dtype)
-    return Response(raw, media_type=responses.BINARY_MEDIA_TYPE, headers=headers)
+    return Response(raw, media_type=responses.BINARY_MEDIA_TYPE, headers=headers | timing)
 
 
 @get("/healthz", tags=["health"], summary="Liveness: the process answers (never calls Triton)")

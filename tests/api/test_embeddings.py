@@ -35,6 +35,11 @@ def test_multipart_batch_in_openai_shape(client: TestClient) -> None:
     assert body["object"] == "list"
     assert body["model"] == "ViT-B-32"
     assert body["usage"] == {"prompt_tokens": 0, "total_tokens": 0, "images": 3}
+    timing = dict(
+        part.strip().split(";")[0:2] for part in response.headers["server-timing"].split(",")
+    )
+    assert set(timing) == {"decode", "infer"}
+    assert all(float(v.removeprefix("dur=")) >= 0 for v in timing.values())
     assert [row["index"] for row in body["data"]] == [0, 1, 2]
     assert {row["object"] for row in body["data"]} == {"embedding"}
     got = vectors(body)
