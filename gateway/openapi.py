@@ -163,6 +163,9 @@ class EmbeddingsOperation(Operation):
                     "X-Embedding-Dtype": OpenAPIHeader(
                         schema=_string, description="float32|float16"
                     ),
+                    "Server-Timing": OpenAPIHeader(
+                        schema=_string, description="decode and infer durations (ms)"
+                    ),
                 },
             ),
             **{status: problem_response(text) for status, text in _ERRORS.items()},
