@@ -107,7 +107,7 @@ def inspect_scans(data: bytes, *, max_scans: int, want_dc_only: bool) -> ScanInf
 
 def _scan_end(data: bytes, sos: int, header_end: int) -> int | None:
     """Where the entropy-coded data after the SOS header at ``sos`` ends (None: malformed)."""
-    if sos + 5 + 2 * data[sos + 4] >= min(header_end, len(data)):
+    if sos + 4 >= len(data) or sos + 5 + 2 * data[sos + 4] >= min(header_end, len(data)):
         return None
     found = _MARKER.search(data, header_end)
     return found.start() if found else len(data)

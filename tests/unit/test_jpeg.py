@@ -66,6 +66,12 @@ def test_unreadable_header() -> None:
 PROGRESSIVE = samples.progressive_jpeg(5, (640, 480))
 
 
+def test_stream_cut_inside_a_scan_header() -> None:
+    sos = PROGRESSIVE.index(b"\xff\xda")
+    for end in range(sos, sos + 16):  # found by the fuzz test below
+        jpeg.inspect_scans(PROGRESSIVE[:end], max_scans=64, want_dc_only=True)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_cut_never_crashes_on_damaged_streams(data: st.DataObject) -> None:
