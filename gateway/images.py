@@ -55,6 +55,7 @@ class Decoded:
     width: int
     height: int
     decoded_pixels: int
+    encoded_bytes: int
 
 
 def sniff(data: bytes) -> str:
@@ -120,7 +121,7 @@ def _decode_jpeg(
         )
     except jpeg.JpegError as exc:
         raise InvalidImage(str(exc)) from exc
-    info = Decoded("jpeg", header.width, header.height, rgb.shape[0] * rgb.shape[1])
+    info = Decoded("jpeg", header.width, header.height, rgb.shape[0] * rgb.shape[1], len(data))
     return rgb, _jpeg_orientation(data), info
 
 
@@ -157,7 +158,8 @@ def _decode_with_pillow(
             raise
         except Exception as exc:
             raise InvalidImage(f"corrupt or truncated {kind} image: {exc}") from exc
-    return rgb, orientation, Decoded(kind, width, height, rgb.shape[0] * rgb.shape[1])
+    decoded = Decoded(kind, width, height, rgb.shape[0] * rgb.shape[1], len(data))
+    return rgb, orientation, decoded
 
 
 def _resize_centre(rgb: np.ndarray, size: int) -> np.ndarray:

@@ -95,6 +95,36 @@ def _install_stub(root: Path, python_version: str) -> None:
         shutil.copy2(stub, target)
 
 
+def otel_trace_args(
+    traces_url: str, *, rate: int = 0, service_name: str = "triton", flush_ms: int | None = None
+) -> tuple[str, ...]:
+    """tritonserver flags exporting OpenTelemetry spans (OTLP/HTTP) to ``traces_url``.
+
+    ``rate=0`` samples nothing by itself: Triton then traces exactly the requests that arrive with
+    a W3C traceparent, which the gateway sends only for sampled requests.
+    """
+    settings = [
+        "mode=opentelemetry",
+        f"rate={rate}",
+        "level=TIMESTAMPS",
+        f"opentelemetry,url={traces_url}",
+        f"opentelemetry,resource=service.name={service_name}",
+    ]
+    if flush_ms is not None:
+        settings.append(f"opentelemetry,bsp_schedule_delay={flush_ms}")
+    return tuple(arg for setting in settings for arg in ("--trace-config", setting))
+
+
+def otlp_traces_url(environ: dict[str, str] | None = None) -> str | None:
+    """The OTLP/HTTP traces URL the OTEL_EXPORTER_OTLP_* variables describe, if any."""
+    env = os.environ if environ is None else environ
+    if explicit := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return explicit
+    if base := env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return base.rstrip("/") + "/v1/traces"
+    return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

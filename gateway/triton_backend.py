@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 import numpy as np
+from opentelemetry.trace import NoOpTracer, Tracer
+from opentelemetry.util.types import AttributeValue
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
@@ -18,15 +20,20 @@ from tritonclient.utils import InferenceServerException
 from gateway.backend import ModelInfo
 from gateway.contract import INPUT_NAME, OUTPUT_NAME
 from gateway.errors import BackendError, BackendTimeout, BackendUnavailable, GatewayError
+from gateway.telemetry import client_span, trace_headers
 
 #: Larger than a max batch of 224x224x3 uint8 (32 images = 4.8 MB) with room to spare.
 MAX_MESSAGE_BYTES = 256 << 20
 _UNAVAILABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED", "NOT_FOUND", "ABORTED"}
 
 
+def _status_name(exc: InferenceServerException) -> str:
+    return str(exc.status() or "UNKNOWN").removeprefix("StatusCode.")
+
+
 def translate(exc: InferenceServerException) -> GatewayError:
     """gRPC status → our error; the message is Triton's, never a Python traceback."""
-    status = str(exc.status() or "").removeprefix("StatusCode.")
+    status = _status_name(exc)
     message = exc.message() or status
     if status == "DEADLINE_EXCEEDED":
         return BackendTimeout(f"Triton did not answer in time: {message}", grpc_status=status)
@@ -38,10 +45,18 @@ def translate(exc: InferenceServerException) -> GatewayError:
 class TritonBackend:
     """Talks to one model on one Triton server."""
 
-    def __init__(self, url: str, model_name: str, *, info_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        model_name: str,
+        *,
+        info_timeout: float = 5.0,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.url = url
         self.model_name = model_name
         self._info_timeout = info_timeout
+        self._tracer = tracer or NoOpTracer()
         self._client = InferenceServerClient(
             url,
             channel_args=[
@@ -73,24 +88,34 @@ class TritonBackend:
             raise translate(exc) from exc
         return parse_model_config(config["config"])
 
-    async def infer(
-        self, pixels: np.ndarray, *, deadline: float, headers: dict[str, str] | None = None
-    ) -> np.ndarray:
+    async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
         timeout = max(deadline - time.monotonic(), 0.001)
         tensor = InferInput(INPUT_NAME, list(pixels.shape), "UINT8")
         tensor.set_data_from_numpy(pixels)
-        try:
-            result = await self._client.infer(
-                self.model_name,
-                [tensor],
-                outputs=[InferRequestedOutput(OUTPUT_NAME)],
-                client_timeout=timeout,
-                # Triton drops the request itself if it is still queued when the client gives up.
-                timeout=int(timeout * 1e6),
-                headers=headers,
-            )
-        except InferenceServerException as exc:
-            raise translate(exc) from exc
+        attributes: dict[str, AttributeValue] = {
+            "rpc.system": "grpc",
+            "rpc.service": "inference.GRPCInferenceService",
+            "rpc.method": "ModelInfer",
+            "server.address": self.url,
+            "triton.model": self.model_name,
+            "triton.batch_size": int(pixels.shape[0]),
+        }
+        with client_span(self._tracer, "triton.infer", attributes) as span:
+            try:
+                result = await self._client.infer(
+                    self.model_name,
+                    [tensor],
+                    outputs=[InferRequestedOutput(OUTPUT_NAME)],
+                    client_timeout=timeout,
+                    # Triton drops the request itself if it is still queued when we give up.
+                    timeout=int(timeout * 1e6),
+                    # W3C traceparent in the gRPC metadata: Triton's spans join this trace.
+                    headers=trace_headers(),
+                )
+            except InferenceServerException as exc:
+                span.set_attribute("rpc.grpc.status_code", _status_name(exc))
+                raise translate(exc) from exc
+            span.set_attribute("rpc.grpc.status_code", "OK")
         embeddings = result.as_numpy(OUTPUT_NAME)
         if embeddings is None or embeddings.shape[0] != pixels.shape[0]:
             shape = None if embeddings is None else embeddings.shape

@@ -1,0 +1,126 @@
+"""Tracing switches, trace propagation rules, metrics exposition and log configuration."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway import telemetry
+from gateway.app import create_app
+from gateway.localtriton import otel_trace_args, otlp_traces_url
+from gateway.logs import logging_config
+from gateway.metrics import Metrics
+from gateway.settings import GatewaySettings
+from tests.fakes import FakeBackend
+
+
+@pytest.mark.parametrize(
+    ("mode", "env", "wanted"),
+    [
+        ("auto", {}, False),
+        ("auto", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True),
+        ("auto", {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+        ("auto", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_SDK_DISABLED": "true"}, False),
+        ("on", {}, True),
+        ("off", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, False),
+    ],
+)
+def test_tracing_switch(mode: str, env: dict[str, str], wanted: bool) -> None:
+    assert telemetry.tracing_wanted(mode, env) is wanted
+
+
+def test_off_means_no_tracing_middleware_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    app = create_app(GatewaySettings(), lambda *_: FakeBackend())
+    names = [type(m).__name__ + getattr(m, "middleware", type(m)).__name__ for m in app.middleware]
+    assert not any("OpenTelemetry" in n for n in names)
+    assert app.state.telemetry.enabled is False
+
+
+def test_traceparent_is_propagated_only_when_sampled() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("call") as span:
+        headers = telemetry.trace_headers()
+        ids = telemetry.current_ids()
+    context = span.get_span_context()
+    version, trace_id, span_id, flags = headers["traceparent"].split("-")
+    assert (version, trace_id, span_id) == (
+        "00",
+        f"{context.trace_id:032x}",
+        f"{context.span_id:016x}",
+    )
+    assert int(flags, 16) & 1  # sampled (newer SDKs also set the random-trace-id bit)
+    assert ids == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+    unsampled = TracerProvider(sampler=ALWAYS_OFF)
+    with unsampled.get_tracer("t").start_as_current_span("call"):
+        assert telemetry.trace_headers() == {}
+        assert telemetry.current_ids() is None
+    assert telemetry.trace_headers() == {}  # no span at all
+
+
+def test_record_span_places_an_interval_under_the_current_span() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("parent") as parent:
+        telemetry.record_span(tracer, "work", 1_000, 5_000, {"n": 3})
+    work = next(s for s in exporter.get_finished_spans() if s.name == "work")
+    assert (work.start_time, work.end_time, work.attributes["n"]) == (1_000, 5_000, 3)
+    assert work.parent is not None and work.parent.span_id == parent.get_span_context().span_id
+
+
+def test_triton_trace_flags() -> None:
+    args = otel_trace_args("http://c:4318/v1/traces", rate=0, flush_ms=100)
+    pairs = list(args)
+    assert pairs[::2] == ["--trace-config"] * 6
+    assert set(pairs[1::2]) == {
+        "mode=opentelemetry", "rate=0", "level=TIMESTAMPS",
+        "opentelemetry,url=http://c:4318/v1/traces",
+        "opentelemetry,resource=service.name=triton",
+        "opentelemetry,bsp_schedule_delay=100",
+    }  # fmt: skip
+    assert (
+        otlp_traces_url({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"})
+        == "http://c:4318/v1/traces"
+    )
+    assert otlp_traces_url({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x/t"}) == "http://x/t"
+    assert otlp_traces_url({}) is None
+
+
+def test_metrics_exposition_and_exemplars() -> None:
+    metrics = Metrics()
+    metrics.request_seconds.labels("/v1/embeddings", "POST", "200").observe(
+        0.2, {"trace_id": "ab" * 16}
+    )
+    metrics.triton_batch.observe(32)
+    metrics.inflight.set(5)
+    text, content_type = metrics.render(openmetrics_format=False)
+    assert content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    assert families["gateway_inflight_images"].samples[0].value == 5
+    assert "gateway_triton_batch_size" in families
+    om, om_type = metrics.render(openmetrics_format=True)
+    assert om_type.startswith("application/openmetrics-text")
+    assert f'# {{trace_id="{"ab" * 16}"}} 0.2' in om.decode()
+
+
+def test_json_logs_carry_extras(capsys: pytest.CaptureFixture[str]) -> None:
+    logging.config.dictConfig(logging_config("INFO", "json"))
+    try:
+        logging.getLogger("gateway.access").info("POST /v1/embeddings 200", extra={"images": 3})
+        line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    finally:
+        logging.config.dictConfig(logging_config("WARNING", "text"))
+    assert (line["logger"], line["level"], line["images"]) == ("gateway.access", "INFO", 3)
+    assert "timestamp" in line
