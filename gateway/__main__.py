@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
+import tempfile
 
 import uvicorn
 
+from gateway.logs import configure, logging_config
 from gateway.settings import GatewaySettings
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = GatewaySettings()
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(settings.log_level, settings.log_format)
     workers = settings.workers or max(1, (os.cpu_count() or 2) // 2)
     # Worker processes rebuild the settings from the environment: make the resolved count theirs.
     os.environ["GATEWAY_WORKERS"] = str(workers)
+    if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # Each worker has its own counters; prometheus-client aggregates them through files here.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="gateway-metrics-")
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,
@@ -27,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=workers,
         log_level=settings.log_level.lower(),
         access_log=False,
+        log_config=logging_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=int(settings.request_timeout_s),
     )
     return 0

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import httpx
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
+from litestar.exceptions import NotFoundException
 from litestar.params import QueryParameter
+from opentelemetry.trace import Tracer
 
 from gateway import parsing, responses
 from gateway.errors import BackendUnavailable, InvalidRequest, UnknownModel, UnsupportedMediaType
@@ -63,19 +66,27 @@ async def create_embeddings(
     """
     settings: GatewaySettings = state.settings
     service: EmbeddingService = state.service
-    parsed = await read_request(request, settings)
+    tracer: Tracer = state.telemetry.tracer
+    with tracer.start_as_current_span("receive") as span:
+        parsed = await read_request(request, settings)
+        span.set_attributes(
+            {"images": len(parsed.items), "http.request.body.size": request.content_length or 0}
+        )
+    request.state.images = len(parsed.items)
     if not settings.accepts_model(parsed.model):
         raise UnknownModel(f"model {parsed.model!r} is not served here; use {settings.model_id!r}")
     unit = parsed.normalize if parsed.normalize is not None else normalize is not False
     result = await service.embed(parsed.items, normalize=unit)
     timing = {"Server-Timing": responses.server_timing(result)}
-    if request.accept.best_match([JSON, responses.BINARY_MEDIA_TYPE], JSON) == JSON:
-        body = responses.openai_json(
-            result.vectors, settings.model_id, parsed.encoding_format or "float"
-        )
-        return Response(body, media_type=JSON, headers=timing)
-    raw, headers = responses.binary(result.vectors, dtype)
-    return Response(raw, media_type=responses.BINARY_MEDIA_TYPE, headers=headers | timing)
+    binary = request.accept.best_match([JSON, responses.BINARY_MEDIA_TYPE], JSON) != JSON
+    with tracer.start_as_current_span("encode", attributes={"binary": binary}):
+        if not binary:
+            body = responses.openai_json(
+                result.vectors, settings.model_id, parsed.encoding_format or "float"
+            )
+            return Response(body, media_type=JSON, headers=timing)
+        raw, headers = responses.binary(result.vectors, dtype)
+        return Response(raw, media_type=responses.BINARY_MEDIA_TYPE, headers=headers | timing)
 
 
 @get("/healthz", tags=["health"], summary="Liveness: the process answers (never calls Triton)")
@@ -111,4 +122,37 @@ async def list_models(state: State) -> dict[str, Any]:
     return {"object": "list", "data": [entry]}
 
 
-ROUTES = [create_embeddings, healthz, readyz, list_models]
+@get(
+    "/metrics",
+    tags=["observability"],
+    summary="Prometheus metrics (OpenMetrics with trace exemplars when asked for)",
+    media_type="text/plain",
+)
+async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    openmetrics = "application/openmetrics-text" in (request.headers.get("accept") or "")
+    body, content_type = state.metrics.render(openmetrics)
+    return Response(body, headers={"Content-Type": content_type})
+
+
+@get(
+    "/metrics/triton",
+    tags=["observability"],
+    summary="Triton's own Prometheus metrics, re-exposed from its loopback port",
+    media_type="text/plain",
+)
+async def triton_metrics(state: State) -> Response[bytes]:
+    settings: GatewaySettings = state.settings
+    if not settings.triton_metrics_url:
+        raise NotFoundException("GATEWAY_TRITON_METRICS_URL is not set")
+    try:
+        upstream = await state.http.get(settings.triton_metrics_url)
+    except httpx.HTTPError as exc:
+        raise BackendUnavailable(f"Triton metrics unreachable: {exc}") from exc
+    return Response(
+        upstream.content,
+        status_code=upstream.status_code,
+        headers={"Content-Type": upstream.headers.get("content-type", "text/plain")},
+    )
+
+
+ROUTES = [create_embeddings, healthz, readyz, list_models, metrics, triton_metrics]

@@ -6,7 +6,6 @@ Ctrl-C stops the gateway first (uvicorn drains in-flight requests), then Triton.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.localtriton import LocalTriton
+from gateway.logs import configure, logging_config
 from gateway.repository import PROFILES, RepositorySettings, render
 from gateway.settings import GatewaySettings
 
@@ -35,9 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure("INFO", "text")
     # The export extra (torch) is only needed here, for the first run's export.
     from export.__main__ import weights_from_spec
     from export.build import default_cache_dir, ensure_exported
@@ -61,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
             f"gRPC {triton.grpc_url}); API docs at /docs. Ctrl-C stops both.",
             flush=True,
         )
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+        uvicorn.run(
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_config=logging_config("INFO", "text"),
+        )
     return 0
 
 

@@ -36,6 +36,8 @@ class GatewaySettings(BaseSettings):
     #: Triton's gRPC endpoint; loopback in the one-container-per-GPU layout.
     triton_url: str = "127.0.0.1:8001"
     triton_model: str = TRITON_MODEL_NAME
+    #: Triton's Prometheus endpoint, re-exposed as GET /metrics/triton (unset: not re-exposed).
+    triton_metrics_url: str | None = None
     #: Deadline of a whole /v1/embeddings request, carried into the gRPC call as its timeout.
     request_timeout_s: float = Field(30.0, gt=0)
     #: Largest batch sent to Triton per call; 0 = the model's own max_batch_size.
@@ -57,8 +59,12 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(64 * MiB, ge=1024)
     max_images_per_request: int = Field(256, ge=1)
 
-    # --- logging ----------------------------------------------------------------------------
+    # --- observability ----------------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: ``json``: one object per line (route, status, images, duration, trace id); ``text``.
+    log_format: Literal["json", "text"] = "json"
+    #: ``auto``: on when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set.
+    tracing: Literal["auto", "on", "off"] = "auto"
 
     @property
     def decode_workers(self) -> int:

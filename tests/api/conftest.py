@@ -31,6 +31,6 @@ def settings() -> GatewaySettings:
 
 @pytest.fixture
 def client(settings: GatewaySettings, fake: FakeBackend) -> Iterator[TestClient]:
-    app = create_app(settings, lambda _: fake)
+    app = create_app(settings, lambda *_: fake)
     with TestClient(app) as test_client:
         yield test_client

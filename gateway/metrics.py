@@ -1,0 +1,86 @@
+"""Prometheus metrics of one app, on its own registry (or the multiprocess files, with workers)."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.openmetrics import exposition as openmetrics
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+DECODE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def multiprocess_dir() -> str | None:
+    """Set (by ``python -m gateway`` or the entrypoint) when uvicorn workers share /metrics."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+
+class Metrics:
+    """Every metric the gateway exports. Names follow Prometheus conventions (README lists them)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests", "HTTP requests", ["route", "method", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "gateway_request_duration_seconds",
+            "HTTP request latency (exemplar: trace id)",
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.images = Counter(
+            "gateway_images", "Images decoded and embedded", ["format"], registry=r
+        )
+        self.decode_seconds = Histogram(
+            "gateway_image_decode_seconds",
+            "Decode + preprocess time of one image in a worker thread",
+            ["format"],
+            buckets=DECODE_BUCKETS,
+            registry=r,
+        )
+        self.triton_seconds = Histogram(
+            "gateway_triton_request_duration_seconds",
+            "One gRPC inference call to Triton",
+            ["outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.triton_batch = Histogram(
+            "gateway_triton_batch_size",
+            "Images per gRPC inference call",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "gateway_inflight_images",
+            "Images admitted and not yet answered",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.rejected = Counter(
+            "gateway_rejected_requests", "Requests answered with an error", ["reason"], registry=r
+        )
+
+    def render(self, openmetrics_format: bool) -> tuple[bytes, str]:
+        """Exposition text; OpenMetrics carries the exemplars (single-process mode only)."""
+        registry = self.registry
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        if openmetrics_format:
+            body = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+            return body, str(openmetrics.CONTENT_TYPE_LATEST)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

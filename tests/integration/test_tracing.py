@@ -1,0 +1,260 @@
+"""One trace from the HTTP request into Triton: gateway and Triton spans in a real OTLP receiver.
+
+The receiver is oteltest's OTLP/HTTP sink (JSON and protobuf; Triton 2.51 exports JSON). Triton
+is started with OpenTelemetry tracing at rate 0, so it traces exactly the requests that arrive
+with the gateway's traceparent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from oteltest.sink import HttpSink
+from oteltest.sink.handler import RequestHandler
+
+from gateway.launch import GatewayProcess
+from gateway.localtriton import LocalTriton, free_port, otel_trace_args
+from tests import samples
+
+
+@dataclass(frozen=True)
+class Span:
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    kind: int
+    attributes: dict[str, object]
+
+
+class Collector(RequestHandler):
+    """Keeps every span the sink receives, with the service that sent it and the content type."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self.content_types: set[str] = set()
+        self.lock = threading.Lock()
+
+    def handle_trace(self, request, headers) -> None:
+        content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+        # OTLP/JSON carries ids as hex strings (the spec, and what Triton sends); oteltest parses
+        # JSON with protobuf's generic mapping, which reads bytes fields as base64. Undo that.
+        ident = _json_id if "json" in content_type else bytes.hex
+        with self.lock:
+            self.content_types.add(content_type)
+            for resource_spans in request.resource_spans:
+                service = next(
+                    (
+                        a.value.string_value
+                        for a in resource_spans.resource.attributes
+                        if a.key == "service.name"
+                    ),
+                    "",
+                )
+                for scope_spans in resource_spans.scope_spans:
+                    for s in scope_spans.spans:
+                        attributes = {a.key: _value(a.value) for a in s.attributes}
+                        self.spans.append(
+                            Span(service, s.name, ident(s.trace_id), ident(s.span_id),
+                                 ident(s.parent_span_id), s.kind, attributes)
+                        )  # fmt: skip
+
+    def handle_metrics(self, request, headers) -> None:
+        pass
+
+    def handle_logs(self, request, headers) -> None:
+        pass
+
+    def trace(self, trace_id: str) -> list[Span]:
+        with self.lock:
+            return [s for s in self.spans if s.trace_id == trace_id]
+
+    def wait_for(self, trace_id: str, names: set[str], timeout: float = 20.0) -> list[Span]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            spans = self.trace(trace_id)
+            if names <= {s.name for s in spans}:
+                return spans
+            time.sleep(0.1)
+        raise AssertionError(f"missing {names - {s.name for s in self.trace(trace_id)}} in trace")
+
+
+def _json_id(raw: bytes) -> str:
+    return base64.b64encode(raw).decode() if raw else ""
+
+
+def _value(value) -> object:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+@dataclass
+class TracedStack:
+    collector: Collector
+    gateway: GatewayProcess
+
+
+@pytest.fixture(scope="module")
+def traced(cpu_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedStack]:
+    collector = Collector()
+    port = free_port()
+    sink = HttpSink(collector, logging.getLogger("otlp-sink"), port=port)
+    sink.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    logs = tmp_path_factory.mktemp("traced")
+    trace_args = otel_trace_args(f"{endpoint}/v1/traces", flush_ms=200)
+    try:
+        with LocalTriton(
+            cpu_repository, log_path=logs / "triton.log", extra_args=trace_args
+        ) as triton:
+            env = {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                "OTEL_BSP_SCHEDULE_DELAY": "200",
+                "GATEWAY_TRITON_METRICS_URL": triton.metrics_url,
+                "GATEWAY_DECODE_THREADS": "2",
+            }
+            with GatewayProcess(triton.grpc_url, env=env, log_path=logs / "gateway.log") as gateway:
+                gateway.wait_ready()
+                yield TracedStack(collector, gateway)
+    finally:
+        sink.stop()
+
+
+def embed(stack: TracedStack, headers: dict[str, str], images: int = 2) -> httpx.Response:
+    files = [("image", (f"{i}.jpg", samples.compact(i), "image/jpeg")) for i in range(images)]
+    response = httpx.post(
+        f"{stack.gateway.url}/v1/embeddings", files=files, headers=headers, timeout=60
+    )
+    assert response.status_code == 200, response.text[:300]
+    return response
+
+
+def by_name(spans: list[Span], name: str) -> Span:
+    (span,) = [s for s in spans if s.name == name]
+    return span
+
+
+def test_one_trace_from_http_request_into_triton(traced: TracedStack) -> None:
+    trace_id, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    embed(traced, {"traceparent": f"00-{trace_id}-{client_span}-01"})
+    spans = traced.collector.wait_for(
+        trace_id, {"POST /v1/embeddings", "receive", "preprocess", "pool.wait", "decode",
+                   "triton.infer", "encode", "InferRequest", "compute"},
+    )  # fmt: skip
+    server = by_name(spans, "POST /v1/embeddings")
+    assert (server.service, server.parent_id) == ("clip-gateway", client_span)
+    for child in ("receive", "preprocess", "triton.infer", "encode"):
+        assert by_name(spans, child).parent_id == server.span_id, child
+    preprocess = by_name(spans, "preprocess")
+    assert by_name(spans, "pool.wait").parent_id == preprocess.span_id
+    assert by_name(spans, "decode").parent_id == preprocess.span_id
+    assert preprocess.attributes["images"] == 2
+    assert preprocess.attributes["image.bytes"] == len(samples.compact(0)) + len(samples.compact(1))
+    call = by_name(spans, "triton.infer")
+    assert call.attributes["triton.batch_size"] == 2
+    assert call.attributes["rpc.grpc.status_code"] == "OK"
+    # Triton's own spans hang off the gRPC call's span: one tree.
+    infer_request = by_name(spans, "InferRequest")
+    assert (infer_request.service, infer_request.parent_id) == ("triton", call.span_id)
+    model = next(s for s in spans if s.parent_id == infer_request.span_id and s.service == "triton")
+    assert by_name(spans, "compute").parent_id == model.span_id
+    print("\ntrace tree:")
+    for span in sorted(spans, key=lambda s: (s.service, s.name)):
+        print(f"  {span.service:13s} {span.name:22s} span={span.span_id} parent={span.parent_id}")
+
+
+def test_new_trace_when_the_client_sends_none(traced: TracedStack) -> None:
+    response = embed(traced, {}, images=1)
+    assert response.status_code == 200
+    log_line = _last_access_log(traced.gateway)
+    trace_id = log_line["trace_id"]
+    spans = traced.collector.wait_for(
+        trace_id, {"POST /v1/embeddings", "triton.infer", "InferRequest"}
+    )
+    assert by_name(spans, "POST /v1/embeddings").parent_id == ""
+
+
+def test_unsampled_requests_leave_no_spans_anywhere(traced: TracedStack) -> None:
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    embed(traced, {"traceparent": f"00-{trace_id}-b7ad6b7169203331-00"}, images=1)
+    sampled = "11111111111111111111111111111111"
+    embed(traced, {"traceparent": f"00-{sampled}-b7ad6b7169203331-01"}, images=1)
+    traced.collector.wait_for(sampled, {"InferRequest"})  # exports have flushed by now
+    assert traced.collector.trace(trace_id) == []
+
+
+def test_triton_exports_otlp_json(traced: TracedStack) -> None:
+    """Why the receiver must accept JSON (arize-phoenix accepts only protobuf)."""
+    assert any("application/json" in c for c in traced.collector.content_types)
+    assert any("protobuf" in c for c in traced.collector.content_types)  # the Python SDK's
+
+
+def test_metrics_have_request_latency_with_trace_exemplars(traced: TracedStack) -> None:
+    embed(traced, {}, images=3)
+    url = traced.gateway.url
+    text = httpx.get(f"{url}/metrics").text
+    for name in (
+        "gateway_requests_total", "gateway_request_duration_seconds_bucket",
+        "gateway_images_total", "gateway_image_decode_seconds_bucket",
+        "gateway_triton_request_duration_seconds_bucket", "gateway_triton_batch_size_bucket",
+        "gateway_inflight_images", "gateway_rejected_requests_total",
+    ):  # fmt: skip
+        assert name in text, name
+    assert 'gateway_images_total{format="jpeg"}' in text
+    openmetrics = httpx.get(
+        f"{url}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert '# {trace_id="' in openmetrics.text
+    triton = httpx.get(f"{url}/metrics/triton")
+    assert triton.status_code == 200
+    assert "nv_inference_request_success" in triton.text
+
+
+def test_rejections_are_counted_by_reason(traced: TracedStack) -> None:
+    url = traced.gateway.url
+    bad = httpx.post(f"{url}/v1/embeddings", files=[("image", ("x", b"", "image/jpeg"))])
+    assert bad.status_code == 422
+    text = httpx.get(f"{url}/metrics").text
+    assert 'gateway_rejected_requests_total{reason="invalid-image"}' in text
+
+
+def test_access_log_is_one_json_line_per_request(traced: TracedStack) -> None:
+    response = embed(
+        traced, {"traceparent": "00-22222222222222222222222222222222-00f067aa0ba902b7-01"}
+    )
+    assert response.status_code == 200
+    line = _last_access_log(traced.gateway)
+    assert line["route"] == "/v1/embeddings"
+    assert (line["status"], line["images"], line["method"]) == (200, 2, "POST")
+    assert line["trace_id"] == "22222222222222222222222222222222"
+    assert line["duration_ms"] > 0
+    text = traced.gateway.log_path.read_text()
+    assert "base64" not in text and "\\xff\\xd8" not in text  # no image bytes in logs
+
+
+def _last_access_log(gateway: GatewayProcess) -> dict:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = [
+            json.loads(x) for x in gateway.log_path.read_text().splitlines() if x.startswith("{")
+        ]
+        access = [
+            x
+            for x in lines
+            if x.get("logger") == "gateway.access" and x.get("route") == "/v1/embeddings"
+        ]
+        if access:
+            return access[-1]
+        time.sleep(0.05)
+    raise AssertionError("no access log line")
