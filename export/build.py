@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from export.model import Weights
+from gateway.canary import canary_pixels, encode_reference
+from gateway.contract import INPUT_NAME
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +24,12 @@ MANIFEST = "manifest.json"
 FP32_FILE = "model.onnx"
 FP16_FILE = "model_fp16.onnx"
 # Sources whose text decides the exported bytes: a change to any of them is a new cache entry.
-_VERSIONED_SOURCES = ("export/model.py", "export/onnx_export.py", "gateway/contract.py")
+_VERSIONED_SOURCES = (
+    "export/model.py",
+    "export/onnx_export.py",
+    "gateway/contract.py",
+    "gateway/canary.py",
+)
 
 
 def default_cache_dir() -> Path:
@@ -119,6 +126,9 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
     if not report.ok:
         raise RuntimeError(f"exported graph failed its parity check: {report.as_dict()}")
     files = {p.name: p.stat().st_size for p in sorted(directory.glob("*.onnx"))}
+    canary = parity.session(directory / FP32_FILE).run(
+        None, {INPUT_NAME: canary_pixels(loaded.image_size)}
+    )[0][0]
     return {
         "model": model_name,
         "weights": {"kind": weights.kind, "value": weights.value, "id": weights.cache_id()},
@@ -133,6 +143,8 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
         "nodes": len(fp32_model.graph.node),
         "export_seconds": {"fp32": round(fp32_seconds, 2), "total": round(export_seconds, 2)},
         "parity": report.as_dict(),
+        # what /readyz's canary must keep getting back (gateway/canary.py)
+        "canary_embedding": encode_reference(canary),
         "versions": {
             "torch": torch.__version__,
             "open_clip": open_clip.__version__,

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=workers,
         log_level=settings.log_level.lower(),
         access_log=False,
+        limit_concurrency=settings.max_connections or None,
         log_config=logging_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=int(settings.request_timeout_s),
     )

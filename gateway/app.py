@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,12 +16,15 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import ScalarRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
 from litestar.plugins.opentelemetry import OpenTelemetryConfig
 from litestar.plugins.problem_details import ProblemDetailsException
 from opentelemetry.trace import Tracer
 
 from gateway import __version__
+from gateway.auth import load_api_keys
 from gateway.backend import InferenceBackend
+from gateway.canary import Canary
 from gateway.errors import GatewayError
 from gateway.metrics import Metrics
 from gateway.observe import ObserveMiddleware
@@ -88,9 +93,18 @@ def create_app(
             backend, pool, settings, tracer=telemetry.tracer, metrics=metrics
         )
         app.state.http = httpx.AsyncClient(timeout=5.0)
+        canary = Canary(
+            backend, settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
+        )
+        app.state.canary = canary
+        canary_task = asyncio.create_task(canary.run()) if canary.enabled else None
         try:
             yield
         finally:
+            if canary_task is not None:
+                canary_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await canary_task
             await app.state.http.aclose()
             await backend.close()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -99,7 +113,14 @@ def create_app(
     return Litestar(
         route_handlers=ROUTES,
         lifespan=[lifespan],
-        state=State({"settings": settings, "telemetry": telemetry, "metrics": metrics}),
+        state=State(
+            {
+                "settings": settings,
+                "telemetry": telemetry,
+                "metrics": metrics,
+                "api_keys": load_api_keys(settings),
+            }
+        ),
         middleware=_middleware(telemetry, metrics),
         exception_handlers={
             GatewayError: problem,
@@ -116,6 +137,15 @@ def create_app(
             description="CLIP image embeddings from compact JPEG batches; OpenAI-compatible.",
             path="/docs",
             render_plugins=[ScalarRenderPlugin()],
+            components=Components(
+                security_schemes={
+                    "bearer": SecurityScheme(
+                        type="http",
+                        scheme="bearer",
+                        description="Only when the gateway has API keys configured.",
+                    )
+                }
+            ),
         ),
     )
 

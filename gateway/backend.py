@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -16,6 +16,8 @@ class ModelInfo:
     image_size: int
     embed_dim: int
     max_batch_size: int
+    #: Export-time embedding of the canary image (gateway/canary.py), when the config has one.
+    canary: np.ndarray | None = field(default=None, compare=False)
 
 
 class InferenceBackend(Protocol):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from litestar.plugins.problem_details import ProblemDetailsException
@@ -17,6 +19,8 @@ class GatewayError(Exception):
     title: ClassVar[str] = "Internal error"
     #: Seconds a client should wait before retrying (adds a Retry-After header when set).
     retry_after: ClassVar[int | None] = None
+    #: Extra response headers of this kind of error.
+    headers: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def __init__(self, detail: str, *, index: int | None = None, **extra: Any) -> None:
         super().__init__(detail)
@@ -28,14 +32,16 @@ class GatewayError(Exception):
         extra = dict(self.extra)
         if self.index is not None:
             extra["index"] = self.index
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        headers = dict(self.headers)
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
         return ProblemDetailsException(
             detail=self.detail,
             status_code=self.status,
             type_=PROBLEM_BASE + self.slug,
             title=self.title,
             extra=extra or None,
-            headers=headers,
+            headers=headers or None,
         )
 
 
@@ -45,6 +51,13 @@ class InvalidRequest(GatewayError):
 
 class Unauthorized(GatewayError):
     status, slug, title = 401, "unauthorized", "Missing or invalid API key"
+    headers = MappingProxyType({"WWW-Authenticate": 'Bearer realm="clip-gateway"'})
+
+
+class RequestTimeout(GatewayError):
+    """The body did not arrive in time (slow or stalled client)."""
+
+    status, slug, title = 408, "request-timeout", "Request body too slow"
 
 
 class UnknownModel(GatewayError):
@@ -77,6 +90,16 @@ class ImageTooLarge(GatewayError):
 
 class Overloaded(GatewayError):
     status, slug, title, retry_after = 429, "overloaded", "Too many images in flight", 1
+
+
+class ClientClosedRequest(GatewayError):
+    """The client went away; its pending work was cancelled. Nobody reads this response."""
+
+    status, slug, title = 499, "client-closed-request", "Client closed the request"
+
+
+class DeadlineExceeded(GatewayError):
+    status, slug, title = 504, "deadline-exceeded", "Request deadline exceeded"
 
 
 class BackendUnavailable(GatewayError):

@@ -247,10 +247,12 @@ class LocalTriton:
         return process.wait()
 
     def kill(self) -> None:
-        """SIGKILL without a drain (failure tests)."""
+        """SIGKILL to tritonserver and its Python-backend stubs (failure tests), no drain."""
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # its own session: stubs included
             self.process.wait()
+        self.process = None
 
     def __enter__(self) -> LocalTriton:
         return self.start() if self.process is None else self

@@ -9,12 +9,12 @@ from typing import Literal
 import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
+from gateway.decoding import ImageItem
 from gateway.errors import InvalidRequest, PayloadTooLarge, UnprocessableRequest
-from gateway.service import ImageItem
 
 EncodingFormat = Literal["float", "base64"]
 #: Multipart fields that are options, not images. Every other part is an image, in order.
-OPTION_FIELDS = frozenset({"model", "encoding_format", "normalize"})
+OPTION_FIELDS = frozenset({"model", "encoding_format", "normalize", "skip_invalid"})
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=False):
@@ -24,7 +24,9 @@ class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=False):
     model: str | None = None
     encoding_format: EncodingFormat = "float"
     #: Not OpenAI's: ``false`` returns the raw (unnormalised) embedding.
-    normalize: bool = True
+    normalize: bool | None = None
+    #: Not OpenAI's: ``true`` embeds the good images and lists the bad ones in ``errors``.
+    skip_invalid: bool | None = None
     #: Accepted for OpenAI compatibility; only the model's own dimension is served.
     dimensions: int | None = None
     user: str | None = None
@@ -36,6 +38,7 @@ class ParsedRequest:
     model: str | None
     encoding_format: EncodingFormat | None
     normalize: bool | None
+    skip_invalid: bool | None = None
 
 
 def parse_json(body: bytes, max_images: int) -> ParsedRequest:
@@ -47,7 +50,9 @@ def parse_json(body: bytes, max_images: int) -> ParsedRequest:
         raise InvalidRequest(f"malformed JSON: {exc}") from exc
     items: list[ImageItem] = [request.input] if isinstance(request.input, str) else [*request.input]
     _check_count(len(items), max_images)
-    return ParsedRequest(items, request.model, request.encoding_format, request.normalize)
+    return ParsedRequest(
+        items, request.model, request.encoding_format, request.normalize, request.skip_invalid
+    )
 
 
 async def parse_multipart(
@@ -93,6 +98,7 @@ async def parse_multipart(
         options.get("model"),
         _encoding_format(options.get("encoding_format")),
         _flag(options.get("normalize"), "normalize"),
+        _flag(options.get("skip_invalid"), "skip_invalid"),
     )
 
 

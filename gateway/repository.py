@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from tritonclient.grpc import model_config_pb2 as mc
 
+from gateway.canary import CONFIG_PARAMETER
 from gateway.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
 
 Profile = Literal["cpu", "cuda", "tensorrt"]
@@ -139,6 +140,8 @@ def render(
     templates = templates or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
     config = render_config(settings, manifest["image_size"], manifest["embed_dim"], templates)
+    if canary := manifest.get("canary_embedding"):
+        config.parameters[CONFIG_PARAMETER].string_value = canary
     model_dir = out_dir / TRITON_MODEL_NAME
     if model_dir.exists():
         shutil.rmtree(model_dir)

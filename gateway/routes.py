@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Annotated, Any, Literal, TypeVar
 
 import httpx
 from litestar import Request, Response, get, post
@@ -12,12 +15,22 @@ from litestar.params import QueryParameter
 from opentelemetry.trace import Tracer
 
 from gateway import parsing, responses
-from gateway.errors import BackendUnavailable, InvalidRequest, UnknownModel, UnsupportedMediaType
+from gateway.auth import require_api_key
+from gateway.canary import Canary
+from gateway.errors import (
+    BackendUnavailable,
+    ClientClosedRequest,
+    InvalidRequest,
+    RequestTimeout,
+    UnknownModel,
+    UnsupportedMediaType,
+)
 from gateway.openapi import EmbeddingsOperation
-from gateway.service import EmbeddingService
+from gateway.service import Embeddings, EmbeddingService
 from gateway.settings import GatewaySettings
 
 JSON = "application/json"
+T = TypeVar("T")
 
 
 async def read_request(
@@ -47,6 +60,8 @@ async def read_request(
     summary="Embed images",
     tags=["embeddings"],
     status_code=200,
+    guards=[require_api_key],
+    security=[{"bearer": []}],
 )
 async def create_embeddings(
     request: Request[Any, Any, Any],
@@ -58,35 +73,97 @@ async def create_embeddings(
     normalize: Annotated[
         bool | None, QueryParameter(description="false: raw, not unit-length, embeddings.")
     ] = None,
+    skip_invalid: Annotated[
+        bool | None,
+        QueryParameter(description="true: embed the good images, list the bad in `errors`."),
+    ] = None,
 ) -> Response[bytes]:
     """Embed a batch of images given as multipart parts or base64 strings in OpenAI's JSON shape.
 
-    Query parameters apply to both forms; ``normalize`` in the body or form wins over the query.
-    ``dtype`` chooses the element type of the binary response.
+    Query parameters apply to both forms; a body or form field of the same name wins.
     """
     settings: GatewaySettings = state.settings
     service: EmbeddingService = state.service
     tracer: Tracer = state.telemetry.tracer
     with tracer.start_as_current_span("receive") as span:
-        parsed = await read_request(request, settings)
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                parsed = await read_request(request, settings)
+        except TimeoutError as exc:
+            raise RequestTimeout(
+                f"request body not received within {settings.body_timeout_s:g} s"
+            ) from exc
         span.set_attributes(
             {"images": len(parsed.items), "http.request.body.size": request.content_length or 0}
         )
     request.state.images = len(parsed.items)
     if not settings.accepts_model(parsed.model):
         raise UnknownModel(f"model {parsed.model!r} is not served here; use {settings.model_id!r}")
-    unit = parsed.normalize if parsed.normalize is not None else normalize is not False
-    result = await service.embed(parsed.items, normalize=unit)
+    unit = _first(parsed.normalize, normalize, True)
+    skip = _first(parsed.skip_invalid, skip_invalid, False)
+    result = await unless_disconnected(
+        request, service.embed(parsed.items, normalize=unit, skip_invalid=skip)
+    )
+    return encode(request, tracer, settings, result, parsed, dtype, skip)
+
+
+def encode(
+    request: Request[Any, Any, Any],
+    tracer: Tracer,
+    settings: GatewaySettings,
+    result: Embeddings,
+    parsed: parsing.ParsedRequest,
+    dtype: Literal["float32", "float16"],
+    skip: bool,
+) -> Response[bytes]:
     timing = {"Server-Timing": responses.server_timing(result)}
     binary = request.accept.best_match([JSON, responses.BINARY_MEDIA_TYPE], JSON) != JSON
     with tracer.start_as_current_span("encode", attributes={"binary": binary}):
         if not binary:
             body = responses.openai_json(
-                result.vectors, settings.model_id, parsed.encoding_format or "float"
+                result.vectors,
+                settings.model_id,
+                parsed.encoding_format or "float",
+                indices=result.indices,
+                errors=result.errors if skip else None,
             )
             return Response(body, media_type=JSON, headers=timing)
-        raw, headers = responses.binary(result.vectors, dtype)
+        raw, headers = responses.binary(
+            result.vectors,
+            dtype,
+            indices=result.indices if skip else None,
+            failed=[int(e.index or 0) for e in result.errors] if skip else None,
+        )
         return Response(raw, media_type=responses.BINARY_MEDIA_TYPE, headers=headers | timing)
+
+
+def _first(*values: bool | None) -> bool:
+    return next(v for v in values if v is not None)
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # let it unwind: admission budget released, gRPC call cancelled
+    raise ClientClosedRequest("client disconnected; its pending work was cancelled")
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    # The body has been read: the next ASGI message is the disconnect (or never comes).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @get("/healthz", tags=["health"], summary="Liveness: the process answers (never calls Triton)")
@@ -94,15 +171,25 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", tags=["health"], summary="Readiness: the model is READY in Triton")
+@get("/readyz", tags=["health"], summary="Readiness: model READY in Triton and the canary passes")
 async def readyz(state: State) -> dict[str, str]:
     service: EmbeddingService = state.service
+    canary: Canary = state.canary
     if not await service.ready():
         raise BackendUnavailable("model is not ready")
-    return {"status": "ready"}
+    if not canary.healthy():
+        detail = canary.last.detail if canary.last else "canary has not run yet"
+        raise BackendUnavailable(f"canary check failing: {detail}")
+    return {"status": "ready", "canary": canary.last.detail if canary.last else "disabled"}
 
 
-@get("/v1/models", tags=["models"], summary="The served model (OpenAI list shape)")
+@get(
+    "/v1/models",
+    tags=["models"],
+    summary="The served model (OpenAI list shape)",
+    guards=[require_api_key],
+    security=[{"bearer": []}],
+)
 async def list_models(state: State) -> dict[str, Any]:
     settings: GatewaySettings = state.settings
     service: EmbeddingService = state.service

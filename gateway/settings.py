@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.contract import TRITON_MODEL_NAME
@@ -58,6 +59,24 @@ class GatewaySettings(BaseSettings):
     #: Largest request body; a bigger Content-Length is refused before the body is read.
     max_body_bytes: int = Field(64 * MiB, ge=1024)
     max_images_per_request: int = Field(256, ge=1)
+    #: Images admitted (decoding, queued or in Triton) at once per worker; beyond it, 429.
+    max_inflight_images: int = Field(512, ge=1)
+    #: A request body must arrive within this time (slow-loris bodies get 408).
+    body_timeout_s: float = Field(30.0, gt=0)
+    #: Open connections uvicorn accepts per worker before answering 503 (0 = no limit).
+    max_connections: int = Field(2048, ge=0)
+
+    # --- readiness canary -------------------------------------------------------------------
+    #: Seconds between canary inferences on a fixed image (0 = no canary).
+    canary_interval_s: float = Field(15.0, ge=0)
+    #: Cosine the canary embedding must keep against the export-time reference.
+    canary_min_cosine: float = Field(0.99, gt=0, le=1)
+
+    # --- security ---------------------------------------------------------------------------
+    #: Accepted API keys (JSON list); when any key is set, /v1/* needs `Authorization: Bearer`.
+    api_keys: tuple[SecretStr, ...] = ()
+    #: A file with one API key per line (comments with #), read at start.
+    api_keys_file: Path | None = None
 
     # --- observability ----------------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -75,6 +94,12 @@ class GatewaySettings(BaseSettings):
             if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1
         )
+
+    @model_validator(mode="after")
+    def _requests_fit_the_budget(self) -> GatewaySettings:
+        if self.max_images_per_request > self.max_inflight_images:
+            raise ValueError("max_images_per_request cannot exceed max_inflight_images")
+        return self
 
     def accepts_model(self, name: str | None) -> bool:
         return name is None or name == self.model_id or name in self.model_aliases

@@ -18,6 +18,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from gateway.backend import ModelInfo
+from gateway.canary import CONFIG_PARAMETER, decode_reference
 from gateway.contract import INPUT_NAME, OUTPUT_NAME
 from gateway.errors import BackendError, BackendTimeout, BackendUnavailable, GatewayError
 from gateway.telemetry import client_span, trace_headers
@@ -150,9 +151,11 @@ def parse_model_config(config: dict[str, Any]) -> ModelInfo:
         raise BackendError(f"unexpected input {pixels}: want TYPE_UINT8 [S, S, 3]")
     if embedding.get("data_type") != "TYPE_FP32":
         raise BackendError(f"unexpected output {embedding}: want TYPE_FP32 [D]")
+    canary = config.get("parameters", {}).get(CONFIG_PARAMETER, {}).get("string_value")
     return ModelInfo(
         name=str(config.get("name")),
         image_size=dims[0],
         embed_dim=int(embedding["dims"][-1]),
         max_batch_size=max(1, int(config.get("max_batch_size", 1))),
+        canary=decode_reference(canary) if canary else None,
     )

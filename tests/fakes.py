@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from gateway.backend import ModelInfo
@@ -20,6 +22,11 @@ class FakeBackend:
         self.is_ready = True
         self.fail_with: GatewayError | None = None
         self.closed = False
+        #: seconds each infer call takes (to hold requests in flight)
+        self.delay = 0.0
+        #: multiply outputs by this (NaN or 0 imitate a broken engine)
+        self.scale = 1.0
+        self.cancelled = 0
 
     async def model_info(self) -> ModelInfo:
         if not self.is_ready:
@@ -29,6 +36,12 @@ class FakeBackend:
     async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
         if self.fail_with is not None:
             raise self.fail_with
+        if self.delay:
+            try:
+                await asyncio.sleep(self.delay)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         n, size = pixels.shape[0], self.info.image_size
         if pixels.dtype != np.uint8 or pixels.shape[1:] != (size, size, 3):
             raise AssertionError(f"bad batch {pixels.dtype} {pixels.shape}")
@@ -36,7 +49,7 @@ class FakeBackend:
             raise AssertionError(f"batch of {n} over max {self.info.max_batch_size}")
         self.calls.append(n)
         pooled = pixels.reshape(n, 8, size // 8, 8, size // 8, 3).mean(axis=(2, 4)).reshape(n, -1)
-        return ((pooled / 255.0 - 0.5) @ self.projection).astype(np.float32)
+        return ((pooled / 255.0 - 0.5) @ self.projection * self.scale).astype(np.float32)
 
     async def ready(self) -> bool:
         return self.is_ready

@@ -79,7 +79,7 @@ def test_multipart_malformed() -> None:
 def test_json_forms() -> None:
     one = parsing.parse_json(b'{"input": "QUJD"}', 4)
     assert one.items == ["QUJD"]
-    assert (one.encoding_format, one.normalize, one.model) == ("float", True, None)
+    assert (one.encoding_format, one.normalize, one.model) == ("float", None, None)
     many = parsing.parse_json(b'{"input": ["a", "b"], "encoding_format": "base64", "user": "u"}', 4)
     assert many.items == ["a", "b"]
     assert many.encoding_format == "base64"

@@ -1,0 +1,43 @@
+"""Optional API keys: Bearer tokens on /v1/*, compared in constant time, never logged."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+
+from gateway.errors import Unauthorized
+from gateway.settings import GatewaySettings
+
+
+def load_api_keys(settings: GatewaySettings) -> tuple[bytes, ...]:
+    """Keys from GATEWAY_API_KEYS and GATEWAY_API_KEYS_FILE (one per line, # comments)."""
+    keys = [key.get_secret_value() for key in settings.api_keys]
+    if settings.api_keys_file is not None:
+        for line in settings.api_keys_file.read_text().splitlines():
+            key = line.split("#", 1)[0].strip()
+            if key:
+                keys.append(key)
+    return tuple(key.encode() for key in keys if key)
+
+
+def matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Compare against every key, without stopping early, so timing reveals nothing."""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(presented, key)
+    return found
+
+
+def require_api_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Litestar guard; a no-op when no keys are configured."""
+    keys: tuple[bytes, ...] = connection.app.state.api_keys
+    if not keys:
+        return
+    scheme, _sep, token = connection.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("this gateway needs an API key: send `Authorization: Bearer <key>`")
+    if not matches(token.strip().encode(), keys):
+        raise Unauthorized("API key not accepted")
