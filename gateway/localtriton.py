@@ -12,18 +12,16 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-
-import httpx
+from typing import Self
 
 from gateway.contract import TRITON_MODEL_NAME
+from gateway.process import ProcessStartError, ServerProcess
+from gateway.process import free_port as free_port  # re-exported: tests and bench use it here
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +30,8 @@ DEFAULT_ENV = REPO_ROOT / ".triton-env"
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
 
 
-class TritonStartError(RuntimeError):
-    """tritonserver exited or did not turn ready in time; carries the tail of its log."""
+#: tritonserver exited or did not turn ready in time (carries the tail of its log).
+TritonStartError = ProcessStartError
 
 
 @dataclass(frozen=True)
@@ -125,18 +123,12 @@ def otlp_traces_url(environ: dict[str, str] | None = None) -> str | None:
     return None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
-class LocalTriton:
+class LocalTriton(ServerProcess):
     """A tritonserver child process bound to loopback; use as a context manager.
 
-    ``trace_args`` are extra ``--trace-config`` values (OpenTelemetry export), ``model_control``
-    stays off: the repository is fixed at start.
+    ``extra_args`` are more tritonserver flags (e.g. ``otel_trace_args``); model control stays
+    off: the repository is fixed at start.
     """
 
     repository: Path
@@ -145,10 +137,9 @@ class LocalTriton:
     grpc_port: int = 0
     http_port: int = 0
     metrics_port: int = 0
-    log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
     model_name: str = TRITON_MODEL_NAME
-    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    new_session = True
     ready_seconds: float | None = field(default=None, init=False)
 
     @property
@@ -193,77 +184,19 @@ class LocalTriton:
             env.pop("VIRTUAL_ENV", None)
         return env
 
-    def start(self, timeout: float = 180.0) -> LocalTriton:
+    def start(self, timeout: float = 180.0) -> Self:
         for name in ("grpc_port", "http_port", "metrics_port"):
             if getattr(self, name) == 0:
                 setattr(self, name, free_port(self.host))
-        log_path = self.log_path or self.repository.parent / "tritonserver.log"
-        self.log_path = log_path
-        log.info("starting tritonserver (grpc %s), log in %s", self.grpc_url, log_path)
+        self.log_path = self.log_path or self.repository.parent / "tritonserver.log"
+        log.info("starting tritonserver (grpc %s), log in %s", self.grpc_url, self.log_path)
         started = time.monotonic()
-        with open(log_path, "wb") as log_file:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
-            )
-        self.wait_ready(timeout)
+        self.launch()
+        ready = f"{self.http_url}/v2/models/{self.model_name}/ready"
+        self.wait_for(ready, timeout, "tritonserver model READY", stop_on_timeout=True)
         self.ready_seconds = time.monotonic() - started
         log.info("tritonserver ready in %.1f s", self.ready_seconds)
         return self
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"{self.http_url}/v2/models/{self.model_name}/ready"
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.process is None or self.process.poll() is not None:
-                    raise TritonStartError(f"tritonserver exited during start:\n{self.log_tail()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(url).status_code == 200:
-                        return
-                time.sleep(0.2)
-        self.stop()
-        raise TritonStartError(f"model not ready after {timeout:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; returns the exit code."""
-        process, self.process = self.process, None
-        if process is None:
-            return None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                return process.wait(grace)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        return process.wait()
-
-    def kill(self) -> None:
-        """SIGKILL to tritonserver and its Python-backend stubs (failure tests), no drain."""
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)  # its own session: stubs included
-            self.process.wait()
-        self.process = None
-
-    def __enter__(self) -> LocalTriton:
-        return self.start() if self.process is None else self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,10 @@ class ObserveMiddleware(ASGIMiddleware):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                if ids := current_ids():  # W3C traceresponse: where to find this request's trace
+                    headers = [*message.get("headers", ())]
+                    headers.append((b"traceresponse", f"00-{ids[0]}-{ids[1]}-01".encode()))
+                    message = {**message, "headers": headers}
             await send(message)
 
         try:

@@ -103,5 +103,10 @@ def record_span(
 def client_span(
     tracer: Tracer, name: str, attributes: Mapping[str, AttributeValue]
 ) -> Iterator[Span]:
+    """A client span under the current request's span; none outside requests (the canary's
+    periodic calls would otherwise each start a trace of their own)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        yield trace.INVALID_SPAN
+        return
     with tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes) as span:
         yield span

@@ -26,7 +26,7 @@ def settings() -> GatewaySettings:
         max_image_pixels=30_000_000,
         decode_threads=2,
         model_aliases=("clip",),
-        canary_interval_s=0,  # tests/api/test_limits_and_keys.py turns it on where it is the subject
+        canary_interval_s=0,  # test_limits_and_keys.py turns it on where it is the subject
         max_inflight_images=32,
     )
 

@@ -55,3 +55,8 @@ def test_shutdown_closes_the_backend(settings, fake: FakeBackend) -> None:
     with TestClient(create_app(settings, lambda *_: fake)) as client:
         assert client.get("/healthz").status_code == 200
     assert fake.closed
+
+
+def test_no_traceresponse_when_tracing_is_off(client: TestClient) -> None:
+    response = client.get("/healthz")
+    assert "traceresponse" not in response.headers
