@@ -25,13 +25,13 @@ install: $(VENV)/.installed $(TRITON_ENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements/lock.txt -e ".[export,dev]"
+	$(PY) -m pip install --quiet -c requirements/lock.txt -e ".[export,dev,bench]"
 	if [ "$(PILLOW_SIMD)" = 1 ] && [ ! -f /usr/include/webp/decode.h ]; then \
 	  echo "note: libwebp-dev is missing, so pillow-simd would lack WebP; keeping stock Pillow" >&2; \
 	elif [ "$(PILLOW_SIMD)" = 1 ]; then \
-	  $(PY) -m pip uninstall --quiet --yes pillow && \
-	  CC="cc $(SIMD_CFLAGS)" $(PY) -m pip install --quiet --no-deps --no-cache-dir --no-binary pillow-simd \
-	    pillow-simd==$(PILLOW_SIMD_VERSION); \
+	  $(PY) -m pip uninstall --quiet --yes pillow pillow-simd && \
+	  CC="cc $(SIMD_CFLAGS)" $(PY) -m pip install --quiet --force-reinstall --no-deps --no-cache-dir \
+	    --no-binary pillow-simd pillow-simd==$(PILLOW_SIMD_VERSION); \
 	fi
 	touch $@
 
@@ -66,7 +66,7 @@ format:
 
 # Re-resolve the pinned versions (needs uv: `pip install uv`).
 lock:
-	uv pip compile pyproject.toml --extra export --extra dev --python-version 3.11 \
+	uv pip compile pyproject.toml --extra export --extra dev --extra bench --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --quiet -o requirements/lock.txt
 
 clean:

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,26 +87,56 @@ def measure(pipeline: Pipeline, images: list[bytes], min_seconds: float) -> tupl
             return count, elapsed
 
 
-def run(quick: bool = True, min_seconds: float | None = None) -> list[dict[str, Any]]:
+def pil_variant() -> str:
+    import PIL
+
+    version = PIL.__version__
+    return f"pillow-simd {version}" if ".post" in version else f"Pillow {version}"
+
+
+def run(
+    quick: bool = True,
+    min_seconds: float | None = None,
+    pipelines: tuple[str, ...] = ("naive", "gateway"),
+) -> list[dict[str, Any]]:
+    """Both pipelines in this process (same PIL for both), one core."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     min_seconds = min_seconds if min_seconds is not None else (1.0 if quick else 4.0)
     sets = datasets(quick)
-    pipelines = {"naive-pil-open_clip": naive_pipeline(), "gateway": gateway_pipeline()}
+    factories = {"naive": naive_pipeline, "gateway": gateway_pipeline}
+    names = {"naive": "naive-pil-open_clip", "gateway": "gateway"}
     results = []
-    for dataset, images in sets.items():
-        mean_bytes = sum(map(len, images)) / len(images)
-        for name, pipeline in pipelines.items():
+    for key in pipelines:
+        pipeline = factories[key]()
+        for dataset, images in sets.items():
+            mean_bytes = sum(map(len, images)) / len(images)
             count, seconds = measure(pipeline, images, min_seconds)
-            results.append(
-                asdict(DecodeResult(name, dataset, count, seconds, count / seconds, mean_bytes))
+            row = asdict(
+                DecodeResult(names[key], dataset, count, seconds, count / seconds, mean_bytes)
             )
+            results.append(row | {"pil": pil_variant()})
     return results
 
 
-if __name__ == "__main__":
+def main() -> int:
+    """``python -m bench.decode [--full] [--pipeline naive|gateway] [--min-seconds S]``."""
+    import argparse
     import json
-    import sys
 
-    for row in run(quick="--full" not in sys.argv):
+    parser = argparse.ArgumentParser(prog="python -m bench.decode")
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--pipeline", choices=("naive", "gateway"), action="append")
+    parser.add_argument("--min-seconds", type=float)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = run(not args.full, args.min_seconds, tuple(args.pipeline or ("naive", "gateway")))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    for row in rows:
         print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

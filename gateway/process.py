@@ -34,6 +34,8 @@ class ServerProcess:
     new_session: ClassVar[bool] = False
 
     log_path: Path | None = None
+    #: CPUs to pin the process to (``taskset``), for benchmarks that measure per-core capacity.
+    cpus: frozenset[int] | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def command(self) -> list[str]:
@@ -44,8 +46,9 @@ class ServerProcess:
 
     def launch(self) -> None:
         with open(self.log_path or os.devnull, "wb") as output:
+            pin = ["taskset", "-c", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []
             self.process = subprocess.Popen(
-                self.command(),
+                [*pin, *self.command()],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env=self.environment(),

@@ -1,0 +1,1 @@
+"""Baselines from the background reports, written the way the reports describe them."""
