@@ -48,7 +48,12 @@ _HTTP_REASONS = {
 def triton_backend(settings: GatewaySettings, tracer: Tracer) -> InferenceBackend:
     from gateway.triton_backend import TritonBackend
 
-    return TritonBackend(settings.triton_url, settings.triton_model, tracer=tracer)
+    return TritonBackend(
+        settings.triton_url,
+        settings.triton_model,
+        tracer=tracer,
+        shared_memory_regions=settings.shared_memory_regions,
+    )
 
 
 def problem(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

@@ -1,16 +1,26 @@
 """InferenceBackend over Triton's gRPC API: the only module that imports tritonclient.
 
-One ``grpc.aio`` channel is opened per process and reused by every request; HTTP/2 multiplexes
-the concurrent calls over it. gRPC errors are translated here, once, into gateway errors.
+One ``grpc.aio`` channel per process, reused by every request; HTTP/2 multiplexes concurrent
+calls over it. gRPC errors are translated here, once, into gateway errors.
+
+When Triton runs on the same host (the one-container-per-GPU layout) input batches can skip the
+gRPC message: they are copied into a POSIX shared-memory region registered with Triton and the
+request only names it. At batch 32 that removes 4.8 MB of protobuf serialisation per call, which
+the bench's GIL profile showed to be ~45% of a gateway core's Python time (bench/results).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import tritonclient.utils.shared_memory as shm
 from opentelemetry.trace import NoOpTracer, Tracer
 from opentelemetry.util.types import AttributeValue
 from tritonclient.grpc import InferInput, InferRequestedOutput
@@ -22,6 +32,8 @@ from gateway.canary import CONFIG_PARAMETER, decode_reference
 from gateway.contract import INPUT_NAME, OUTPUT_NAME
 from gateway.errors import BackendError, BackendTimeout, BackendUnavailable, GatewayError
 from gateway.telemetry import client_span, trace_headers
+
+log = logging.getLogger(__name__)
 
 #: Larger than a max batch of 224x224x3 uint8 (32 images = 4.8 MB) with room to spare.
 MAX_MESSAGE_BYTES = 256 << 20
@@ -43,6 +55,76 @@ def translate(exc: InferenceServerException) -> GatewayError:
     return BackendError(f"Triton failed: {message}", grpc_status=status or "UNKNOWN")
 
 
+@dataclass
+class _Region:
+    name: str
+    handle: Any
+    byte_size: int
+
+
+class SharedMemoryPool:
+    """Input regions in /dev/shm, each holding one max-size batch, registered with Triton lazily.
+
+    A call takes a free region or, when all are busy, sends its tensor over gRPC: the pool never
+    makes a request wait. Triton forgets registrations when it restarts; ``forget`` makes the
+    next use register again.
+    """
+
+    def __init__(self, client: InferenceServerClient, byte_size: int, regions: int) -> None:
+        self._client = client
+        self.byte_size = byte_size
+        self.capacity = regions
+        self._free: list[_Region] = []
+        self._created: list[_Region] = []
+        self._registered: set[str] = set()
+
+    def acquire(self) -> _Region | None:
+        if self._free:
+            return self._free.pop()
+        if len(self._created) >= self.capacity:
+            return None
+        name = f"clipgw_{os.getpid()}_{len(self._created)}"
+        handle = shm.create_shared_memory_region(name, f"/{name}", self.byte_size)
+        region = _Region(name, handle, self.byte_size)
+        self._created.append(region)
+        return region
+
+    def release(self, region: _Region) -> None:
+        self._free.append(region)
+
+    async def write(self, region: _Region, pixels: np.ndarray) -> bool:
+        """Copy ``pixels`` into the region, registering it first; False: Triton cannot map
+        our regions (not on this host, or no shared /dev/shm): the pool switches itself off."""
+        if region.name not in self._registered:
+            try:
+                await self._client.register_system_shared_memory(
+                    region.name, f"/{region.name}", region.byte_size
+                )
+            except InferenceServerException as exc:
+                if _status_name(exc) in _UNAVAILABLE:
+                    raise  # Triton is down, not incompatible: the caller reports that
+                log.warning("Triton cannot map shared memory (%s); using gRPC", exc.message())
+                self.capacity = 0
+                return False
+            self._registered.add(region.name)
+        view = shm.get_contents_as_numpy(region.handle, np.uint8, pixels.shape)
+        view[...] = pixels
+        return True
+
+    def forget(self) -> None:
+        self._registered.clear()
+
+    async def close(self) -> None:
+        for region in self._created:
+            if region.name in self._registered:
+                # Triton already gone: nothing left to unregister
+                with contextlib.suppress(InferenceServerException):
+                    await self._client.unregister_system_shared_memory(region.name)
+            shm.destroy_shared_memory_region(region.handle)
+        self._created.clear()
+        self._free.clear()
+
+
 class TritonBackend:
     """Talks to one model on one Triton server."""
 
@@ -53,6 +135,7 @@ class TritonBackend:
         *,
         info_timeout: float = 5.0,
         tracer: Tracer | None = None,
+        shared_memory_regions: int = 0,
     ) -> None:
         self.url = url
         self.model_name = model_name
@@ -70,6 +153,8 @@ class TritonBackend:
                 ("grpc.keepalive_timeout_ms", 5_000),
             ],
         )
+        self._shm_regions = shared_memory_regions
+        self._pool: SharedMemoryPool | None = None
         self._info: ModelInfo | None = None
         self._info_lock = asyncio.Lock()
 
@@ -78,6 +163,9 @@ class TritonBackend:
             async with self._info_lock:
                 if self._info is None:
                     self._info = await self._read_model_info()
+                    if self._shm_regions:
+                        size = self._info.max_batch_size * self._info.image_size**2 * 3
+                        self._pool = SharedMemoryPool(self._client, size, self._shm_regions)
         return self._info
 
     async def _read_model_info(self) -> ModelInfo:
@@ -90,9 +178,6 @@ class TritonBackend:
         return parse_model_config(config["config"])
 
     async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
-        timeout = max(deadline - time.monotonic(), 0.001)
-        tensor = InferInput(INPUT_NAME, list(pixels.shape), "UINT8")
-        tensor.set_data_from_numpy(pixels)
         attributes: dict[str, AttributeValue] = {
             "rpc.system": "grpc",
             "rpc.service": "inference.GRPCInferenceService",
@@ -102,26 +187,53 @@ class TritonBackend:
             "triton.batch_size": int(pixels.shape[0]),
         }
         with client_span(self._tracer, "triton.infer", attributes) as span:
+            region = self._pool.acquire() if self._pool is not None else None
+            span.set_attribute("triton.input_transport", "shared_memory" if region else "grpc")
             try:
-                result = await self._client.infer(
-                    self.model_name,
-                    [tensor],
-                    outputs=[InferRequestedOutput(OUTPUT_NAME)],
-                    client_timeout=timeout,
-                    # Triton drops the request itself if it is still queued when we give up.
-                    timeout=int(timeout * 1e6),
-                    # W3C traceparent in the gRPC metadata: Triton's spans join this trace.
-                    headers=trace_headers(),
-                )
+                result = await self._call(pixels, deadline, region)
             except InferenceServerException as exc:
                 span.set_attribute("rpc.grpc.status_code", _status_name(exc))
                 raise translate(exc) from exc
+            finally:
+                if region is not None and self._pool is not None:
+                    self._pool.release(region)
             span.set_attribute("rpc.grpc.status_code", "OK")
         embeddings = result.as_numpy(OUTPUT_NAME)
         if embeddings is None or embeddings.shape[0] != pixels.shape[0]:
             shape = None if embeddings is None else embeddings.shape
             raise BackendError(f"Triton returned {shape} for a batch of {pixels.shape[0]}")
         return embeddings  # type: ignore[no-any-return]
+
+    async def _call(self, pixels: np.ndarray, deadline: float, region: _Region | None) -> Any:
+        tensor = InferInput(INPUT_NAME, list(pixels.shape), "UINT8")
+        if region is not None and self._pool is not None:
+            try:
+                if await self._pool.write(region, pixels):
+                    tensor.set_shared_memory(region.name, pixels.nbytes)
+                    return await self._send(tensor, deadline)
+            except InferenceServerException as exc:
+                if "shared memory" not in (exc.message() or "").lower():
+                    raise
+                # Triton restarted (registrations lost) or cannot map our region: this call
+                # goes over gRPC, the next registers again.
+                log.warning("shared-memory input refused (%s); falling back to gRPC", exc.message())
+                self._pool.forget()
+                tensor = InferInput(INPUT_NAME, list(pixels.shape), "UINT8")
+        tensor.set_data_from_numpy(pixels)
+        return await self._send(tensor, deadline)
+
+    async def _send(self, tensor: InferInput, deadline: float) -> Any:
+        timeout = max(deadline - time.monotonic(), 0.001)
+        return await self._client.infer(
+            self.model_name,
+            [tensor],
+            outputs=[InferRequestedOutput(OUTPUT_NAME)],
+            client_timeout=timeout,
+            # Triton drops the request itself if it is still queued when we give up.
+            timeout=int(timeout * 1e6),
+            # W3C traceparent in the gRPC metadata: Triton's spans join this trace.
+            headers=trace_headers(),
+        )
 
     async def ready(self) -> bool:
         try:
@@ -134,6 +246,8 @@ class TritonBackend:
             return False
 
     async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
         await self._client.close()
 
 

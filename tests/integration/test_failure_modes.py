@@ -119,6 +119,8 @@ def test_triton_killed_and_restarted_under_load(cpu_repository: Path, tmp_path: 
     assert during and all(o.status in (502, 503, 504) for o in during)
     assert max(o.ended - o.started for o in outcomes) < 12  # no hang past the deadline
     assert all(o.correct for o in outcomes if o.status == 200)  # nothing mixed up
+    # the restarted Triton had forgotten the gateway's shared-memory regions: re-registered
+    assert "shared-memory input refused" in (tmp_path / "gateway.log").read_text()
 
 
 def test_a_vanished_client_cancels_its_work(gateway: GatewayProcess) -> None:

@@ -161,3 +161,25 @@ def test_health_readiness_models_and_docs(http: httpx.Client) -> None:
     assert (model["id"], model["embed_dim"], model["image_size"]) == ("ViT-B-32", 512, 224)
     doc = http.get("/docs/openapi.json").json()
     assert "multipart/form-data" in doc["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]
+
+
+def test_input_batches_travel_through_shared_memory(gateway, triton) -> None:
+    """Gateway and Triton share this host: the gateway's regions are registered with Triton."""
+    import tritonclient.grpc as grpcclient
+
+    with httpx.Client(base_url=gateway.url, timeout=60) as http:
+        assert http.post("/v1/embeddings", files=files(samples.compact(3))).status_code == 200
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        status = client.get_system_shared_memory_status(as_json=True)
+    names = [region["name"] for region in status.get("regions", {}).values()]
+    assert any(name.startswith("clipgw_") for name in names), status
+
+
+def test_grpc_tensor_path_gives_the_same_embeddings(triton, ort_session, tmp_path) -> None:
+    from gateway.launch import GatewayProcess
+
+    images = [samples.compact(i) for i in range(300, 305)]
+    env = {"GATEWAY_TRITON_SHARED_MEMORY": "off", "GATEWAY_CANARY_INTERVAL_S": "0"}
+    with GatewayProcess(triton.grpc_url, env=env, log_path=tmp_path / "gw.log") as plain:
+        got = rows(httpx.post(f"{plain.url}/v1/embeddings", files=files(*images), timeout=60))
+    np.testing.assert_allclose(got, expected(ort_session, images), atol=1e-5)

@@ -124,3 +124,19 @@ def test_json_logs_carry_extras(capsys: pytest.CaptureFixture[str]) -> None:
         logging.config.dictConfig(logging_config("WARNING", "text"))
     assert (line["logger"], line["level"], line["images"]) == ("gateway.access", "INFO", 3)
     assert "timestamp" in line
+
+
+@pytest.mark.parametrize(
+    ("mode", "url", "regions"),
+    [
+        ("auto", "127.0.0.1:8001", 8),
+        ("auto", "localhost:8001", 8),
+        ("auto", "[::1]:8001", 8),
+        ("auto", "triton.internal:8001", 0),
+        ("off", "127.0.0.1:8001", 0),
+        ("on", "triton.internal:8001", 8),
+    ],
+)
+def test_shared_memory_only_where_triton_shares_the_host(mode: str, url: str, regions: int) -> None:
+    settings = GatewaySettings(triton_shared_memory=mode, triton_url=url)
+    assert settings.shared_memory_regions == regions
