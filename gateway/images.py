@@ -126,10 +126,14 @@ def _decode_jpeg(
 
 
 def _jpeg_orientation(data: bytes) -> int:
-    """EXIF orientation from the APP1 segment; Pillow reads only the headers here."""
+    """EXIF orientation from the APP1 segment (Pillow parses only that segment)."""
+    segment = jpeg.exif_segment(data)
+    if segment is None:
+        return 1
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return int(image.getexif().get(ORIENTATION_TAG, 1))
+        exif = Image.Exif()
+        exif.load(segment)
+        return int(exif.get(ORIENTATION_TAG, 1))
     except Exception:  # an unreadable EXIF block must not fail an image that decoded fine
         return 1
 

@@ -83,3 +83,11 @@ def test_cut_never_crashes_on_damaged_streams(data: st.DataObject) -> None:
     stream = stream[: data.draw(st.integers(2, len(stream)))]
     with contextlib.suppress(jpeg.JpegError):
         jpeg.inspect_scans(bytes(stream), max_scans=64, want_dc_only=True)
+
+
+def test_exif_segment_found_without_parsing_the_rest() -> None:
+    segment = jpeg.exif_segment(samples.oriented_jpeg(6))
+    assert segment is not None and segment.startswith(b"Exif\x00\x00")
+    assert jpeg.exif_segment(samples.compact(0)) is None  # no APP1 Exif at all
+    assert jpeg.exif_segment(samples.oriented_jpeg(6)[:30]) is None  # cut inside it
+    assert jpeg.exif_segment(b"\xff\xd8") is None
