@@ -129,7 +129,7 @@ def exif_segment(data: bytes) -> bytes | None:
             continue
         segment_end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
         if marker == _APP1 and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
-            return data[pos + 4 : segment_end]
+            return data[pos + 4 : segment_end] if segment_end <= end else None
         pos = segment_end
     return None
 
