@@ -1,4 +1,9 @@
-"""``python -m bench run --suite smoke|quick|full [--out DIR] [--profile cpu|cuda|tensorrt]``."""
+"""``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing``.
+
+``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
+2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
+measures what OpenTelemetry costs at 0% and 100% sampling.
+"""
 
 from __future__ import annotations
 
@@ -23,11 +28,24 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="Triton profile for B and C (GPU profiles need the NGC tritonserver)",
     )
+    for name, default_minutes in (("overload", 4.0), ("soak", 10.0), ("tracing", 2.0)):
+        command = commands.add_parser(name, help=f"bench/{name}.py")
+        command.add_argument("--minutes", type=float, default=default_minutes)
+        command.add_argument("--smoke", action="store_true", help="seconds, for CI")
+        command.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from bench import runner
+    if args.command == "run":
+        from bench import runner
 
-    runner.run(args.suite, args.out or RESULTS / args.suite, args.profile)
-    return 0
+        runner.run(args.suite, args.out or RESULTS / args.suite, args.profile)
+        return 0
+    from bench import overload, soak, tracing_cost
+
+    module = {"overload": overload, "soak": soak, "tracing": tracing_cost}[args.command]
+    suffix = "-smoke" if args.smoke else ""
+    results = module.run(args.minutes, args.out or RESULTS / f"{args.command}{suffix}", args.smoke)
+    print((args.out or RESULTS / f"{args.command}{suffix}"), flush=True)
+    return 1 if results.get("wrong") or results.get("unexpected_5xx") else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""``python -m bench overload``: the real stack at 1x then 2x its measured capacity.
+
+An open-loop generator keeps sending at the target rate whatever the gateway does, so excess
+load must be refused (429, or 503 when Triton's queue sheds) rather than queued. Accepted
+requests must keep a bounded p99; every answer's embedding is checked against the one the
+same image got on an idle gateway, so a lost or mixed-up result cannot pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import load
+from bench.clients import GatewayClient
+from bench.stack import reference_batches, running
+
+#: Images admitted at once. Sized as capacity x acceptable queueing (about 0.5 s of work on the
+#: 2-core CI machine); the README explains the rule for real deployments.
+BUDGET = 24
+
+
+def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
+    capacity_s = 4.0 if smoke else 20.0
+    phase_s = 6.0 if smoke else minutes * 60 / 2
+    env = {"GATEWAY_MAX_INFLIGHT_IMAGES": str(BUDGET), "GATEWAY_MAX_IMAGES_PER_REQUEST": "8"}
+    with running(env) as stack:
+        batches = reference_batches(stack.gateway.url, images=16, batch=1)
+
+        async def measure() -> dict[str, Any]:
+            client = GatewayClient(stack.gateway.url, batches)
+            try:
+                closed = await load.closed_loop(client, 8, duration=capacity_s)
+                capacity = load.summarize(closed)
+                rate = max(float(capacity["requests_per_s"]), 1.0)
+                one = await load.open_loop(client, rate, phase_s)
+                two = await load.open_loop(client, 2 * rate, phase_s)
+            finally:
+                await client.close()
+            return {
+                "capacity": capacity,
+                "rate_1x_per_s": round(rate, 2),
+                "at_1x": load.summarize(one, elapsed=phase_s),
+                "at_2x": load.summarize(two, elapsed=phase_s),
+            }
+
+        results = asyncio.run(measure())
+        metrics = httpx.get(f"{stack.gateway.url}/metrics").text
+    results["rejected_by_reason"] = {
+        line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("gateway_rejected_requests_total{")
+    }
+    results["budget_images"] = BUDGET
+    results["phase_seconds"] = phase_s
+    statuses = {**results["at_1x"]["statuses"], **results["at_2x"]["statuses"]}
+    results["unexpected_5xx"] = sum(
+        n for status, n in statuses.items() if status.startswith("5") and status != "503"
+    )
+    results["wrong"] = results["at_1x"]["wrong"] + results["at_2x"]["wrong"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "overload.json").write_text(json.dumps(results, indent=1))
+    (out / "overload.md").write_text(markdown(results))
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    rows = ["# Overload: the real stack at 1x and 2x its capacity", "",
+            f"Capacity (closed loop, 8 clients, single-image requests): "
+            f"{results['capacity']['images_per_s']} img/s; in-flight budget "
+            f"{results['budget_images']} images; {results['phase_seconds']:.0f} s per phase.", "",
+            "| load | sent | 200 | other statuses | accepted p50 / p99 ms | rejected p99 ms | "
+            "wrong |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for label in ("at_1x", "at_2x"):
+        s = results[label]
+        others = {k: v for k, v in s["statuses"].items() if k != "200"}
+        lat = s.get("latency_ms", {})
+        rows.append(
+            f"| {label.removeprefix('at_')} | {s['requests']} | {s['ok']} | {others or '-'} | "
+            f"{lat.get('p50')} / {lat.get('p99')} | {s.get('rejected_latency_ms_p99', '-')} | "
+            f"{s['wrong']} |"
+        )
+    rows += ["", f"Rejections by reason (gateway metrics): {results['rejected_by_reason']}; "
+             f"5xx other than 503: {results['unexpected_5xx']}."]  # fmt: skip
+    return "\n".join(rows) + "\n"

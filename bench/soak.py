@@ -1,0 +1,77 @@
+"""``python -m bench soak``: steady load for minutes; the gateway's memory, descriptors and
+threads must not grow (sampled from /proc), and every answer must still be the right one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import load
+from bench.clients import GatewayClient
+from bench.stack import reference_batches, running
+
+
+def process_stats(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return {
+        "rss_mb": int(fields["VmRSS"].split()[0]) / 1024,
+        "threads": int(fields["Threads"]),
+        "fds": len(list(Path(f"/proc/{pid}/fd").iterdir())),
+    }
+
+
+def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
+    duration = 20.0 if smoke else minutes * 60
+    interval = 2.0 if smoke else 10.0
+    with running({"GATEWAY_DECODE_THREADS": "2"}) as stack:
+        batches = reference_batches(stack.gateway.url, images=8, batch=4)
+        pid = stack.gateway.process.pid if stack.gateway.process else 0
+
+        async def soak() -> tuple[list[load.Record], list[dict[str, float]]]:
+            client = GatewayClient(stack.gateway.url, batches)
+            samples: list[dict[str, float]] = []
+            started = time.monotonic()
+
+            async def sample() -> None:
+                while True:
+                    samples.append(
+                        {"t": round(time.monotonic() - started, 1), **process_stats(pid)}
+                    )
+                    await asyncio.sleep(interval)
+
+            sampler = asyncio.create_task(sample())
+            try:
+                records = await load.closed_loop(client, 4, duration=duration)
+            finally:
+                sampler.cancel()
+                samples.append({"t": round(time.monotonic() - started, 1), **process_stats(pid)})
+                await client.close()
+            return records, samples
+
+        records, samples = asyncio.run(soak())
+    # growth is measured after the first fifth (imports, pools and caches warming up)
+    settled = [s for s in samples if s["t"] >= duration / 5] or samples
+    first, last = settled[0], samples[-1]
+    results = {
+        "minutes": round(duration / 60, 2),
+        "load": load.summarize(records),
+        "rss_growth_mb": round(last["rss_mb"] - first["rss_mb"], 1),
+        "fd_growth": last["fds"] - first["fds"],
+        "thread_growth": last["threads"] - first["threads"],
+        "samples": samples,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "soak.json").write_text(json.dumps(results, indent=1))
+    (out / "soak.md").write_text(
+        f"# Soak: {results['minutes']} min of steady load (4 clients, 4-image requests)\n\n"
+        f"{results['load']['requests']} requests, {results['load']['ok']} OK, "
+        f"{results['load']['wrong']} wrong, {results['load']['images_per_s']} img/s, p99 "
+        f"{results['load'].get('latency_ms', {}).get('p99')} ms. Gateway process after warm-up: "
+        f"RSS {first['rss_mb']:.1f} → {last['rss_mb']:.1f} MB ({results['rss_growth_mb']:+} MB), "
+        f"fds {first['fds']} → {last['fds']}, threads {first['threads']} → {last['threads']}.\n"
+    )
+    return results

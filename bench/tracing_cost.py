@@ -1,0 +1,106 @@
+"""``python -m bench tracing``: what OpenTelemetry costs, off vs on at 0% and 100% sampling.
+
+Triton runs the null model (so the gateway's own cost is what is measured) with OpenTelemetry
+tracing configured as in production; spans go to a throwaway OTLP/HTTP receiver on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from bench import load, models
+from bench.clients import Batches, GatewayClient
+from bench.photos import compact_jpeg
+from export.build import ensure_exported
+from export.model import Weights
+from gateway.launch import GatewayProcess
+from gateway.localtriton import LocalTriton, otel_trace_args
+
+MODES = {
+    "off": {"GATEWAY_TRACING": "off"},
+    "on, 0% sampled": {"OTEL_TRACES_SAMPLER": "always_off"},
+    "on, 100% sampled": {"OTEL_TRACES_SAMPLER": "always_on"},
+}
+
+
+class _Sink(BaseHTTPRequestHandler):
+    received = 0
+
+    def do_POST(self) -> None:
+        _Sink.received += len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
+    seconds = 3.0 if smoke else max(minutes * 60 / (2 * len(MODES)), 10.0)
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{sink.server_address[1]}"
+    exported = ensure_exported("ViT-B-32", Weights.random(0))
+    pool = [compact_jpeg(i) for i in range(32)]
+    results: dict[str, Any] = {"seconds_per_point": seconds, "modes": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
+        work = Path(tmp)
+        repo = models.null_repository(exported.directory, work / "repo")
+        trace_args = otel_trace_args(f"{endpoint}/v1/traces")
+        with LocalTriton(repo, log_path=work / "triton.log", extra_args=trace_args) as triton:
+            for mode, env in MODES.items():
+                env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "GATEWAY_CANARY_INTERVAL_S": "0",
+                       "GATEWAY_DECODE_THREADS": "2", **env}  # fmt: skip
+                with GatewayProcess(triton.grpc_url, env=env, log_path=work / "gw.log") as gw:
+                    gw.wait_ready()
+                    results["modes"][mode] = asyncio.run(_measure(gw.url, pool, seconds))
+    sink.shutdown()
+    base = results["modes"]["off"]
+    for row in results["modes"].values():
+        for key in ("single", "batch_8"):
+            row[key]["throughput_vs_off"] = round(
+                row[key]["images_per_s"] / base[key]["images_per_s"] - 1, 4
+            )
+    results["span_bytes_received"] = _Sink.received
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tracing.json").write_text(json.dumps(results, indent=1))
+    (out / "tracing.md").write_text(markdown(results))
+    return results
+
+
+async def _measure(url: str, pool: list[bytes], seconds: float) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for key, batch, clients in (("single", 1, 8), ("batch_8", 8, 4)):
+        batches = Batches(
+            [[pool[(i * batch + j) % len(pool)] for j in range(batch)] for i in range(16)]
+        )
+        client = GatewayClient(url, batches)
+        try:
+            await load.closed_loop(client, clients, count=clients * 4)  # warm
+            row[key] = load.summarize(await load.closed_loop(client, clients, duration=seconds))
+        finally:
+            await client.close()
+    return row
+
+
+def markdown(results: dict[str, Any]) -> str:
+    rows = ["# Tracing cost (null model: the gateway's own work)", "",
+            f"{results['seconds_per_point']:.0f} s per point; spans exported over OTLP/HTTP to a "
+            "loopback receiver; Triton traced at rate 0 (i.e. exactly the sampled requests).", "",
+            "| tracing | single-image img/s | p50 ms | vs off | 8-image img/s | p50 ms | vs off |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for mode, row in results["modes"].items():
+        s, b = row["single"], row["batch_8"]
+        rows.append(
+            f"| {mode} | {s['images_per_s']} | {s['latency_ms']['p50']} | "
+            f"{s['throughput_vs_off']:+.1%} | {b['images_per_s']} | {b['latency_ms']['p50']} | "
+            f"{b['throughput_vs_off']:+.1%} |"
+        )
+    return "\n".join(rows) + "\n"

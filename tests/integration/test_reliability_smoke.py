@@ -1,0 +1,55 @@
+"""CI-sized versions of the overload and soak runs (the long ones are bench commands)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_overload_smoke(tmp_path: Path) -> None:
+    done = bench("overload", "--smoke", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    results = json.loads((tmp_path / "overload.json").read_text())
+    assert results["wrong"] == 0  # every answer was the right image's embedding
+    assert results["unexpected_5xx"] == 0
+    at_1x, at_2x = results["at_1x"], results["at_2x"]
+    assert at_1x["ok"] > 0 and at_2x["ok"] > 0
+    assert set(at_2x["statuses"]) <= {"200", "429", "503"}
+    assert at_2x["statuses"].get("429", 0) + at_2x["statuses"].get("503", 0) > 0  # excess refused
+    assert results["rejected_by_reason"].get("overloaded", 0) >= at_2x["statuses"].get("429", 0)
+    assert (tmp_path / "overload.md").exists()
+
+
+def test_soak_smoke(tmp_path: Path) -> None:
+    done = bench("soak", "--smoke", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    results = json.loads((tmp_path / "soak.json").read_text())
+    assert results["load"]["ok"] == results["load"]["requests"] > 0
+    assert results["load"]["wrong"] == 0
+    assert results["thread_growth"] == 0
+    assert results["rss_growth_mb"] < 50
+    assert len(results["samples"]) >= 5
+
+
+def test_tracing_cost_smoke(tmp_path: Path) -> None:
+    done = bench("tracing", "--smoke", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    results = json.loads((tmp_path / "tracing.json").read_text())
+    assert set(results["modes"]) == {"off", "on, 0% sampled", "on, 100% sampled"}
+    for row in results["modes"].values():
+        assert row["single"]["ok"] > 0 and row["batch_8"]["ok"] > 0
+    assert results["span_bytes_received"] > 0  # the sampled run really exported spans
