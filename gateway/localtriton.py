@@ -188,7 +188,8 @@ class LocalTriton(ServerProcess):
         for name in ("grpc_port", "http_port", "metrics_port"):
             if getattr(self, name) == 0:
                 setattr(self, name, free_port(self.host))
-        self.log_path = self.log_path or self.repository.parent / "tritonserver.log"
+        if not self.inherit_output:
+            self.log_path = self.log_path or self.repository.parent / "tritonserver.log"
         log.info("starting tritonserver (grpc %s), log in %s", self.grpc_url, self.log_path)
         started = time.monotonic()
         self.launch()

@@ -36,6 +36,8 @@ class ServerProcess:
     log_path: Path | None = None
     #: CPUs to pin the process to (``taskset``), for benchmarks that measure per-core capacity.
     cpus: frozenset[int] | None = None
+    #: Write to our own stdout/stderr (a container's log) instead of ``log_path``.
+    inherit_output: bool = False
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def command(self) -> list[str]:
@@ -45,8 +47,13 @@ class ServerProcess:
         return dict(os.environ)
 
     def launch(self) -> None:
+        pin = ["taskset", "-c", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []
+        if self.inherit_output:
+            self.process = subprocess.Popen(
+                [*pin, *self.command()], env=self.environment(), start_new_session=self.new_session
+            )
+            return
         with open(self.log_path or os.devnull, "wb") as output:
-            pin = ["taskset", "-c", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []
             self.process = subprocess.Popen(
                 [*pin, *self.command()],
                 stdout=output,

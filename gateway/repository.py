@@ -75,8 +75,10 @@ class RepositorySettings(BaseSettings):
 
 
 def default_templates() -> Path:
-    """``triton/`` beside the package (source checkout or container image)."""
-    return Path(__file__).resolve().parents[1] / "triton"
+    """``triton/`` of the source checkout, or the copy a wheel carries inside the package."""
+    here = Path(__file__).resolve().parent
+    checkout = here.parent / "triton"
+    return checkout if checkout.is_dir() else here / "_triton"
 
 
 def render_config(

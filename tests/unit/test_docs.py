@@ -27,3 +27,12 @@ def test_every_repository_setting_is_documented() -> None:
 def test_readme_states_the_two_commands() -> None:
     assert "make serve" in README
     assert "make test" in README
+
+
+def test_every_entrypoint_setting_is_documented() -> None:
+    from gateway.entrypoint import EntrypointSettings
+
+    missing = [
+        name for name in EntrypointSettings.model_fields if f"GATEWAY_{name.upper()}" not in README
+    ]
+    assert not missing

@@ -1,0 +1,110 @@
+"""Profile choice: the background reports' table, the override order, and calibration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway import gpu
+from gateway.entrypoint import EntrypointSettings, worker_plan
+
+
+def card(name: str, cc: tuple[int, int] = (8, 6)) -> gpu.GpuInfo:
+    return gpu.GpuInfo(name, cc, 16.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "cc", "profile"),
+    [
+        ("NVIDIA A100-SXM4-80GB", (8, 0), "cuda"),
+        ("NVIDIA GeForce RTX 4080", (8, 9), "tensorrt"),
+        ("NVIDIA RTX A4000", (8, 6), "tensorrt"),
+        ("NVIDIA H100 80GB HBM3", (9, 0), "tensorrt"),  # unmeasured: the documented default
+        ("Tesla P100-PCIE-16GB", (6, 0), "cuda"),  # no tensor cores
+    ],
+)
+def test_table(name: str, cc: tuple[int, int], profile: str) -> None:
+    chosen, reason = gpu.from_table(card(name, cc))
+    assert chosen == profile
+    assert reason
+
+
+def test_no_gpu_is_cpu(tmp_path: Path) -> None:
+    assert gpu.from_table(None) == ("cpu", "no GPU")
+    assert gpu.choose("auto", None, model="m", record=tmp_path / "c.json")[0] == "cpu"
+    assert gpu.detect() is None  # this machine has no NVML library
+
+
+def fake_timer(cuda_max: float, trt_max: float) -> gpu.Timer:
+    calls: list[str] = []
+
+    def timer(profile: gpu.Profile) -> dict[str, float]:
+        calls.append(profile)
+        return {"1": 5.0, "max": cuda_max if profile == "cuda" else trt_max}
+
+    timer.calls = calls  # type: ignore[attr-defined]
+    return timer
+
+
+def test_override_wins_over_everything(tmp_path: Path) -> None:
+    record = tmp_path / "calibration.json"
+    timer = fake_timer(1.0, 2.0)
+    chosen = gpu.choose("tensorrt", card("NVIDIA A100"), model="m", record=record,
+                        calibrate_now=True, timer=timer)  # fmt: skip
+    assert chosen == ("tensorrt", "set by GATEWAY_TRITON_PROFILE")
+    assert timer.calls == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("cuda", "trt", "winner"), [(0.4, 0.9, "cuda"), (0.9, 0.4, "tensorrt")])
+def test_calibration_measures_once_then_is_reused(
+    tmp_path: Path, cuda: float, trt: float, winner: str
+) -> None:
+    record = tmp_path / "engines" / "calibration.json"
+    a4000 = card("NVIDIA RTX A4000")
+    timer = fake_timer(cuda, trt)
+    first = gpu.choose("auto", a4000, model="m", record=record, calibrate_now=True, timer=timer)
+    assert first[0] == winner
+    assert timer.calls == ["cuda", "tensorrt"]  # type: ignore[attr-defined]
+    again = gpu.choose("auto", a4000, model="m", record=record, calibrate_now=True, timer=timer)
+    assert again[0] == winner and "earlier" in again[1]
+    assert timer.calls == ["cuda", "tensorrt"]  # type: ignore[attr-defined]  # not re-measured
+    # another model file or another GPU: the record does not apply
+    assert gpu.recorded(record, a4000, "other-model") is None
+    assert gpu.recorded(record, card("NVIDIA A100"), "m") is None
+
+
+def test_without_calibration_the_table_decides(tmp_path: Path) -> None:
+    chosen = gpu.choose("auto", card("NVIDIA A100"), model="m", record=tmp_path / "none.json")
+    assert chosen[0] == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "threads", "plan"),
+    [
+        (2, 0, 0, (1, 2)),
+        (16, 0, 0, (4, 4)),
+        (64, 0, 0, (8, 8)),
+        (16, 2, 0, (2, 8)),
+        (8, 0, 3, (2, 3)),
+    ],
+)
+def test_worker_plan(cpus: int, workers: int, threads: int, plan: tuple[int, int]) -> None:
+    assert worker_plan(cpus, workers, threads) == plan
+
+
+def test_entrypoint_settings_share_the_triton_profile_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "cuda")
+    monkeypatch.setenv("GATEWAY_CALIBRATE", "true")
+    settings = EntrypointSettings()
+    assert (settings.triton_profile, settings.calibrate) == ("cuda", True)
+
+
+def test_auto_in_the_environment_does_not_break_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entrypoint resolves `auto` and passes the profile explicitly; env must not win."""
+    from gateway.repository import RepositorySettings
+
+    monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "auto")
+    assert RepositorySettings(profile="tensorrt").profile == "tensorrt"
