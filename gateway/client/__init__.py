@@ -1,0 +1,14 @@
+"""Python client for the gateway: ``Client`` / ``AsyncClient`` (httpx), paths, bytes or PIL in,
+numpy out. Importing it pulls in none of the server's dependencies.
+
+    from gateway.client import Client
+    with Client("http://localhost:8000") as client:
+        vectors = client.embed(["a.jpg", "b.png"])   # float32 [2, 512], unit length
+"""
+
+from gateway.client.aio import AsyncClient
+from gateway.client.compact import CompactOptions, compact
+from gateway.client.core import ClientError
+from gateway.client.sync import Client
+
+__all__ = ["AsyncClient", "Client", "ClientError", "CompactOptions", "compact"]

@@ -1,0 +1,117 @@
+"""Compact upload: shrink a photo on the client before it travels (the reports' main lesson).
+
+JPEGs are decoded at a power-of-two DCT scale (progressive ones from their DC scans only, as
+the gateway does: gateway/jpeg.py), turned upright by their EXIF orientation (re-encoding drops
+EXIF), resized so the short side is 256 px and re-encoded at quality 85. Measured against
+sending the original 8-24 MP photo to the same gateway: cosine >= 0.9997, 10 KB instead of
+4.4 MB (README, "Client"). Small images are sent as they are.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import simplejpeg
+from PIL import Image, ImageOps
+
+from gateway import jpeg
+
+ImageLike = str | Path | bytes | Image.Image
+
+
+@dataclass(frozen=True)
+class CompactOptions:
+    enabled: bool = True
+    short_side: int = 256
+    quality: int = 85
+    #: Images whose short side is at most this, and JPEGs, are sent untouched when below
+    #: ``keep_bytes``: shrinking them would save nothing worth a re-encode.
+    keep_bytes: int = 48_000
+
+
+def read(image: ImageLike) -> bytes | Image.Image:
+    if isinstance(image, str | Path):
+        return Path(image).read_bytes()
+    return image
+
+
+def compact(image: ImageLike, options: CompactOptions | None = None) -> bytes:
+    """Bytes to upload for ``image``: a small JPEG, or the original when that is best."""
+    options = options or CompactOptions()
+    source = read(image)
+    if isinstance(source, Image.Image):
+        return _encode(_shrink(ImageOps.exif_transpose(source).convert("RGB"), options), options)
+    if not options.enabled:
+        return source
+    if source.startswith(b"\xff\xd8\xff"):
+        return _compact_jpeg(source, options)
+    return _compact_other(source, options)
+
+
+def _compact_jpeg(data: bytes, options: CompactOptions) -> bytes:
+    try:
+        header = jpeg.read_header(data)
+    except jpeg.JpegError:
+        return data  # the gateway will say what is wrong with it
+    if len(data) <= options.keep_bytes or header.colorspace in ("CMYK", "YCCK"):
+        return data
+    try:
+        rgb = jpeg.decode_scaled(data, header, options.short_side, max_scans=1000, dc_only=True)
+    except jpeg.JpegError:
+        return data
+    image = Image.fromarray(rgb)
+    if (transpose := _TRANSPOSE.get(_orientation(data))) is not None:
+        image = image.transpose(transpose)
+    return _encode(_shrink(image, options), options)
+
+
+def _compact_other(data: bytes, options: CompactOptions) -> bytes:
+    if len(data) <= options.keep_bytes:
+        return data
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            image = ImageOps.exif_transpose(opened).convert("RGB")
+    except Exception:  # not something we can shrink: let the gateway judge it
+        return data
+    return _encode(_shrink(image, options), options)
+
+
+def _shrink(image: Image.Image, options: CompactOptions) -> Image.Image:
+    width, height = image.size
+    scale = options.short_side / min(width, height)
+    if scale >= 1:
+        return image
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return image.resize(size, Image.Resampling.BICUBIC)
+
+
+def _encode(image: Image.Image, options: CompactOptions) -> bytes:
+    pixels = np.ascontiguousarray(np.asarray(image.convert("RGB")))
+    return bytes(simplejpeg.encode_jpeg(pixels, quality=options.quality, colorsubsampling="420"))
+
+
+def _orientation(data: bytes) -> int:
+    segment = jpeg.exif_segment(data)
+    if segment is None:
+        return 1
+    exif = Image.Exif()
+    try:
+        exif.load(segment)
+        return int(exif.get(0x0112, 1))
+    except Exception:  # unreadable EXIF: keep the pixels as they are
+        return 1
+
+
+#: EXIF orientation -> the transpose that makes the picture upright (as ImageOps.exif_transpose).
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
