@@ -24,6 +24,18 @@ def process_stats(pid: int) -> dict[str, float]:
     }
 
 
+def thread_names(pid: int) -> dict[str, int]:
+    """Threads by name (``/proc/<pid>/task/*/comm``), so a growth says which pool grew."""
+    names: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended between listing and reading
+            continue
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items()))
+
+
 def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
     duration = 20.0 if smoke else minutes * 60
     interval = 2.0 if smoke else 10.0
@@ -31,16 +43,18 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
         batches = reference_batches(stack.gateway.url, images=8, batch=4)
         pid = stack.gateway.process.pid if stack.gateway.process else 0
 
-        async def soak() -> tuple[list[load.Record], list[dict[str, float]]]:
+        async def soak() -> tuple[list[load.Record], list[dict[str, Any]]]:
             client = GatewayClient(stack.gateway.url, batches)
-            samples: list[dict[str, float]] = []
+            samples: list[dict[str, Any]] = []
             started = time.monotonic()
+
+            def snapshot() -> dict[str, Any]:
+                t = round(time.monotonic() - started, 1)
+                return {"t": t, **process_stats(pid), "names": thread_names(pid)}
 
             async def sample() -> None:
                 while True:
-                    samples.append(
-                        {"t": round(time.monotonic() - started, 1), **process_stats(pid)}
-                    )
+                    samples.append(snapshot())
                     await asyncio.sleep(interval)
 
             sampler = asyncio.create_task(sample())
@@ -48,7 +62,7 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
                 records = await load.closed_loop(client, 4, duration=duration)
             finally:
                 sampler.cancel()
-                samples.append({"t": round(time.monotonic() - started, 1), **process_stats(pid)})
+                samples.append(snapshot())
                 await client.close()
             return records, samples
 
@@ -62,6 +76,11 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
         "rss_growth_mb": round(last["rss_mb"] - first["rss_mb"], 1),
         "fd_growth": last["fds"] - first["fds"],
         "thread_growth": last["threads"] - first["threads"],
+        "threads_grown": {
+            name: count - first["names"].get(name, 0)
+            for name, count in last["names"].items()
+            if count > first["names"].get(name, 0)
+        },
         "samples": samples,
     }
     out.mkdir(parents=True, exist_ok=True)

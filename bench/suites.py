@@ -31,8 +31,9 @@ SUITES = {
     ),
     "quick": Suite(
         "quick", single_count=20, single_warmup=3, batches=(1, 4, 8, 16, 32), batch_count=2,
-        concurrency=(1, 4, 16, 64), point_seconds=2.5, decode_seconds=1.0,
-        decode_full_sets=False, null_seconds=4.0, shm_calls=8, distinct_images=32,
+        concurrency=(1, 8, 64), point_seconds=2.0, decode_seconds=0.5,
+        decode_full_sets=False, null_seconds=3.0, shm_calls=5, distinct_images=32,
+        sweep_systems=("gateway", "pytorch", "triton-grpc"),
     ),
     "full": Suite(
         "full", single_count=100, single_warmup=10, batches=(1, 4, 8, 16, 32), batch_count=8,

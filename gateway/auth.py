@@ -31,8 +31,13 @@ def matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
     return found
 
 
-def require_api_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Litestar guard; a no-op when no keys are configured."""
+async def require_api_key(
+    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+) -> None:
+    """Litestar guard; a no-op when no keys are configured.
+
+    A coroutine on purpose: Litestar runs a plain-function guard in a worker thread, which cost
+    every request a thread hop (and the soak run saw the loop's default pool grow for it)."""
     keys: tuple[bytes, ...] = connection.app.state.api_keys
     if not keys:
         return

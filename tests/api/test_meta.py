@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from litestar.testing import TestClient
 
 from tests.fakes import FakeBackend
@@ -60,3 +62,19 @@ def test_shutdown_closes_the_backend(settings, fake: FakeBackend) -> None:
 def test_no_traceresponse_when_tracing_is_off(client: TestClient) -> None:
     response = client.get("/healthz")
     assert "traceresponse" not in response.headers
+
+
+def test_our_handlers_and_guards_never_hop_to_a_thread(client: TestClient) -> None:
+    # Litestar runs a plain-function guard or handler in a worker thread: a thread hop per request
+    # (the soak run caught the API-key guard doing that). Ours must all be coroutines.
+    ours = [
+        handler
+        for route in client.app.routes
+        for handler in getattr(route, "route_handlers", ())
+        if handler.fn.__module__.startswith("gateway.")
+    ]
+    assert {h.fn.__name__ for h in ours} >= {"create_embeddings", "healthz", "readyz", "metrics"}
+    for handler in ours:
+        assert inspect.iscoroutinefunction(handler.fn), handler.fn
+        for guard in handler.resolve_guards():
+            assert inspect.iscoroutinefunction(guard), guard

@@ -40,7 +40,11 @@ def test_soak_smoke(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "soak.json").read_text())
     assert results["load"]["ok"] == results["load"]["requests"] > 0
     assert results["load"]["wrong"] == 0
-    assert results["thread_growth"] == 0
+    # no Python thread may appear once warm (a pool growing per request was a real bug: a sync
+    # guard sent every request through the loop's default executor); gRPC's own event-engine pool
+    # may add a worker under load, so the total is allowed a little slack
+    assert "python" not in results["threads_grown"], results["threads_grown"]
+    assert results["thread_growth"] <= 2, results["threads_grown"]
     assert results["rss_growth_mb"] < 50
     assert len(results["samples"]) >= 5
 
