@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="Triton profile for B and C (GPU profiles need the NGC tritonserver)",
     )
-    for name, default_minutes in (("overload", 4.0), ("soak", 10.0), ("tracing", 2.0)):
+    for name, default_minutes in (("overload", 4.0), ("soak", 10.0), ("tracing", 3.0)):
         command = commands.add_parser(name, help=f"bench/{name}.py")
         command.add_argument("--minutes", type=float, default=default_minutes)
         command.add_argument("--smoke", action="store_true", help="seconds, for CI")

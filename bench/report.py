@@ -13,6 +13,8 @@ LABELS = {
     "triton-http": "B: Triton raw HTTP",
 }
 ORDER = ("gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http")
+#: one colour per system in every plot (matplotlib's default cycle, in ORDER)
+COLOURS = dict(zip(ORDER, ("C0", "C1", "C2", "C3", "C4"), strict=True))
 
 
 def _phase(results: dict[str, Any], system: str, name: str) -> dict[str, Any]:
@@ -216,6 +218,14 @@ def _breakdown_table(results: dict[str, Any], systems: list[str]) -> list[str]:
             f" | {t.get('compute_infer', '–')} | {t.get('compute_output', '–')} | "
             f"{t.get('mean_batch_executed', '–')} |"
         )
+    out += [
+        "",
+        "Triton's counters are deltas over the whole phase, so for C they include the gateway's "
+        "readiness canary (one 1-image inference every `GATEWAY_CANARY_INTERVAL_S`, 15 s): a mean "
+        "executed batch below 32 and a queue time well above B's are requests that waited behind "
+        "a canary inference on this 2-core machine. A's server does its own decode and inference "
+        "in one process and exposes no breakdown.",
+    ]
     return out
 
 
@@ -300,7 +310,13 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[str]:
             for k, v in results["systems"][s]["phases"].items()
             if k.startswith("batch-")
         )
-        ax.plot([b for b, _ in points], [v for _, v in points], marker="o", label=LABELS[s])
+        ax.plot(
+            [b for b, _ in points],
+            [v for _, v in points],
+            marker="o",
+            label=LABELS[s],
+            color=COLOURS[s],
+        )
     ax.set(
         xlabel="images per request",
         ylabel="img/s",
@@ -326,14 +342,28 @@ def plots(results: dict[str, Any], out_dir: Path) -> list[str]:
         if not points:
             continue
         levels = [c for c, _ in points]
-        left.plot(levels, [v["images_per_s"] for _, v in points], marker="o", label=LABELS[s])
+        colour = COLOURS[s]
+        left.plot(
+            levels,
+            [v["images_per_s"] for _, v in points],
+            marker="o",
+            label=LABELS[s],
+            color=colour,
+        )
         right.plot(
             levels,
             [v["latency_ms"]["p50"] for _, v in points],
             marker="o",
             label=f"{LABELS[s]} p50",
+            color=colour,
         )
-        right.plot(levels, [v["latency_ms"]["p95"] for _, v in points], linestyle="--", alpha=0.6)
+        right.plot(
+            levels,
+            [v["latency_ms"]["p95"] for _, v in points],
+            linestyle="--",
+            alpha=0.6,
+            color=colour,
+        )
     left.set(
         xlabel="concurrent clients", ylabel="img/s", title="Throughput vs concurrency", xscale="log"
     )
