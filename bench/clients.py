@@ -22,23 +22,10 @@ import numpy as np
 import orjson
 
 from bench.load import Reply
+from gateway.client.core import multipart
 
 SYSTEMS = ("gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http")
 _TIMING = re.compile(r"(\w+);dur=([\d.]+)")
-
-
-def multipart(images: Sequence[bytes], boundary: str = "benchboundary") -> tuple[bytes, str]:
-    """A multipart body built once per batch (the generator must not be the bottleneck)."""
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="{i}.jpg"\r\n'
-        f"Content-Type: image/jpeg\r\n\r\n".encode()
-        + data
-        + b"\r\n"
-        for i, data in enumerate(images)
-    ]
-    return b"".join(
-        parts
-    ) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
 @dataclass
@@ -63,7 +50,7 @@ class GatewayClient:
     def __post_init__(self) -> None:
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
         self.http = httpx.AsyncClient(base_url=self.url, timeout=120, limits=limits)
-        self.bodies = [multipart(b) for b in self.batches.batches]
+        self.bodies = [multipart(b, "image/jpeg") for b in self.batches.batches]
 
     async def __call__(self, index: int) -> Reply:
         slot = index % len(self.bodies)

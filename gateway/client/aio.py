@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 
 from gateway.client.compact import CompactOptions, ImageLike, compact
-from gateway.client.core import Settings, chunks, delay, multipart, parse, should_retry
+from gateway.client.core import Settings, chunks, embed_request, outcome, should_retry
 
 
 class AsyncClient:
@@ -50,30 +50,23 @@ class AsyncClient:
 
     async def embed_bytes(self, batch: list[bytes]) -> np.ndarray:
         """One request for already-prepared image bytes, retried on 429/5xx."""
-        body, content_type = multipart(batch)
-        headers = {**self.settings.request_headers(), "Content-Type": content_type}
+        request = embed_request(batch, self.settings)
         attempt = 0
         while True:
             attempt += 1
             async with self._slots:
                 try:
                     response: httpx.Response | None = await self._http.post(
-                        "/v1/embeddings",
-                        content=body,
-                        headers=headers,
-                        params={"dtype": self.settings.dtype},
+                        "/v1/embeddings", **request
                     )
                 except httpx.TransportError:
                     if not should_retry(None, attempt, self.settings):
                         raise
                     response = None
-            if response is not None and response.status_code == 200:
-                return parse(response, self.settings.dtype)
-            if not should_retry(response, attempt, self.settings):
-                assert response is not None
-                return parse(response, self.settings.dtype)  # raises ClientError
-            retry_after = response.headers.get("retry-after") if response is not None else None
-            await self._sleep(delay(attempt, self.settings, retry_after))
+            result = outcome(response, attempt, self.settings)
+            if isinstance(result, np.ndarray):
+                return result
+            await self._sleep(result)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,6 @@ import httpx
 import numpy as np
 import orjson
 
-BOUNDARY = "clip-gateway-client"
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 
@@ -49,17 +49,37 @@ class Settings:
         return headers
 
 
-def multipart(images: list[bytes]) -> tuple[bytes, str]:
-    parts = [
-        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="image"; filename="{i}"\r\n'
-        f"Content-Type: application/octet-stream\r\n\r\n".encode()
-        + data
-        + b"\r\n"
-        for i, data in enumerate(images)
-    ]
-    return b"".join(
-        parts
-    ) + f"--{BOUNDARY}--\r\n".encode(), f"multipart/form-data; boundary={BOUNDARY}"
+def multipart(
+    images: Sequence[bytes], content_type: str = "application/octet-stream"
+) -> tuple[bytes, str]:
+    """One multipart body (httpx's encoder), built once per batch so retries reuse it."""
+    files = [("image", (f"{i}.jpg", data, content_type)) for i, data in enumerate(images)]
+    request = httpx.Request("POST", "/", files=files)
+    return request.read(), request.headers["Content-Type"]
+
+
+def embed_request(batch: Sequence[bytes], settings: Settings) -> dict[str, Any]:
+    """``httpx`` keyword arguments of one ``POST /v1/embeddings`` for ``batch``."""
+    body, content_type = multipart(batch)
+    return {
+        "content": body,
+        "headers": {**settings.request_headers(), "Content-Type": content_type},
+        "params": {"dtype": settings.dtype},
+    }
+
+
+def outcome(
+    response: httpx.Response | None, attempt: int, settings: Settings
+) -> np.ndarray | float:
+    """After attempt ``attempt`` (``None``: a connection error worth retrying): the embeddings,
+    or the seconds to wait before trying again; raises ClientError when no retry is left."""
+    if response is not None and response.status_code == 200:
+        return parse(response, settings.dtype)
+    if not should_retry(response, attempt, settings):
+        assert response is not None
+        return parse(response, settings.dtype)  # raises ClientError
+    retry_after = response.headers.get("retry-after") if response is not None else None
+    return delay(attempt, settings, retry_after)
 
 
 def parse(response: httpx.Response, dtype: str) -> np.ndarray:

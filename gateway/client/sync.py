@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 
 from gateway.client.compact import CompactOptions, ImageLike, compact
-from gateway.client.core import Settings, chunks, delay, multipart, parse, should_retry
+from gateway.client.core import Settings, chunks, embed_request, outcome, should_retry
 
 
 class Client:
@@ -46,29 +46,20 @@ class Client:
 
     def embed_bytes(self, batch: list[bytes]) -> np.ndarray:
         """One request for already-prepared image bytes, retried on 429/5xx."""
-        body, content_type = multipart(batch)
-        headers = {**self.settings.request_headers(), "Content-Type": content_type}
+        request = embed_request(batch, self.settings)
         attempt = 0
         while True:
             attempt += 1
             try:
-                response: httpx.Response | None = self._http.post(
-                    "/v1/embeddings",
-                    content=body,
-                    headers=headers,
-                    params={"dtype": self.settings.dtype},
-                )
+                response: httpx.Response | None = self._http.post("/v1/embeddings", **request)
             except httpx.TransportError:
                 if not should_retry(None, attempt, self.settings):
                     raise
                 response = None
-            if response is not None and response.status_code == 200:
-                return parse(response, self.settings.dtype)
-            if not should_retry(response, attempt, self.settings):
-                assert response is not None
-                return parse(response, self.settings.dtype)  # raises ClientError
-            retry_after = response.headers.get("retry-after") if response is not None else None
-            self._sleep(delay(attempt, self.settings, retry_after))
+            result = outcome(response, attempt, self.settings)
+            if isinstance(result, np.ndarray):
+                return result
+            self._sleep(result)
 
     def close(self) -> None:
         self._pool.shutdown()
