@@ -10,11 +10,8 @@
 # every container starts from identical bytes, with no hub access or torch at run time. Only
 # the TensorRT engines, which depend on the GPU, are built at first start into the volume.
 
-# ---- stage 1: export OpenCLIP to ONNX (CPU torch; nothing of it reaches the final image) ----
-FROM python:3.12-slim-bookworm AS export
-ARG CLIP_WEIGHTS=laion2b_s34b_b79k
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 torchvision==0.24.1
+# ---- stage 0: the sources both stages install (one list, in one place) ----
+FROM scratch AS source
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/ requirements/
@@ -22,6 +19,14 @@ COPY gateway/ gateway/
 COPY export/ export/
 COPY bench/ bench/
 COPY triton/ triton/
+
+# ---- stage 1: export OpenCLIP to ONNX (CPU torch; nothing of it reaches the final image) ----
+FROM python:3.12-slim-bookworm AS export
+ARG CLIP_WEIGHTS=laion2b_s34b_b79k
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 torchvision==0.24.1
+WORKDIR /src
+COPY --from=source /src/ ./
 RUN pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23" . \
  && python -m export --weights "$CLIP_WEIGHTS" --cache-dir /build/cache --print-dir > /build/dir \
  && mkdir -p /models && cp -r "$(cat /build/dir)" /models/export
@@ -34,12 +39,7 @@ RUN apt-get update \
       libjpeg-dev zlib1g-dev libwebp-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/clip-gateway
-COPY pyproject.toml README.md ./
-COPY requirements/ requirements/
-COPY gateway/ gateway/
-COPY export/ export/
-COPY bench/ bench/
-COPY triton/ triton/
+COPY --from=source /src/ ./
 # Runtime dependencies only (no torch), then pillow-simd in Pillow's place (SIMD resize; AVX2
 # is on every GPU server this image targets).
 RUN python3 -m venv /opt/venv \
