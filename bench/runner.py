@@ -26,7 +26,7 @@ from export.build import ExportedModel, default_cache_dir, ensure_exported
 from export.model import Weights
 from gateway.launch import GatewayProcess
 from gateway.localtriton import LocalTriton
-from gateway.process import ServerProcess, free_port
+from gateway.process import ReservedPort, ServerProcess, reserve_port
 
 ROOT = Path(__file__).resolve().parents[1]
 STOCK_PILLOW = "pillow==12.1.1"
@@ -38,6 +38,7 @@ class PytorchBaseline(ServerProcess):
 
     stock_pillow: Path | None = None
     port: int = 0
+    reservation: ReservedPort | None = None
 
     @property
     def url(self) -> str:
@@ -50,7 +51,9 @@ class PytorchBaseline(ServerProcess):
         return with_stock_pillow(self.stock_pillow)
 
     def start(self, timeout: float = 180.0) -> PytorchBaseline:
-        self.port = self.port or free_port()
+        if not self.port:
+            self.reservation = reserve_port()
+            self.port = self.reservation.port
         self.launch()
         self.wait_for(f"{self.url}/health", timeout, "pytorch baseline", stop_on_timeout=True)
         return self

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         factory=True,
         host=settings.host,
         port=settings.port,
+        fd=settings.listen_fd,
         workers=workers,
         log_level=settings.log_level.lower(),
         access_log=False,

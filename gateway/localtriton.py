@@ -17,11 +17,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Self
 
 from gateway.contract import TRITON_MODEL_NAME
-from gateway.process import ProcessStartError, ServerProcess
-from gateway.process import free_port as free_port  # re-exported: tests and bench use it here
+from gateway.process import ProcessStartError, ReservedPort, ServerProcess, reserve_port
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,23 @@ class LocalTriton(ServerProcess):
     model_name: str = TRITON_MODEL_NAME
     new_session = True
     ready_seconds: float | None = field(default=None, init=False)
+    #: Ports reserved for this server (those given as 0); kept across stop/start.
+    reservations: list[ReservedPort] = field(default_factory=list, init=False, repr=False)
+
+    def release_ports(self) -> None:
+        """Give back the ports reserved for this server (after its last stop)."""
+        for reserved in self.reservations:
+            reserved.release()
+        self.reservations.clear()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self.release_ports()
 
     @property
     def grpc_url(self) -> str:
@@ -187,14 +204,21 @@ class LocalTriton(ServerProcess):
     def start(self, timeout: float = 180.0) -> Self:
         for name in ("grpc_port", "http_port", "metrics_port"):
             if getattr(self, name) == 0:
-                setattr(self, name, free_port(self.host))
+                # tritonserver cannot be handed a socket or report a port it chose itself
+                reserved = reserve_port(self.host)
+                self.reservations.append(reserved)
+                setattr(self, name, reserved.port)
         if not self.inherit_output:
             self.log_path = self.log_path or self.repository.parent / "tritonserver.log"
         log.info("starting tritonserver (grpc %s), log in %s", self.grpc_url, self.log_path)
         started = time.monotonic()
         self.launch()
         ready = f"{self.http_url}/v2/models/{self.model_name}/ready"
-        self.wait_for(ready, timeout, "tritonserver model READY", stop_on_timeout=True)
+        try:
+            self.wait_for(ready, timeout, "tritonserver model READY", stop_on_timeout=True)
+        except BaseException:
+            self.release_ports()
+            raise
         self.ready_seconds = time.monotonic() - started
         log.info("tritonserver ready in %.1f s", self.ready_seconds)
         return self

@@ -3,25 +3,88 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import IO, ClassVar, Self
 
 
 class ProcessStartError(RuntimeError):
     """The process exited or did not answer in time; carries the tail of its log."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def listening_socket(host: str = "127.0.0.1", port: int = 0, backlog: int = 2048) -> socket.socket:
+    """A bound, listening TCP socket to hand to a child process (uvicorn ``fd=``).
+
+    Binding port 0 here and passing the socket on is the only race-free way to give a server a
+    free port: nothing can take it between the choice and the bind, because they are one step.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+@dataclass(eq=False)
+class ReservedPort:
+    """A loopback port held for a server that cannot be handed a socket (tritonserver).
+
+    The port lies below the kernel's ephemeral range, so no ``connect()`` and no port-0 bind is
+    ever given it; an exclusive lock file keeps our other processes (parallel test sessions, a
+    second server) from choosing it. The reservation lasts until ``release`` (or garbage
+    collection), so a server restarted on the same ports finds them still free.
+    """
+
+    port: int
+    _lock: IO[bytes] | None = field(default=None, repr=False)
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file drops the flock
+            self._lock = None
+
+
+def reserve_port(host: str = "127.0.0.1") -> ReservedPort:
+    locks = Path(tempfile.gettempdir()) / f"clip-gateway-ports-{os.getuid()}"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    low, _high = _ephemeral_range()
+    chooser = random.SystemRandom()
+    for _ in range(500):
+        port = chooser.randrange(max(1024, low - 12000), low)
+        lock = open(locks / f"{port}.lock", "ab")  # noqa: SIM115 (held open: the reservation)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
+        except OSError:  # something outside our control listens there
+            lock.close()
+            continue
+        return ReservedPort(port, lock)
+    raise RuntimeError(f"no free port below {low} on {host}")
 
 
 @dataclass(kw_only=True)
@@ -46,11 +109,18 @@ class ServerProcess:
     def environment(self) -> dict[str, str]:
         return dict(os.environ)
 
+    def inherited_fds(self) -> tuple[int, ...]:
+        """File descriptors the child inherits (a listening socket)."""
+        return ()
+
     def launch(self) -> None:
         pin = ["taskset", "-c", ",".join(map(str, sorted(self.cpus)))] if self.cpus else []
         if self.inherit_output:
             self.process = subprocess.Popen(
-                [*pin, *self.command()], env=self.environment(), start_new_session=self.new_session
+                [*pin, *self.command()],
+                env=self.environment(),
+                start_new_session=self.new_session,
+                pass_fds=self.inherited_fds(),
             )
             return
         with open(self.log_path or os.devnull, "wb") as output:
@@ -60,6 +130,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
                 start_new_session=self.new_session,
+                pass_fds=self.inherited_fds(),
             )
 
     def wait_for(self, url: str, timeout: float, what: str, *, stop_on_timeout: bool) -> None:

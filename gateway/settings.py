@@ -25,6 +25,9 @@ class GatewaySettings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     #: uvicorn worker processes; 0 = derived from the CPU count (see gateway/__main__.py).
     workers: int = Field(1, ge=0)
+    #: An inherited, already listening socket to serve on instead of binding host:port (set by
+    #: launchers that bind the port themselves, so no other process can take it in between).
+    listen_fd: int | None = Field(None, ge=0)
 
     # --- model ------------------------------------------------------------------------------
     #: Public model id in requests, responses and /v1/models.
