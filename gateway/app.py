@@ -22,7 +22,7 @@ from litestar.plugins.problem_details import ProblemDetailsException
 from opentelemetry.trace import Tracer
 
 from gateway import __version__
-from gateway.auth import load_api_keys
+from gateway.auth import load_api_keys, require_api_key
 from gateway.backend import InferenceBackend
 from gateway.canary import Canary
 from gateway.errors import GatewayError
@@ -87,6 +87,7 @@ def create_app(
     settings = settings or GatewaySettings()
     telemetry = create_telemetry(settings.tracing)
     metrics = Metrics()
+    api_keys = load_api_keys(settings)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -123,10 +124,11 @@ def create_app(
                 "settings": settings,
                 "telemetry": telemetry,
                 "metrics": metrics,
-                "api_keys": load_api_keys(settings),
+                "api_keys": api_keys,
             }
         ),
         middleware=_middleware(telemetry, metrics),
+        guards=[require_api_key],
         exception_handlers={
             GatewayError: problem,
             HTTPException: problem,
@@ -142,15 +144,19 @@ def create_app(
             description="CLIP image embeddings from compact JPEG batches; OpenAI-compatible.",
             path="/docs",
             render_plugins=[ScalarRenderPlugin()],
+            # Declared only when keys are configured: the document says what this server does.
             components=Components(
                 security_schemes={
                     "bearer": SecurityScheme(
                         type="http",
                         scheme="bearer",
-                        description="Only when the gateway has API keys configured.",
+                        description="Every route but /healthz and /readyz needs a key.",
                     )
                 }
+                if api_keys
+                else None
             ),
+            security=[{"bearer": []}] if api_keys else None,
         ),
     )
 

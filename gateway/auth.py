@@ -1,4 +1,5 @@
-"""Optional API keys: Bearer tokens on /v1/*, compared in constant time, never logged."""
+"""Optional API keys: Bearer tokens on every route but the probes, compared in constant time,
+never logged."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from litestar.handlers import BaseRouteHandler
 
 from gateway.errors import Unauthorized
 from gateway.settings import GatewaySettings
+
+#: Route ``opt`` key: the route answers without a key (liveness and readiness probes).
+PUBLIC = "public"
 
 
 def load_api_keys(settings: GatewaySettings) -> tuple[bytes, ...]:
@@ -32,14 +36,15 @@ def matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
 
 
 async def require_api_key(
-    connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
 ) -> None:
-    """Litestar guard; a no-op when no keys are configured.
+    """App-wide Litestar guard: with keys configured, every route but the probes (``PUBLIC``)
+    needs one: the API, /metrics (request counts and timings) and /docs alike.
 
     A coroutine on purpose: Litestar runs a plain-function guard in a worker thread, which cost
     every request a thread hop (and the soak run saw the loop's default pool grow for it)."""
     keys: tuple[bytes, ...] = connection.app.state.api_keys
-    if not keys:
+    if not keys or handler.opt.get(PUBLIC):
         return
     scheme, _sep, token = connection.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():

@@ -15,7 +15,7 @@ from litestar.params import QueryParameter
 from opentelemetry.trace import Tracer
 
 from gateway import parsing, responses
-from gateway.auth import require_api_key
+from gateway.auth import PUBLIC
 from gateway.canary import Canary
 from gateway.errors import (
     BackendUnavailable,
@@ -60,8 +60,6 @@ async def read_request(
     summary="Embed images",
     tags=["embeddings"],
     status_code=200,
-    guards=[require_api_key],
-    security=[{"bearer": []}],
 )
 async def create_embeddings(
     request: Request[Any, Any, Any],
@@ -166,12 +164,24 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
         pass
 
 
-@get("/healthz", tags=["health"], summary="Liveness: the process answers (never calls Triton)")
+@get(
+    "/healthz",
+    tags=["health"],
+    summary="Liveness: the process answers (never calls Triton)",
+    opt={PUBLIC: True},
+    security=[{}],
+)
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", tags=["health"], summary="Readiness: model READY in Triton and the canary passes")
+@get(
+    "/readyz",
+    tags=["health"],
+    summary="Readiness: model READY in Triton and the canary passes",
+    opt={PUBLIC: True},
+    security=[{}],
+)
 async def readyz(state: State) -> dict[str, str]:
     service: EmbeddingService = state.service
     canary: Canary = state.canary
@@ -187,8 +197,6 @@ async def readyz(state: State) -> dict[str, str]:
     "/v1/models",
     tags=["models"],
     summary="The served model (OpenAI list shape)",
-    guards=[require_api_key],
-    security=[{"bearer": []}],
 )
 async def list_models(state: State) -> dict[str, Any]:
     settings: GatewaySettings = state.settings
