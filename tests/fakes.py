@@ -1,58 +1,102 @@
-"""A deterministic in-process InferenceBackend for API tests (kept honest by tests/contract)."""
+"""A deterministic in-process InferenceBackend for API tests.
+
+It computes the same function as the control model (``tests/models/control.py``) that failure
+tests load into a real Triton, and answers to the same knobs; the contract suite
+(``tests/integration/test_backend_contract.py``) runs against both so the fake stays honest.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 
 from gateway.backend import ModelInfo
-from gateway.errors import BackendUnavailable, GatewayError
+from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
+
+
+def projection(embed_dim: int) -> np.ndarray:
+    rows = np.arange(1, 8 * 8 * 3 + 1, dtype=np.float64)[:, None]
+    cols = np.arange(1, embed_dim + 1, dtype=np.float64)[None, :]
+    return np.sin(rows * cols * 0.618034 + rows * 0.1)
+
+
+def embed(pixels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """8x8 mean pool then a fixed projection: cheap, and bound to the image's content."""
+    n, size = pixels.shape[0], pixels.shape[1]
+    pooled = pixels.reshape(n, 8, size // 8, 8, size // 8, 3).mean(axis=(2, 4)).reshape(n, -1)
+    return ((pooled / 255.0 - 0.5) @ weights).astype(np.float32)
 
 
 class FakeBackend:
-    """Embedding = a fixed random projection of the 8x8 mean-pooled image: cheap, content-bound."""
+    """Knobs (as the control model's): ``mode`` ok | error | nan | negate | unavailable,
+    ``delay_s``, and ``hold()`` / ``release()``; ``arrivals`` counts calls that reached it."""
 
     def __init__(
         self, image_size: int = 224, embed_dim: int = 512, max_batch_size: int = 32
     ) -> None:
         self.info = ModelInfo("fake", image_size, embed_dim, max_batch_size)
-        self.projection = np.random.default_rng(1234).standard_normal((8 * 8 * 3, embed_dim))
+        self.weights = projection(embed_dim)
+        self.mode = "ok"
+        self.delay_s = 0.0
+        self._released = threading.Event()
+        self._released.set()
         self.calls: list[int] = []
-        self.is_ready = True
-        self.fail_with: GatewayError | None = None
-        self.closed = False
-        #: seconds each infer call takes (to hold requests in flight)
-        self.delay = 0.0
-        #: multiply outputs by this (NaN or 0 imitate a broken engine)
-        self.scale = 1.0
+        self.arrivals = 0
         self.cancelled = 0
+        #: calls of any kind (model_info, infer, ready): what a probe must not do
+        self.touched = 0
+        self.closed = False
+
+    def hold(self) -> None:
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
 
     async def model_info(self) -> ModelInfo:
-        if not self.is_ready:
-            raise BackendUnavailable("fake backend is not ready")
+        self.touched += 1
+        if self.mode == "unavailable":
+            raise BackendUnavailable("fake backend is down")
         return self.info
 
     async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
-        if self.fail_with is not None:
-            raise self.fail_with
-        if self.delay:
-            try:
-                await asyncio.sleep(self.delay)
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                raise
+        self.touched += 1
+        if self.mode == "unavailable":
+            raise BackendUnavailable("fake backend is down")
         n, size = pixels.shape[0], self.info.image_size
         if pixels.dtype != np.uint8 or pixels.shape[1:] != (size, size, 3):
             raise AssertionError(f"bad batch {pixels.dtype} {pixels.shape}")
         if n > self.info.max_batch_size:
             raise AssertionError(f"batch of {n} over max {self.info.max_batch_size}")
+        self.arrivals += 1
         self.calls.append(n)
-        pooled = pixels.reshape(n, 8, size // 8, 8, size // 8, 3).mean(axis=(2, 4)).reshape(n, -1)
-        return ((pooled / 255.0 - 0.5) @ self.projection * self.scale).astype(np.float32)
+        try:
+            # time.monotonic() is the event loop's clock, as the protocol's deadline is
+            async with asyncio.timeout_at(deadline):
+                # a threading.Event: tests release it from their own thread, not this loop's
+                while not self._released.is_set():  # noqa: ASYNC110
+                    await asyncio.sleep(0.005)
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+        except TimeoutError as exc:
+            raise BackendTimeout("fake backend: deadline passed") from exc
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if self.mode == "error":
+            raise BackendError("fake backend: failing on purpose")
+        rows = embed(pixels, self.weights)
+        if self.mode == "nan":
+            rows[:] = np.nan
+        elif self.mode == "negate":
+            rows = -rows
+        return rows
 
     async def ready(self) -> bool:
-        return self.is_ready
+        self.touched += 1
+        return self.mode != "unavailable"
 
     async def close(self) -> None:
         self.closed = True

@@ -1,12 +1,16 @@
-"""A real gateway process in front of the session's real tritonserver."""
+"""Real processes on loopback: the session's gateway in front of the real-model Triton, and a
+Triton serving the control model (tests/models/control.py) for failure tests."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from gateway.launch import GatewayProcess
+from gateway.localtriton import LocalTriton
+from tests.controlled import Control, render_control_repository
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +21,46 @@ def gateway(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
         "GATEWAY_MAX_BODY_BYTES": str(48 << 20),
         "GATEWAY_MAX_IMAGE_PIXELS": "30000000",
         "GATEWAY_DECODE_THREADS": "2",
+        "GATEWAY_TRITON_METRICS_URL": triton.metrics_url,
     }
     with GatewayProcess(triton.grpc_url, env=env, log_path=log) as process:
         process.wait_ready()
         yield process
+
+
+@pytest.fixture(scope="session")
+def control_triton(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LocalTriton, Control]]:
+    """A real tritonserver whose ``clip_image`` is the control model."""
+    work = tmp_path_factory.mktemp("control")
+    repository, control = render_control_repository(work)
+    with LocalTriton(repository, log_path=work / "triton.log") as server:
+        yield server, control
+
+
+@pytest.fixture
+def control(control_triton: tuple[LocalTriton, Control]) -> Iterator[Control]:
+    """The control model, healthy at the start of each test and released at its end."""
+    _, knobs = control_triton
+    knobs.set()
+    yield knobs
+    knobs.set()
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path):
+    """Start real gateways with extra settings; all are stopped at the end of the test."""
+    started: list[GatewayProcess] = []
+
+    def start(triton_url: str, *, ready: bool = True, **env: str) -> GatewayProcess:
+        log = tmp_path / f"gateway-{len(started)}.log"
+        process = GatewayProcess(triton_url, env=env, log_path=log).start()
+        started.append(process)
+        if ready:
+            process.wait_ready()
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

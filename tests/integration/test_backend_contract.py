@@ -1,89 +1,185 @@
-"""One contract, two implementations: the fake used by API tests must behave like Triton."""
+"""One contract, two implementations: the in-process fake the API tests use must behave like the
+Triton backend, failures included. "triton" here is the real TritonBackend talking gRPC to a
+real tritonserver that serves the control model (the same function and knobs as the fake)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
 
 from gateway.backend import InferenceBackend
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
+from gateway.process import reserve_port
 from gateway.triton_backend import TritonBackend
+from tests.controlled import Control
 from tests.fakes import FakeBackend
+
+PIXELS = np.random.default_rng(0).integers(0, 256, (5, 224, 224, 3), dtype=np.uint8)
+
+
+@dataclass
+class Subject:
+    """A backend and the knobs that make it misbehave, whichever kind it is."""
+
+    make: Callable[[], InferenceBackend]  # called inside the event loop (gRPC aio needs one)
+    set: Callable[..., None]  # set(mode="ok", hold=False)
+    arrivals: Callable[[], int]
 
 
 @pytest.fixture(params=["fake", "triton"])
-def make_backend(request, triton):
-    def factory() -> InferenceBackend:
-        if request.param == "fake":
-            return FakeBackend(max_batch_size=32)
-        return TritonBackend(triton.grpc_url, "clip_image")
+def subject(request, control: Control) -> Subject:
+    if request.param == "fake":
+        fake = FakeBackend()
 
-    return factory
+        def set_fake(mode: str = "ok", *, hold: bool = False) -> None:
+            fake.mode = mode
+            fake.hold() if hold else fake.release()
+
+        return Subject(lambda: fake, set_fake, lambda: fake.arrivals)
+    triton, _ = request.getfixturevalue("control_triton")
+    return Subject(
+        lambda: TritonBackend(triton.grpc_url, "clip_image"), control.set, control.arrivals
+    )
 
 
-def run(coro):
-    return asyncio.run(coro)
-
-
-def test_model_info(make_backend) -> None:
-    async def check():
-        backend = make_backend()
+def run(subject: Subject, check: Callable[[InferenceBackend], Awaitable[Any]]) -> Any:
+    async def body() -> Any:
+        backend = subject.make()
         try:
-            info = await backend.model_info()
-            assert (info.image_size, info.embed_dim, info.max_batch_size) == (224, 512, 32)
-            assert await backend.ready()
+            return await check(backend)
         finally:
+            subject.set()
             await backend.close()
 
-    run(check())
+    return asyncio.run(body())
 
 
-def test_infer_shape_determinism_and_row_independence(make_backend) -> None:
-    pixels = np.random.default_rng(0).integers(0, 256, (5, 224, 224, 3), dtype=np.uint8)
+def soon(seconds: float = 30.0) -> float:
+    return time.monotonic() + seconds
 
-    async def check():
-        backend = make_backend()
-        try:
-            whole = await backend.infer(pixels, deadline=time.monotonic() + 30)
-            again = await backend.infer(pixels, deadline=time.monotonic() + 30)
-            parts = await asyncio.gather(
-                backend.infer(pixels[:2], deadline=time.monotonic() + 30),
-                backend.infer(pixels[2:], deadline=time.monotonic() + 30),
-            )
-        finally:
-            await backend.close()
+
+def test_model_info_and_readiness(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        info = await backend.model_info()
+        assert (info.image_size, info.embed_dim, info.max_batch_size) == (224, 512, 32)
+        assert await backend.ready()
+
+    run(subject, check)
+
+
+def test_rows_are_deterministic_and_independent(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        whole = await backend.infer(PIXELS, deadline=soon())
+        again = await backend.infer(PIXELS, deadline=soon())
+        parts = await asyncio.gather(
+            backend.infer(PIXELS[:2], deadline=soon()), backend.infer(PIXELS[2:], deadline=soon())
+        )
         assert whole.shape == (5, 512) and whole.dtype == np.float32
-        np.testing.assert_allclose(whole, again, atol=1e-6)
+        np.testing.assert_array_equal(whole, again)
         np.testing.assert_allclose(whole, np.concatenate(parts), atol=1e-5)
         assert not np.allclose(whole[0], whole[1])  # content decides the row
 
-    run(check())
+    run(subject, check)
 
 
-def test_unreachable_backend_is_unavailable() -> None:
-    async def check():
-        backend = TritonBackend("127.0.0.1:1", "clip_image", info_timeout=1.0)
+def test_fake_and_triton_compute_the_same_function(control_triton) -> None:
+    async def both() -> tuple[np.ndarray, np.ndarray]:
+        triton = TritonBackend(control_triton[0].grpc_url, "clip_image")
         try:
-            assert not await backend.ready()
-            with pytest.raises(BackendUnavailable):
-                await backend.model_info()
-            with pytest.raises(BackendUnavailable):
-                await backend.infer(
-                    np.zeros((1, 224, 224, 3), np.uint8), deadline=time.monotonic() + 1.0
-                )
+            return await FakeBackend().infer(PIXELS, deadline=soon()), await triton.infer(
+                PIXELS, deadline=soon()
+            )
         finally:
-            await backend.close()
+            await triton.close()
 
-    fake = FakeBackend()
-    fake.is_ready = False
-    run(check())
+    fake, real = asyncio.run(both())
+    np.testing.assert_allclose(fake, real, rtol=1e-5, atol=1e-4)
 
-    async def check_fake():
-        assert not await fake.ready()
-        with pytest.raises(BackendUnavailable):
-            await fake.model_info()
 
-    run(check_fake())
+def test_a_failing_model_raises_backend_error(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        subject.set("error")
+        with pytest.raises(BackendError, match="failing on purpose"):
+            await backend.infer(PIXELS[:1], deadline=soon())
+
+    run(subject, check)
+
+
+def test_a_broken_engine_returns_nan_rows(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        subject.set("nan")
+        assert np.isnan(await backend.infer(PIXELS[:2], deadline=soon())).all()
+        subject.set("negate")
+        subject_rows = await backend.infer(PIXELS[:2], deadline=soon())
+        subject.set()
+        np.testing.assert_allclose(
+            subject_rows, -(await backend.infer(PIXELS[:2], deadline=soon()))
+        )
+
+    run(subject, check)
+
+
+def test_an_answer_past_the_deadline_is_a_backend_timeout(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        await backend.model_info()  # connected: the timeout below is the model's, not setup's
+        subject.set(hold=True)
+        with pytest.raises(BackendTimeout):
+            await backend.infer(PIXELS[:1], deadline=soon(0.5))
+        subject.set()
+        assert (await backend.infer(PIXELS[:1], deadline=soon())).shape == (1, 512)
+
+    run(subject, check)
+
+
+def test_cancelling_a_call_leaves_the_backend_usable(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        await backend.model_info()
+        subject.set(hold=True)
+        arrived = subject.arrivals()
+        call = asyncio.ensure_future(backend.infer(PIXELS[:1], deadline=soon()))
+        # arrivals are counted by the model's own process (a file), not by an asyncio object
+        while subject.arrivals() <= arrived:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        subject.set()
+        assert (await backend.infer(PIXELS[:2], deadline=soon())).shape == (2, 512)
+
+    run(subject, check)
+
+
+@pytest.fixture(params=["fake", "triton"])
+def make_unavailable(request) -> Iterator[Callable[[], InferenceBackend]]:
+    if request.param == "fake":
+        fake = FakeBackend()
+        fake.mode = "unavailable"
+        yield lambda: fake
+        return
+    nothing_there = reserve_port()  # reserved: nothing listens there
+    url = f"127.0.0.1:{nothing_there.port}"
+    yield lambda: TritonBackend(url, "clip_image", info_timeout=2.0)
+    nothing_there.release()
+
+
+def test_an_unreachable_backend_is_unavailable(
+    make_unavailable: Callable[[], InferenceBackend],
+) -> None:
+    async def check() -> None:
+        unavailable = make_unavailable()
+        try:
+            assert not await unavailable.ready()
+            with pytest.raises(BackendUnavailable):
+                await unavailable.model_info()
+            with pytest.raises(BackendUnavailable):
+                await unavailable.infer(PIXELS[:1], deadline=soon(2.0))
+        finally:
+            await unavailable.close()
+
+    asyncio.run(check())
