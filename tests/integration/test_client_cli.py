@@ -121,6 +121,6 @@ def test_compact_upload_keeps_fidelity(gateway, folder: Path) -> None:
         small = compact.embed(originals)
     cosine = np.sum(full * small, axis=1)
     print(f"\ncompact upload fidelity: mean {cosine.mean():.5f} min {cosine.min():.5f}")
-    assert cosine.min() >= 0.995
+    assert cosine.min() >= 0.9995  # measured min 0.99978, mean 0.99984
     sizes = [os.path.getsize(p) for p in originals]
     assert min(sizes) > 1_000_000

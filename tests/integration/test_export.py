@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from export.build import ensure_exported
 from export.model import Weights, load
 from gateway.contract import INPUT_NAME, OUTPUT_NAME
 from gateway.repository import PROFILES, RepositorySettings, render
+from tests import reference
 
 ROOT = Path(__file__).resolve().parents[2]
 ONNX_TO_TRITON = {onnx.TensorProto.UINT8: mc.TYPE_UINT8, onnx.TensorProto.FLOAT: mc.TYPE_FP32}
@@ -64,15 +64,18 @@ def test_rendered_configs_agree_with_the_graph(exported, tmp_path: Path) -> None
 
 
 def test_parity_with_open_clip_in_torch(exported) -> None:
-    """Recorded at export time and recomputed here on a fresh input and batch size."""
-    recorded = exported.manifest["parity"]
-    assert recorded["ok"] and recorded["fp32_max_abs"] <= 1e-4
-    assert recorded["fp16_cosine_min"] >= 0.999
-    loaded = load("ViT-B-32", Weights.random(0))
-    report = parity.check(loaded, exported.fp32, exported.fp16, batch=3, seed=42)
-    print(f"\nparity: {report.as_dict()}")
-    assert report.fp32_max_abs <= parity.FP32_MAX_ABS
-    assert report.fp16_cosine_min is not None and report.fp16_cosine_min >= parity.FP16_MIN_COSINE
+    """The exported graphs against open_clip's own model and normalisation (tests/reference.py,
+    built without the exporter), on a fresh input and batch size."""
+    pixels = np.random.default_rng(42).integers(0, 256, size=(3, 224, 224, 3), dtype=np.uint8)
+    expected = reference.embed_pixels(pixels)
+    fp32 = parity.session(exported.fp32).run(None, {INPUT_NAME: pixels})[0]
+    fp16 = parity.session(exported.fp16).run(None, {INPUT_NAME: pixels})[0]
+    max_abs = float(np.abs(fp32 - expected).max())
+    cos16 = reference.cosines(fp16, expected)
+    print(f"\nparity: fp32 max |d| {max_abs:.2e}, fp16 cosine min {cos16.min():.7f}")
+    assert max_abs <= 1e-4  # measured 3.1e-6 to 5.2e-6 on the CI machine
+    assert cos16.min() >= 0.999  # measured 0.9999998
+    assert exported.manifest["parity"]["ok"]  # and the export recorded its own check passing
 
 
 def test_dynamic_batch_axis(exported) -> None:
@@ -85,11 +88,12 @@ def test_dynamic_batch_axis(exported) -> None:
     np.testing.assert_allclose(whole, singles, atol=1e-5)
 
 
-def test_cache_hit_is_cheap_and_keys_on_weights(exported) -> None:
-    started = time.perf_counter()
+def test_a_cache_hit_reuses_the_export_and_keys_on_weights(exported) -> None:
+    files = [exported.directory / name for name in ("manifest.json", "model.onnx")]
+    before = [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files]
     again = ensure_exported("ViT-B-32", Weights.random(0))
     assert again.directory == exported.directory
-    assert time.perf_counter() - started < 5  # a hit is a manifest read, not a torch export
+    assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == before  # nothing rewritten
     assert exported.manifest["weights"]["id"] == "random:0"
     from export.build import cache_key
 
@@ -131,7 +135,10 @@ def run_export_cli(
 
 
 def test_unreachable_pretrained_weights_stop_with_both_alternatives(tmp_path: Path) -> None:
-    result = run_export_cli("--cache-dir", str(tmp_path), env={"HF_HUB_OFFLINE": "1"})
+    # an empty hub cache, offline: the same answer whatever this machine has downloaded before
+    hub = tmp_path / "hf"
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(hub), "HF_HUB_CACHE": str(hub / "hub")}
+    result = run_export_cli("--cache-dir", str(tmp_path), env=env)
     assert result.returncode == 2
     assert "laion2b_s34b_b79k" in result.stderr
     assert "--checkpoint" in result.stderr and "--random-init" in result.stderr

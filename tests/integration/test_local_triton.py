@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from export import parity
 from gateway.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
 from gateway.localtriton import LocalTriton
+from tests import reference
+
+#: Triton's answer vs open_clip's model on the same uint8 pixels (tests/reference.py); the
+#: export's parity check measured max |d| 3.1e-6.
+MAX_ABS = 1e-4
 
 
 def infer(url: str, pixels: np.ndarray) -> np.ndarray:
@@ -22,23 +26,20 @@ def infer(url: str, pixels: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("batch", [1, 7, 32])
-def test_triton_matches_ort_direct(triton, exported, batch: int) -> None:
+def test_triton_matches_open_clip(triton, batch: int) -> None:
     pixels = np.random.default_rng(batch).integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)
     got = infer(triton.grpc_url, pixels)
-    expected = parity.session(exported.fp32).run(None, {INPUT_NAME: pixels})[0]
     assert got.shape == (batch, 512) and got.dtype == np.float32
-    assert np.abs(got - expected).max() <= 1e-5
+    assert np.abs(got - reference.embed_pixels(pixels)).max() <= MAX_ABS
 
 
-def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(triton, exported) -> None:
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(triton) -> None:
     rng = np.random.default_rng(7)
     batches = [rng.integers(0, 256, (n, 224, 224, 3), dtype=np.uint8) for n in (1, 2, 3, 1, 4, 2)]
     with ThreadPoolExecutor(len(batches)) as pool:
         results = list(pool.map(lambda b: infer(triton.grpc_url, b), batches))
-    session = parity.session(exported.fp32)
     for pixels, got in zip(batches, results, strict=True):
-        expected = session.run(None, {INPUT_NAME: pixels})[0]
-        assert np.abs(got - expected).max() <= 1e-5
+        assert np.abs(got - reference.embed_pixels(pixels)).max() <= MAX_ABS
 
 
 def test_model_metadata_matches_contract(triton) -> None:

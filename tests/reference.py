@@ -1,0 +1,78 @@
+"""Expected embeddings from open_clip's own pipeline, never from the code under test.
+
+The model is open_clip's ``create_model_and_transforms(name, pretrained=None)`` right after
+``torch.manual_seed(seed)``: exactly the weights ``CLIP_WEIGHTS=random`` (seed 0) stands for,
+built here without the exporter. Images go through PIL (full decode, ``ImageOps.exif_transpose``)
+and open_clip's own transform (resize, centre crop, ToTensor, Normalize). The ``perturb``
+options are the negative controls: bugs the gateway could have, applied to the reference side
+(cos(g, r_bug) equals cos(g_bug, r) when g tracks r), which the fidelity limits must catch.
+"""
+
+from __future__ import annotations
+
+import io
+from functools import cache
+from typing import Any, Literal
+
+import numpy as np
+import open_clip
+import torch
+from PIL import Image, ImageOps
+
+Perturbation = Literal["none", "channel-swap", "no-rotation", "imagenet-mean-std"]
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@cache
+def model(name: str = "ViT-B-32", seed: int = 0) -> tuple[Any, Any]:
+    torch.manual_seed(seed)
+    clip, _, transform = open_clip.create_model_and_transforms(name, pretrained=None)
+    return clip.eval(), transform
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float64)
+    return vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
+
+
+def embed_image(data: bytes, perturb: Perturbation = "none", name: str = "ViT-B-32") -> np.ndarray:
+    """Unit-length float64 embedding of encoded image bytes, open_clip's way."""
+    clip, transform = model(name)
+    image = Image.open(io.BytesIO(data))
+    if perturb != "no-rotation":
+        image = ImageOps.exif_transpose(image)
+    x = transform(image.convert("RGB"))
+    if perturb == "channel-swap":
+        x = x[[2, 1, 0]]
+    elif perturb == "imagenet-mean-std":
+        mean, std = _normalize(transform)
+        raw = x * torch.tensor(std)[:, None, None] + torch.tensor(mean)[:, None, None]
+        x = (raw - torch.tensor(IMAGENET_MEAN)[:, None, None]) / torch.tensor(IMAGENET_STD)[
+            :, None, None
+        ]
+    with torch.no_grad():
+        return unit(clip.encode_image(x[None]).numpy()[0])
+
+
+def embed_images(images: list[bytes], perturb: Perturbation = "none") -> np.ndarray:
+    return np.stack([embed_image(data, perturb) for data in images])
+
+
+def embed_pixels(pixels: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
+    """Raw (not normalised) embeddings of uint8 NHWC pixels already at the model's size:
+    ToTensor's /255 and the transform's own Normalize, then ``encode_image``."""
+    clip, transform = model(name)
+    mean, std = _normalize(transform)
+    x = torch.from_numpy(pixels).permute(0, 3, 1, 2).to(torch.float32) / 255.0
+    x = (x - torch.tensor(mean)[None, :, None, None]) / torch.tensor(std)[None, :, None, None]
+    with torch.no_grad():
+        return clip.encode_image(x).numpy()
+
+
+def _normalize(transform: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    (normalize,) = [t for t in transform.transforms if type(t).__name__ == "Normalize"]
+    return tuple(normalize.mean), tuple(normalize.std)
+
+
+def cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    return (unit(got) * unit(expected)).sum(axis=-1)
