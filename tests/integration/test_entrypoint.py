@@ -17,8 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.process import free_port
+from gateway.process import reserve_port
 from tests import samples
+from tests.controlled import wait_until
+from tests.metrics import sample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,17 +48,19 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture
 def entrypoint(exported, tmp_path: Path):
-    port = free_port()
+    reserved = [reserve_port() for _ in range(4)]
+    port, grpc_port, http_port, metrics_port = (r.port for r in reserved)
     env = {
         **os.environ,
         "GATEWAY_MODEL_DIR": str(exported.directory),
         "GATEWAY_REPOSITORY_DIR": str(tmp_path / "repo"),
-        "GATEWAY_TRITON_PROFILE": "auto",  # no GPU here: detection must pick cpu
+        # named, not detected: the test must not depend on whether this host has a GPU
+        "GATEWAY_TRITON_PROFILE": "cpu",
         "GATEWAY_HOST": "127.0.0.1",
         "GATEWAY_PORT": str(port),
-        "GATEWAY_TRITON_GRPC_PORT": str(free_port()),
-        "GATEWAY_TRITON_HTTP_PORT": str(free_port()),
-        "GATEWAY_TRITON_METRICS_PORT": str(free_port()),
+        "GATEWAY_TRITON_GRPC_PORT": str(grpc_port),
+        "GATEWAY_TRITON_HTTP_PORT": str(http_port),
+        "GATEWAY_TRITON_METRICS_PORT": str(metrics_port),
         "GATEWAY_DRAIN_S": "60",
     }
     log = tmp_path / "entrypoint.log"
@@ -82,40 +86,52 @@ def entrypoint(exported, tmp_path: Path):
     if process.poll() is None:
         process.kill()
         process.wait()
+    for r in reserved:
+        r.release()
 
 
 def test_entrypoint_serves_and_drains_on_sigterm(entrypoint) -> None:
     process, url, log = entrypoint
     kids = children(process.pid)
     assert len(kids) == 2  # tritonserver and the gateway
+    triton, gateway = sorted(kids, key=lambda pid: "tritonserver" not in cmdline(pid))
     ok = httpx.post(
         f"{url}/v1/embeddings", files=[("image", ("a.jpg", samples.compact(0), "image/jpeg"))]
     )
     assert ok.status_code == 200
-    # a request that takes seconds on this CPU: 64 images, two batches of 32 through the model
-    files = [("image", (f"{i}.jpg", samples.compact(i), "image/jpeg")) for i in range(64)]
+    files = [("image", (f"{i}.jpg", samples.compact(i), "image/jpeg")) for i in range(4)]
     answer: dict[str, object] = {}
 
-    def slow() -> None:
+    def in_flight() -> None:
         answer["response"] = httpx.post(f"{url}/v1/embeddings", files=files, timeout=120)
-        answer["finished"] = time.monotonic()
 
-    thread = threading.Thread(target=slow)
-    thread.start()
-    time.sleep(0.5)  # it is in flight
-    signalled = time.monotonic()
-    process.send_signal(signal.SIGTERM)
+    # Triton paused: the request is admitted, decoded and then waits on its gRPC call, in
+    # flight for as long as the test needs (observable in the gateway's own gauge)
+    os.kill(triton, signal.SIGSTOP)
+    try:
+        thread = threading.Thread(target=in_flight)
+        thread.start()
+        wait_until(
+            lambda: sample(httpx.get(f"{url}/metrics").text, "gateway_inflight_images") == 4,
+            "the request is in flight",
+        )
+        process.send_signal(signal.SIGTERM)
+        wait_until(lambda: "draining the gateway" in log.read_text(), "SIGTERM was handled")
+    finally:
+        os.kill(triton, signal.SIGCONT)
     thread.join(120)
     assert process.wait(120) == 0, log.read_text()[-3000:]
     response = answer["response"]
     assert isinstance(response, httpx.Response)
     assert response.status_code == 200  # drained, not dropped
-    assert len(response.json()["data"]) == 64
-    assert answer["finished"] > signalled  # it really was in flight when SIGTERM arrived
+    assert len(response.json()["data"]) == 4
     assert not any(alive(pid) for pid in kids)
-    text = log.read_text()
-    assert "Triton profile cpu (no GPU)" in text
-    assert "draining the gateway" in text
+    assert not list(Path("/dev/shm").glob(f"clipgw_{gateway}_*"))  # its regions were removed
+    assert "Triton profile cpu (set by GATEWAY_TRITON_PROFILE)" in log.read_text()
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_text()
 
 
 def test_entrypoint_exits_nonzero_when_triton_dies(entrypoint) -> None:

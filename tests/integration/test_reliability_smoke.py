@@ -29,8 +29,10 @@ def test_overload_smoke(tmp_path: Path) -> None:
     at_1x, at_2x = results["at_1x"], results["at_2x"]
     assert at_1x["ok"] > 0 and at_2x["ok"] > 0
     assert set(at_2x["statuses"]) <= {"200", "429", "503"}
-    assert at_2x["statuses"].get("429", 0) + at_2x["statuses"].get("503", 0) > 0  # excess refused
-    assert results["rejected_by_reason"].get("overloaded", 0) >= at_2x["statuses"].get("429", 0)
+    # twice the measured capacity for 6 s fills the 24-image budget many times over: the gateway
+    # itself must refuse the excess (429), not leave it to time out or to Triton's queue
+    assert at_2x["statuses"].get("429", 0) > 0
+    assert results["rejected_by_reason"].get("overloaded", 0) >= at_2x["statuses"]["429"]
     assert (tmp_path / "overload.md").exists()
 
 

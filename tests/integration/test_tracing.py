@@ -22,8 +22,10 @@ from oteltest.sink import HttpSink
 from oteltest.sink.handler import RequestHandler
 
 from gateway.launch import GatewayProcess
-from gateway.localtriton import LocalTriton, free_port, otel_trace_args
+from gateway.localtriton import LocalTriton, otel_trace_args
+from gateway.process import reserve_port
 from tests import samples
+from tests.metrics import sample, sample_or_zero
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ class TracedStack:
 @pytest.fixture(scope="module")
 def traced(cpu_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedStack]:
     collector = Collector()
-    port = free_port()
+    reserved = reserve_port()
+    port = reserved.port
     sink = HttpSink(collector, logging.getLogger("otlp-sink"), port=port)
     sink.start()
     endpoint = f"http://127.0.0.1:{port}"
@@ -134,6 +137,7 @@ def traced(cpu_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> It
                 yield TracedStack(collector, gateway)
     finally:
         sink.stop()
+        reserved.release()
 
 
 def embed(stack: TracedStack, headers: dict[str, str], images: int = 2) -> httpx.Response:
@@ -207,14 +211,17 @@ def test_one_trace_from_http_request_into_triton(traced: TracedStack) -> None:
 
 def test_every_triton_span_hangs_off_a_gateway_call(traced: TracedStack) -> None:
     """No orphans: whatever Triton delivers is parented under the gateway's triton.infer span."""
-    embed(traced, {"traceparent": "00-5555555555555555555555555555aaaa-00f067aa0ba902b7-01"})
-    time.sleep(2.0)
-    with traced.collector.lock:
-        spans = list(traced.collector.spans)
-    calls = {(s.trace_id, s.span_id) for s in spans if s.name == "triton.infer"}
-    roots = [s for s in spans if s.name == "InferRequest"]
-    assert roots
-    assert all((s.trace_id, s.parent_id) in calls for s in roots)
+    trace_ids = [f"5555555555555555555555555555aa{i:02x}" for i in range(4)]
+    for trace_id in trace_ids:
+        embed(traced, {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    # Triton drops some of its exports: wait until at least one of these traces is whole
+    first_complete(traced.collector, trace_ids)
+    for trace_id in trace_ids:
+        traced.collector.wait_for(trace_id, {"triton.infer"})
+        spans = traced.collector.trace(trace_id)
+        calls = {s.span_id for s in spans if s.name == "triton.infer"}
+        roots = [s for s in spans if s.name == "InferRequest"]
+        assert all(s.parent_id in calls for s in roots), (trace_id, roots, calls)
 
 
 def test_new_trace_when_the_client_sends_none(traced: TracedStack) -> None:
@@ -231,10 +238,12 @@ def test_new_trace_when_the_client_sends_none(traced: TracedStack) -> None:
 def test_unsampled_requests_leave_no_spans_anywhere(traced: TracedStack) -> None:
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     embed(traced, {"traceparent": f"00-{trace_id}-b7ad6b7169203331-00"}, images=1)
-    sampled = "11111111111111111111111111111111"
-    embed(traced, {"traceparent": f"00-{sampled}-b7ad6b7169203331-01"}, images=1)
-    traced.collector.wait_for(sampled, {"triton.infer"})
-    time.sleep(2.5)  # two Triton export periods
+    # Both exporters send spans in the order they ended: once Triton's spans of a sampled
+    # request sent *after* it have arrived, anything of the unsampled one would have too.
+    later = [f"1111111111111111111111111111{i:04x}" for i in range(4)]
+    for sampled in later:
+        embed(traced, {"traceparent": f"00-{sampled}-b7ad6b7169203331-01"}, images=1)
+    first_complete(traced.collector, later)
     assert traced.collector.trace(trace_id) == []
 
 
@@ -244,34 +253,48 @@ def test_triton_exports_otlp_json(traced: TracedStack) -> None:
     assert any("protobuf" in c for c in traced.collector.content_types)  # the Python SDK's
 
 
-def test_metrics_have_request_latency_with_trace_exemplars(traced: TracedStack) -> None:
-    embed(traced, {}, images=3)
+def test_one_request_moves_every_metric_by_its_amount(traced: TracedStack) -> None:
     url = traced.gateway.url
-    text = httpx.get(f"{url}/metrics").text
-    for name in (
-        "gateway_requests_total", "gateway_request_duration_seconds_bucket",
-        "gateway_images_total", "gateway_image_decode_seconds_bucket",
-        "gateway_triton_request_duration_seconds_bucket", "gateway_triton_batch_size_bucket",
-        "gateway_inflight_images", "gateway_rejected_requests_total",
-    ):  # fmt: skip
-        assert name in text, name
-    assert 'gateway_images_total{format="jpeg"}' in text
+    request = {"route": "/v1/embeddings", "method": "POST", "status": "200"}
+    triton_ok = {"model": "clip_image", "version": "1"}
+    counts = [
+        ("gateway_requests_total", request, 1),
+        ("gateway_request_duration_seconds_count", request, 1),
+        ("gateway_images_total", {"format": "jpeg"}, 3),
+        ("gateway_image_decode_seconds_count", {"format": "jpeg"}, 3),
+        ("gateway_triton_request_duration_seconds_count", {"outcome": "ok"}, 1),
+        ("gateway_triton_batch_size_count", {}, 1),
+        ("gateway_triton_batch_size_sum", {}, 3),
+    ]
+
+    def read() -> tuple[list[float], float]:
+        text = httpx.get(f"{url}/metrics").text
+        triton = httpx.get(f"{url}/metrics/triton").text
+        values = [sample_or_zero(text, name, **labels) for name, labels, _ in counts]
+        return values, sample(triton, "nv_inference_request_success_total", **triton_ok)
+
+    before, triton_before = read()
+    embed(traced, {}, images=3)
+    after, triton_after = read()
+    deltas = {name: b - a for (name, _, _), a, b in zip(counts, before, after, strict=True)}
+    assert deltas == {name: float(amount) for name, _, amount in counts}
+    assert triton_after - triton_before >= 1  # Triton's own counters, re-exposed
+    assert sample(httpx.get(f"{url}/metrics").text, "gateway_inflight_images") == 0
     openmetrics = httpx.get(
         f"{url}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
     )
     assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
     assert '# {trace_id="' in openmetrics.text
-    triton = httpx.get(f"{url}/metrics/triton")
-    assert triton.status_code == 200
-    assert "nv_inference_request_success" in triton.text
 
 
 def test_rejections_are_counted_by_reason(traced: TracedStack) -> None:
     url = traced.gateway.url
+    name = "gateway_rejected_requests_total"
+    before = sample_or_zero(httpx.get(f"{url}/metrics").text, name, reason="invalid-image")
     bad = httpx.post(f"{url}/v1/embeddings", files=[("image", ("x", b"", "image/jpeg"))])
     assert bad.status_code == 422
-    text = httpx.get(f"{url}/metrics").text
-    assert 'gateway_rejected_requests_total{reason="invalid-image"}' in text
+    after = sample(httpx.get(f"{url}/metrics").text, name, reason="invalid-image")
+    assert after - before == 1
 
 
 def test_access_log_is_one_json_line_per_request(traced: TracedStack) -> None:

@@ -33,7 +33,12 @@ def test_table(name: str, cc: tuple[int, int], profile: str) -> None:
 def test_no_gpu_is_cpu(tmp_path: Path) -> None:
     assert gpu.from_table(None) == ("cpu", "no GPU")
     assert gpu.choose("auto", None, model="m", record=tmp_path / "c.json")[0] == "cpu"
-    assert gpu.detect() is None  # this machine has no NVML library
+
+
+def test_detect_answers_on_any_host() -> None:
+    # None without a driver, a GpuInfo with one: either way no exception (host-independent)
+    found = gpu.detect()
+    assert found is None or (found.name and found.memory_gib > 0)
 
 
 def fake_timer(cuda_max: float, trt_max: float) -> gpu.Timer:
