@@ -1,5 +1,6 @@
 # clip-gateway: one container per GPU — Triton (onnxruntime backend, CUDA + TensorRT EPs) and the
-# gateway, started and supervised by gateway/entrypoint.py. Only the gateway port is published.
+# gateway, started and supervised by gateway/runtime/supervisor.py. Only the gateway port is
+# published.
 #
 #   docker build -t clip-gateway:0.1.0 .                                   # pretrained weights
 #   docker build -t clip-gateway:0.1.0 --build-arg CLIP_WEIGHTS=random .   # tests/benchmarks
@@ -17,7 +18,6 @@ COPY pyproject.toml README.md ./
 COPY requirements/ requirements/
 COPY gateway/ gateway/
 COPY export/ export/
-COPY bench/ bench/
 COPY triton/ triton/
 
 # ---- stage 1: export OpenCLIP to ONNX (CPU torch; nothing of it reaches the final image) ----
@@ -43,7 +43,7 @@ COPY --from=source /src/ ./
 # Runtime dependencies only (no torch), then pillow-simd in Pillow's place (SIMD resize; AVX2
 # is on every GPU server this image targets).
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install -c requirements/lock.txt . \
+ && /opt/venv/bin/pip install -c requirements/lock.txt ".[server]" \
  && /opt/venv/bin/pip uninstall -y pillow \
  && CC="cc -mavx2" /opt/venv/bin/pip install --no-deps --no-binary pillow-simd pillow-simd==12.1.1.post0 \
  && apt-get purge -y build-essential python3-dev && apt-get autoremove -y
@@ -61,4 +61,4 @@ EXPOSE 8000
 # start-period: the first start builds TensorRT engines (minutes); /readyz tells when it is done.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=900s --retries=3 \
   CMD ["/opt/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
-ENTRYPOINT ["/opt/venv/bin/python", "-m", "gateway.entrypoint"]
+ENTRYPOINT ["/opt/venv/bin/clip-gateway-entrypoint"]

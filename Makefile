@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 # Weights for `make serve`: an open_clip pretrained tag, a checkpoint path, or `random`.
 CLIP_WEIGHTS ?= laion2b_s34b_b79k
-# Triton profile: cpu | cuda | tensorrt (GPU profiles need an NGC tritonserver; see deploy/).
+# Triton profile: cpu | cuda | tensorrt | auto (GPU profiles need an NGC tritonserver; deploy/).
 PROFILE ?= cpu
 HOST ?= 127.0.0.1
 # pillow-simd: Pillow's API with SIMD resampling (the resize is 5-8x faster here than stock
@@ -23,28 +23,33 @@ SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c requirements/lock.txt -e ".[export,dev,bench]"
-	if [ "$(PILLOW_SIMD)" = 1 ] && [ ! -f /usr/include/webp/decode.h ]; then \
+	@echo "clip-gateway: installing into $(VENV) (first run: a few minutes)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
+	@if [ "$(PILLOW_SIMD)" = 1 ] && [ ! -f /usr/include/webp/decode.h ]; then \
 	  echo "note: libwebp-dev is missing, so pillow-simd would lack WebP; keeping stock Pillow" >&2; \
 	elif [ "$(PILLOW_SIMD)" = 1 ]; then \
 	  $(PY) -m pip uninstall --quiet --yes pillow pillow-simd && \
 	  CC="cc $(SIMD_CFLAGS)" $(PY) -m pip install --quiet --force-reinstall --no-deps --no-cache-dir \
 	    --no-binary pillow-simd pillow-simd==$(PILLOW_SIMD_VERSION); \
 	fi
-	touch $@
+	@touch $@
 
-# Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see gateway/localtriton.py.
+# Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see
+# gateway/backend/local.py.
 triton-env: $(TRITON_ENV)/.installed
 $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt
-	$(PYTHON) -m venv $(TRITON_ENV)
-	$(TRITON_ENV)/bin/pip install --quiet -r requirements/triton-env.txt
-	$(TRITON_ENV)/bin/pip install --quiet --no-deps -r requirements/triton-server.txt
-	touch $@
+	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"
+	@$(PYTHON) -m venv $(TRITON_ENV)
+	@$(TRITON_ENV)/bin/pip install --quiet -r requirements/triton-env.txt
+	@$(TRITON_ENV)/bin/pip install --quiet --no-deps -r requirements/triton-server.txt
+	@touch $@
 
+# A few progress lines; Triton's and the gateway's logs go to a file (VERBOSE=1: the terminal).
 serve: install
-	$(PY) -m gateway.serve --host $(HOST) --port $(PORT) --weights "$(CLIP_WEIGHTS)" --profile $(PROFILE)
+	@$(VENV)/bin/clip-gateway serve --host $(HOST) --port $(PORT) --weights "$(CLIP_WEIGHTS)" \
+	  --profile $(PROFILE) $(if $(VERBOSE),--verbose)
 
 test: install check pytest
 
@@ -66,7 +71,7 @@ format:
 
 # Re-resolve the pinned versions (needs uv: `pip install uv`).
 lock:
-	uv pip compile pyproject.toml --extra export --extra dev --extra bench --python-version 3.11 \
+	uv pip compile pyproject.toml --extra all --extra dev --extra bench --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --quiet -o requirements/lock.txt
 
 clean:

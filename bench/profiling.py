@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.process import ServerProcess
+from gateway.runtime.processes import ServerProcess
 
 
 def start(process: ServerProcess, seconds: float) -> tuple[subprocess.Popen[bytes], Path] | None:

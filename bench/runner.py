@@ -22,11 +22,10 @@ from typing import Any
 from bench import models, profiling, shm
 from bench.clients import tensor_json_bytes
 from bench.suites import SUITES, Suite
-from export.build import ExportedModel, default_cache_dir, ensure_exported
-from export.model import Weights
-from gateway.launch import GatewayProcess
-from gateway.localtriton import LocalTriton
-from gateway.process import ReservedPort, ServerProcess, reserve_port
+from export.build import ensure_exported
+from export.spec import ExportedModel, Weights, default_cache_dir
+from gateway.backend.local import LocalTriton
+from gateway.runtime.processes import GatewayProcess, ReservedPort, ServerProcess, reserve_port
 
 ROOT = Path(__file__).resolve().parents[1]
 STOCK_PILLOW = "pillow==12.1.1"

@@ -14,10 +14,11 @@ import numpy as np
 from bench.clients import Batches, GatewayClient
 from bench.photos import compact_jpeg
 from export.build import ensure_exported
-from export.model import Weights
-from gateway.launch import GatewayProcess
-from gateway.localtriton import LocalTriton
-from gateway.repository import RepositorySettings, render
+from export.spec import Weights
+from gateway.backend.local import LocalTriton
+from gateway.backend.repository import render
+from gateway.runtime.processes import GatewayProcess
+from gateway.runtime.settings import RepositorySettings
 
 
 @dataclass

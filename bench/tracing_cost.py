@@ -18,9 +18,9 @@ from bench import load, models
 from bench.clients import Batches, GatewayClient
 from bench.photos import compact_jpeg
 from export.build import ensure_exported
-from export.model import Weights
-from gateway.launch import GatewayProcess
-from gateway.localtriton import LocalTriton, otel_trace_args
+from export.spec import Weights
+from gateway.backend.local import LocalTriton, otel_trace_args
+from gateway.runtime.processes import GatewayProcess
 
 MODES = {
     "off": {"GATEWAY_TRACING": "off"},

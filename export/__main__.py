@@ -8,17 +8,15 @@ import logging
 import sys
 from pathlib import Path
 
-from export.build import default_cache_dir, ensure_exported
-from export.model import DEFAULT_MODEL, DEFAULT_PRETRAINED, Weights, WeightsUnavailableError
-
-
-def weights_from_spec(spec: str) -> Weights:
-    """``random`` / ``random:SEED`` / a path to a checkpoint file / an open_clip pretrained tag."""
-    if spec == "random" or spec.startswith("random:"):
-        return Weights.random(int(spec.partition(":")[2] or 0))
-    if "/" in spec or spec.endswith((".bin", ".pt", ".pth", ".safetensors")):
-        return Weights.checkpoint(spec)
-    return Weights.pretrained(spec)
+from export.build import ensure_exported
+from export.spec import (
+    DEFAULT_MODEL,
+    DEFAULT_PRETRAINED,
+    Weights,
+    WeightsUnavailableError,
+    default_cache_dir,
+    weights_from_spec,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,78 +1,29 @@
-"""Export once, reuse forever: a cache keyed by model, weights and the export code's own version."""
+"""Export once, reuse forever: build a cache entry (export/spec.py says where) with torch."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import platform
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from export.model import Weights
-from gateway.canary import canary_pixels, encode_reference
-from gateway.contract import INPUT_NAME
+from export.spec import (
+    FP16_FILE,
+    FP32_FILE,
+    MANIFEST,
+    ExportedModel,
+    Weights,
+    cache_entry,
+    default_cache_dir,
+    export_code_version,
+)
+from gateway.backend.contract import INPUT_NAME, canary_pixels, encode_reference
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-FP32_FILE = "model.onnx"
-FP16_FILE = "model_fp16.onnx"
-# Sources whose text decides the exported bytes: a change to any of them is a new cache entry.
-_VERSIONED_SOURCES = (
-    "export/model.py",
-    "export/onnx_export.py",
-    "gateway/contract.py",
-    "gateway/canary.py",
-)
-
-
-def default_cache_dir() -> Path:
-    if explicit := os.environ.get("CLIP_GATEWAY_CACHE"):
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "clip-gateway"
-
-
-def export_code_version() -> str:
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for rel in _VERSIONED_SOURCES:
-        digest.update((root / rel).read_bytes())
-    return digest.hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class ExportedModel:
-    """A finished export: its directory, the two ONNX files and what was recorded about them."""
-
-    directory: Path
-    manifest: dict[str, Any]
-
-    @property
-    def fp32(self) -> Path:
-        return self.directory / FP32_FILE
-
-    @property
-    def fp16(self) -> Path | None:
-        path = self.directory / FP16_FILE
-        return path if path.exists() else None
-
-    @classmethod
-    def open(cls, directory: Path) -> ExportedModel:
-        return cls(directory, json.loads((directory / MANIFEST).read_text()))
-
-
-def cache_key(model_name: str, weights: Weights, fp16: bool) -> str:
-    material = json.dumps(
-        [model_name, weights.cache_id(), export_code_version(), fp16], separators=(",", ":")
-    )
-    return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
 def ensure_exported(
@@ -84,8 +35,7 @@ def ensure_exported(
     force: bool = False,
 ) -> ExportedModel:
     """Return the cached export for these inputs, exporting (and parity-checking) it if missing."""
-    cache_dir = cache_dir or default_cache_dir()
-    target = cache_dir / "models" / f"{model_name}-{cache_key(model_name, weights, fp16)}"
+    target = cache_entry(model_name, weights, cache_dir or default_cache_dir(), fp16=fp16)
     if (target / MANIFEST).exists() and not force:
         log.info("export cache hit: %s", target)
         return ExportedModel.open(target)
@@ -143,7 +93,7 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
         "nodes": len(fp32_model.graph.node),
         "export_seconds": {"fp32": round(fp32_seconds, 2), "total": round(export_seconds, 2)},
         "parity": report.as_dict(),
-        # what /readyz's canary must keep getting back (gateway/canary.py)
+        # what /readyz's canary must keep getting back (gateway/pipeline/canary.py)
         "canary_embedding": encode_reference(canary),
         "versions": {
             "torch": torch.__version__,

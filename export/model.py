@@ -2,61 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
 import open_clip
 import torch
 from torch import nn
 
-DEFAULT_MODEL = "ViT-B-32"
-DEFAULT_PRETRAINED = "laion2b_s34b_b79k"
+from export.spec import Weights, WeightsUnavailableError
 
 log = logging.getLogger(__name__)
-
-
-class WeightsUnavailableError(RuntimeError):
-    """Pretrained weights could not be fetched or a checkpoint could not be read."""
-
-
-@dataclass(frozen=True)
-class Weights:
-    """Which weights to load: an open_clip pretrained tag, a checkpoint file, or a random seed."""
-
-    kind: Literal["pretrained", "checkpoint", "random"]
-    value: str
-
-    @classmethod
-    def pretrained(cls, tag: str = DEFAULT_PRETRAINED) -> Weights:
-        return cls("pretrained", tag)
-
-    @classmethod
-    def checkpoint(cls, path: str | Path) -> Weights:
-        return cls("checkpoint", str(Path(path).resolve()))
-
-    @classmethod
-    def random(cls, seed: int = 0) -> Weights:
-        return cls("random", str(seed))
-
-    def cache_id(self) -> str:
-        """A string that changes whenever the weights do (checkpoints are hashed by content)."""
-        if self.kind == "checkpoint":
-            if not Path(self.value).is_file():
-                raise WeightsUnavailableError(f"checkpoint file not found: {self.value}")
-            digest = hashlib.sha256()
-            with open(self.value, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-            return f"checkpoint:{digest.hexdigest()}"
-        return f"{self.kind}:{self.value}"
-
-    def describe(self) -> str:
-        return {"pretrained": "pretrained ", "checkpoint": "checkpoint ", "random": "random seed "}[
-            self.kind
-        ] + self.value
 
 
 class PixelEncoder(nn.Module):

@@ -8,7 +8,7 @@ import onnx
 import torch
 
 from export.model import PixelEncoder
-from gateway.contract import INPUT_NAME, OUTPUT_NAME
+from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME
 
 #: ONNX opset written by the exporter. 18 is the torch dynamo exporter's native opset and is
 #: supported by the ONNX Runtime in every Triton release since 23.x.

@@ -12,7 +12,7 @@ import torch
 from torchvision.transforms import Normalize
 
 from export.model import LoadedModel
-from gateway.contract import INPUT_NAME
+from gateway.backend.contract import INPUT_NAME
 
 FP32_MAX_ABS = 1e-4
 FP16_MIN_COSINE = 0.999

@@ -1,119 +1,85 @@
-"""The gateway's error hierarchy: each class carries its HTTP status and RFC 9457 type/title."""
+"""What can go wrong while embedding, in the core's own terms (imaging, pipeline, backend): no HTTP.
+
+Each kind carries a human reason, the index of the item at fault (when one is) and extra facts
+(limits, counts). ``gateway/http/problems.py`` is the one place that turns them into statuses.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any, ClassVar
-
-from litestar.plugins.problem_details import ProblemDetailsException
-
-PROBLEM_BASE = "https://clip-gateway.dev/problems/"
+from typing import Any
 
 
-class GatewayError(Exception):
-    """Base of every error the gateway reports on purpose; rendered as application/problem+json."""
+class EmbeddingError(Exception):
+    """Base of every error raised on purpose while serving a request."""
 
-    status: ClassVar[int] = 500
-    slug: ClassVar[str] = "internal"
-    title: ClassVar[str] = "Internal error"
-    #: Seconds a client should wait before retrying (adds a Retry-After header when set).
-    retry_after: ClassVar[int | None] = None
-    #: Extra response headers of this kind of error.
-    headers: ClassVar[Mapping[str, str]] = MappingProxyType({})
-
-    def __init__(self, detail: str, *, index: int | None = None, **extra: Any) -> None:
-        super().__init__(detail)
-        self.detail = detail
+    def __init__(
+        self,
+        reason: str,
+        *,
+        index: int | None = None,
+        retry_after: float | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        #: The request position of the item at fault (images and texts alike).
         self.index = index
+        #: Seconds after which trying again may succeed (overload, a backend restarting).
+        self.retry_after = retry_after
         self.extra = extra
 
-    def to_problem(self) -> ProblemDetailsException:
-        extra = dict(self.extra)
-        if self.index is not None:
-            extra["index"] = self.index
-        headers = dict(self.headers)
-        if self.retry_after is not None:
-            headers["Retry-After"] = str(self.retry_after)
-        return ProblemDetailsException(
-            detail=self.detail,
-            status_code=self.status,
-            type_=PROBLEM_BASE + self.slug,
-            title=self.title,
-            extra=extra or None,
-            headers=headers or None,
-        )
+
+class MalformedRequest(EmbeddingError):
+    """The body cannot be read: broken JSON or multipart, an option with a bad value, no items."""
 
 
-class InvalidRequest(GatewayError):
-    status, slug, title = 400, "invalid-request", "Invalid request"
+class InvalidFields(EmbeddingError):
+    """Well-formed JSON whose fields do not match the request schema."""
 
 
-class Unauthorized(GatewayError):
-    status, slug, title = 401, "unauthorized", "Missing or invalid API key"
-    headers = MappingProxyType({"WWW-Authenticate": 'Bearer realm="clip-gateway"'})
+class UnknownModel(EmbeddingError):
+    """The request names a model this gateway does not serve."""
 
 
-class RequestTimeout(GatewayError):
-    """The body did not arrive in time (slow or stalled client)."""
-
-    status, slug, title = 408, "request-timeout", "Request body too slow"
+class LimitExceeded(EmbeddingError):
+    """A size limit: the body, one item's bytes, the number of items."""
 
 
-class UnknownModel(GatewayError):
-    status, slug, title = 404, "unknown-model", "Unknown model"
+class UnsupportedFormat(EmbeddingError):
+    """Known, but not accepted: a request content type or an image format."""
 
 
-class PayloadTooLarge(GatewayError):
-    status, slug, title = 413, "payload-too-large", "Request too large"
+class InvalidImage(EmbeddingError):
+    """Bytes that are not a decodable image: empty, corrupt, truncated, or not an image."""
 
 
-class UnsupportedMediaType(GatewayError):
-    status, slug, title = 415, "unsupported-media-type", "Unsupported media type"
+class ImageTooLarge(EmbeddingError):
+    """An image whose header promises more pixels (or decoder memory) than the budget allows."""
 
 
-class UnprocessableRequest(GatewayError):
-    """Well-formed JSON that does not match the request schema."""
-
-    status, slug, title = 422, "unprocessable-request", "Request does not match the schema"
+class BodyTooSlow(EmbeddingError):
+    """The request body did not arrive in time (a slow or stalled client)."""
 
 
-class InvalidImage(GatewayError):
-    """Bytes that are not a decodable image: empty, corrupt, truncated, or not an image at all."""
-
-    status, slug, title = 422, "invalid-image", "Invalid image"
+class ClientGone(EmbeddingError):
+    """The client disconnected; its pending work was cancelled."""
 
 
-class ImageTooLarge(GatewayError):
-    status, slug, title = 422, "image-too-large", "Image has too many pixels"
+class Overloaded(EmbeddingError):
+    """Admitting this request would exceed the in-flight budget: refused at once, not queued."""
 
 
-class Overloaded(GatewayError):
-    status, slug, title, retry_after = 429, "overloaded", "Too many images in flight", 1
+class DeadlineExceeded(EmbeddingError):
+    """The request's own deadline passed."""
 
 
-class ClientClosedRequest(GatewayError):
-    """The client went away; its pending work was cancelled. Nobody reads this response."""
-
-    status, slug, title = 499, "client-closed-request", "Client closed the request"
+class BackendUnavailable(EmbeddingError):
+    """The inference backend cannot take work now (down, restarting, shedding load)."""
 
 
-class DeadlineExceeded(GatewayError):
-    status, slug, title = 504, "deadline-exceeded", "Request deadline exceeded"
+class BackendTimeout(EmbeddingError):
+    """The backend did not answer before the deadline it was given."""
 
 
-class BackendUnavailable(GatewayError):
-    status, slug, title, retry_after = (
-        503,
-        "backend-unavailable",
-        "Inference backend unavailable",
-        2,
-    )
-
-
-class BackendTimeout(GatewayError):
-    status, slug, title = 504, "backend-timeout", "Inference backend timed out"
-
-
-class BackendError(GatewayError):
-    status, slug, title = 502, "backend-error", "Inference backend failed"
+class BackendFailed(EmbeddingError):
+    """The backend answered with an error, or with something that breaks the contract."""

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.repository import RepositorySettings, render
+from gateway.backend.repository import render
+from gateway.runtime.settings import RepositorySettings
 
 TESTS = Path(__file__).parent
+#: The client suite runs in a client-only virtualenv (tests/integration/test_client_install.py).
+collect_ignore = ["client"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -22,7 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def exported():  # -> export.build.ExportedModel (torch is imported lazily, only when needed)
     """ViT-B/32 with random weights (seed 0), FP32 + FP16, from the export cache when present."""
     from export.build import ensure_exported
-    from export.model import Weights
+    from export.spec import Weights
 
     return ensure_exported("ViT-B-32", Weights.random(0))
 
@@ -36,7 +39,7 @@ def cpu_repository(exported, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def triton(cpu_repository: Path) -> Iterator[object]:
     """A real tritonserver (cpu profile) on free loopback ports, shared by the session."""
-    from gateway.localtriton import LocalTriton
+    from gateway.backend.local import LocalTriton
 
     with LocalTriton(cpu_repository) as server:
         yield server

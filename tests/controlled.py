@@ -16,7 +16,8 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from gateway.repository import RepositorySettings, render_config
+from gateway.backend.repository import render_config
+from gateway.runtime.settings import RepositorySettings
 
 MODEL_SOURCE = Path(__file__).parent / "models" / "control.py"
 IMAGE_SIZE, EMBED_DIM, MAX_BATCH = 224, 512, 32

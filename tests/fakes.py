@@ -12,8 +12,8 @@ import threading
 
 import numpy as np
 
-from gateway.backend import ModelInfo
-from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
+from gateway.backend.protocol import ModelInfo
+from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
 
 
 def projection(embed_dim: int) -> np.ndarray:
@@ -86,7 +86,7 @@ class FakeBackend:
             self.cancelled += 1
             raise
         if self.mode == "error":
-            raise BackendError("fake backend: failing on purpose")
+            raise BackendFailed("fake backend: failing on purpose")
         rows = embed(pixels, self.weights)
         if self.mode == "nan":
             rows[:] = np.nan

@@ -18,7 +18,8 @@ from fastapi import FastAPI
 from PIL import Image
 from pydantic import BaseModel
 
-from export.model import DEFAULT_MODEL, Weights, load
+from export.model import load
+from export.spec import DEFAULT_MODEL, Weights
 
 
 class EmbedRequest(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -9,7 +10,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import orjson
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
@@ -93,8 +93,8 @@ def parse(response: httpx.Response, dtype: str) -> np.ndarray:
 
 def problem(response: httpx.Response) -> dict[str, Any]:
     try:
-        body = orjson.loads(response.content)
-    except orjson.JSONDecodeError:
+        body = json.loads(response.content)
+    except ValueError:
         body = None
     if isinstance(body, dict):
         return body

@@ -8,15 +8,18 @@ import io
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
+from gateway.client.compact import upright
 from gateway.client.dupes import normalise
+from gateway.imaging import orientation
 
 
 def thumbnail(path: Path, size: int = 180) -> str:
     try:
-        with Image.open(path) as image:
-            small = ImageOps.exif_transpose(image).convert("RGB")
+        data = path.read_bytes()
+        with Image.open(io.BytesIO(data)) as image:
+            small = upright(image.convert("RGB"), orientation.of(data))
             small.thumbnail((size, size))
             buffer = io.BytesIO()
             small.save(buffer, "JPEG", quality=80)

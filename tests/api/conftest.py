@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from litestar.testing import TestClient
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from gateway.http.app import create_app
+from gateway.runtime.settings import ServerSettings
 from tests.fakes import FakeBackend
 
 
@@ -18,8 +18,8 @@ def fake() -> FakeBackend:
 
 
 @pytest.fixture
-def settings() -> GatewaySettings:
-    return GatewaySettings(
+def settings() -> ServerSettings:
+    return ServerSettings(
         max_images_per_request=16,
         max_body_bytes=2 << 20,
         max_image_bytes=1 << 20,
@@ -32,7 +32,7 @@ def settings() -> GatewaySettings:
 
 
 @pytest.fixture
-def client(settings: GatewaySettings, fake: FakeBackend) -> Iterator[TestClient]:
+def client(settings: ServerSettings, fake: FakeBackend) -> Iterator[TestClient]:
     app = create_app(settings, lambda *_: fake)
     with TestClient(app) as test_client:
         yield test_client

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from litestar.testing import TestClient
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from gateway.http.app import create_app
+from gateway.runtime.settings import ServerSettings
 from tests import samples
 from tests.fakes import FakeBackend
 
@@ -163,7 +163,7 @@ def test_bad_query_parameter(client: TestClient) -> None:
 def test_backend_failures_map_to_5xx(
     fake: FakeBackend, mode: str, status: int, slug: str, retry_after: str | None
 ) -> None:
-    settings = GatewaySettings(canary_interval_s=0, decode_threads=1, request_timeout_s=0.5)
+    settings = ServerSettings(canary_interval_s=0, decode_threads=1, request_timeout_s=0.5)
     if mode == "slow":
         fake.hold()
     else:

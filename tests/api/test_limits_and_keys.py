@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from gateway.http.app import create_app
+from gateway.runtime.settings import ServerSettings
 from tests import samples
 from tests.controlled import wait_until
 from tests.fakes import FakeBackend
@@ -27,7 +27,7 @@ def files(*images: bytes) -> list[tuple[str, tuple[str, bytes, str]]]:
 
 
 def make_client(fake: FakeBackend, **overrides: object) -> TestClient:
-    settings = GatewaySettings(
+    settings = ServerSettings(
         **{
             "canary_interval_s": 0,
             "decode_threads": 2,
@@ -80,7 +80,7 @@ def test_admission_is_counted_in_images_and_fails_fast(fake: FakeBackend) -> Non
 
 def test_settings_refuse_requests_that_could_never_be_admitted() -> None:
     with pytest.raises(ValueError, match="max_inflight_images"):
-        GatewaySettings(max_images_per_request=10, max_inflight_images=8)
+        ServerSettings(max_images_per_request=10, max_inflight_images=8)
 
 
 def test_request_deadline(fake: FakeBackend) -> None:
@@ -194,7 +194,7 @@ def test_no_security_is_declared_without_keys(client: TestClient) -> None:
 
 
 def test_keys_never_reach_the_settings_repr() -> None:
-    settings = GatewaySettings(api_keys=("s3cret",))
+    settings = ServerSettings(api_keys=("s3cret",))
     assert "s3cret" not in repr(settings) and "s3cret" not in str(settings.model_dump())
 
 

@@ -53,7 +53,7 @@ def test_openapi_documents_both_request_forms_and_all_routes(client: TestClient)
 
 
 def test_shutdown_closes_the_backend(settings, fake: FakeBackend) -> None:
-    from gateway.app import create_app
+    from gateway.http.app import create_app
 
     with TestClient(create_app(settings, lambda *_: fake)) as client:
         assert client.get("/healthz").status_code == 200

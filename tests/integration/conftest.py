@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.launch import GatewayProcess
-from gateway.localtriton import LocalTriton
+from gateway.backend.local import LocalTriton
+from gateway.runtime.processes import GatewayProcess
 from tests.controlled import Control, render_control_repository
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.backend import InferenceBackend
-from gateway.errors import BackendError, BackendTimeout, BackendUnavailable
-from gateway.process import reserve_port
-from gateway.triton_backend import TritonBackend
+from gateway.backend.protocol import InferenceBackend
+from gateway.backend.triton import TritonBackend
+from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
+from gateway.runtime.processes import reserve_port
 from tests.controlled import Control
 from tests.fakes import FakeBackend
 
@@ -105,7 +105,7 @@ def test_fake_and_triton_compute_the_same_function(control_triton) -> None:
 def test_a_failing_model_raises_backend_error(subject: Subject) -> None:
     async def check(backend: InferenceBackend) -> None:
         subject.set("error")
-        with pytest.raises(BackendError, match="failing on purpose"):
+        with pytest.raises(BackendFailed, match="failing on purpose"):
             await backend.infer(PIXELS[:1], deadline=soon())
 
     run(subject, check)

@@ -45,7 +45,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def cli(*args: str, **kwargs: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", *args], cwd=ROOT, text=True,
+        [sys.executable, "-m", "gateway.client.cli", *args], cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs,  # type: ignore[call-overload]
     )  # fmt: skip
 

@@ -16,9 +16,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from export import parity
 from export.build import ensure_exported
-from export.model import Weights, load
-from gateway.contract import INPUT_NAME, OUTPUT_NAME
-from gateway.repository import PROFILES, RepositorySettings, render
+from export.model import load
+from export.spec import Weights
+from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME
+from gateway.backend.repository import render
+from gateway.runtime.settings import PROFILES, RepositorySettings
 from tests import reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +97,7 @@ def test_a_cache_hit_reuses_the_export_and_keys_on_weights(exported) -> None:
     assert again.directory == exported.directory
     assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == before  # nothing rewritten
     assert exported.manifest["weights"]["id"] == "random:0"
-    from export.build import cache_key
+    from export.spec import cache_key
 
     assert cache_key("ViT-B-32", Weights.random(0), True) != cache_key(
         "ViT-B-32", Weights.random(1), True

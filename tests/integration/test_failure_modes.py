@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.launch import GatewayProcess
-from gateway.localtriton import LocalTriton
+from gateway.backend.local import LocalTriton
+from gateway.runtime.processes import GatewayProcess
 from tests import samples
 from tests.controlled import wait_until
 

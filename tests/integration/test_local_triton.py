@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from gateway.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.localtriton import LocalTriton
+from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
+from gateway.backend.local import LocalTriton
 from tests import reference
 
 #: Triton's answer vs open_clip's model on the same uint8 pixels (tests/reference.py); the

@@ -21,9 +21,8 @@ import pytest
 from oteltest.sink import HttpSink
 from oteltest.sink.handler import RequestHandler
 
-from gateway.launch import GatewayProcess
-from gateway.localtriton import LocalTriton, otel_trace_args
-from gateway.process import reserve_port
+from gateway.backend.local import LocalTriton, otel_trace_args
+from gateway.runtime.processes import GatewayProcess, reserve_port
 from tests import samples
 from tests.metrics import sample, sample_or_zero
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admission import ImageBudget
-from gateway.errors import Overloaded, PayloadTooLarge
-from gateway.metrics import Metrics
+from gateway.errors import LimitExceeded, Overloaded
+from gateway.observability.metrics import Metrics
+from gateway.pipeline.admission import ImageBudget
 
 
 def test_budget_admits_until_full_and_releases_on_exit() -> None:
@@ -30,5 +30,5 @@ def test_release_happens_when_the_work_fails() -> None:
 
 
 def test_larger_than_capacity_can_never_fit() -> None:
-    with pytest.raises(PayloadTooLarge, match="never fit"), ImageBudget(4, Metrics()).admit(5):
+    with pytest.raises(LimitExceeded, match="never fit"), ImageBudget(4, Metrics()).admit(5):
         pass

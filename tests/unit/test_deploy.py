@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import kubernetes_validate
@@ -10,22 +11,20 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from gateway.entrypoint import EntrypointSettings
-from gateway.metrics import Metrics
-from gateway.repository import RepositorySettings
-from gateway.routes import ROUTES
-from gateway.settings import GatewaySettings
+from gateway.http.routes import ROUTES
+from gateway.observability.metrics import Metrics
+from gateway.runtime.settings import LaunchSettings, RepositorySettings, ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-SETTINGS = (GatewaySettings, RepositorySettings, EntrypointSettings)
+SETTINGS = (ServerSettings, RepositorySettings, LaunchSettings)
 KNOWN_ENV = {
     f"{cls.model_config['env_prefix']}{name}".upper()
     for cls in SETTINGS
     for name in cls.model_fields
 }
 ROUTE_PATHS = {path for handler in ROUTES for path in handler.paths}
-PORT = GatewaySettings().port
+PORT = ServerSettings().port
 
 
 def kustomize() -> list[dict]:
@@ -110,7 +109,9 @@ def test_dockerfile() -> None:
     (healthcheck,) = values("HEALTHCHECK")
     assert f"127.0.0.1:{PORT}/healthz" in healthcheck
     (entrypoint,) = values("ENTRYPOINT")
-    assert "gateway.entrypoint" in entrypoint
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "clip-gateway-entrypoint" in entrypoint
+    assert scripts["clip-gateway-entrypoint"] == "gateway.runtime.supervisor:main"
     assert any("/var/cache/clip-gateway" in v for v in values("VOLUME"))
     for name in re.findall(r"\b(GATEWAY_[A-Z_]+)=", " ".join(values("ENV"))):
         assert name in KNOWN_ENV, name

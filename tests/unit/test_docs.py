@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.repository import RepositorySettings
-from gateway.settings import GatewaySettings
+from gateway.runtime.settings import LaunchSettings, RepositorySettings, ServerSettings
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def test_every_gateway_setting_is_documented() -> None:
     missing = [
-        name for name in GatewaySettings.model_fields if f"GATEWAY_{name.upper()}" not in README
+        name for name in ServerSettings.model_fields if f"GATEWAY_{name.upper()}" not in README
     ]
     assert not missing
 
@@ -29,10 +28,8 @@ def test_readme_states_the_two_commands() -> None:
     assert "make test" in README
 
 
-def test_every_entrypoint_setting_is_documented() -> None:
-    from gateway.entrypoint import EntrypointSettings
-
+def test_every_launch_setting_is_documented() -> None:
     missing = [
-        name for name in EntrypointSettings.model_fields if f"GATEWAY_{name.upper()}" not in README
+        name for name in LaunchSettings.model_fields if f"GATEWAY_{name.upper()}" not in README
     ]
     assert not missing

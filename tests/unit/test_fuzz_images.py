@@ -1,6 +1,6 @@
 """Fuzz the decode/preprocess path: damaged files of every accepted format, bounded in time.
 
-Whatever the bytes, ``preprocess`` returns or raises a GatewayError (a 4xx): never another
+Whatever the bytes, ``preprocess`` returns or raises a EmbeddingError (a 4xx): never another
 exception type (a 500), never a crash, never a hang (hypothesis' deadline bounds each example).
 """
 
@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.photos import jpeg, photo
-from gateway.errors import GatewayError
-from gateway.images import ImageOptions, preprocess
+from gateway.errors import EmbeddingError
+from gateway.http.problems import problem_of
+from gateway.imaging.preprocess import ImageOptions, preprocess
 from tests import samples
 
 OPTIONS = ImageOptions(size=224, max_pixels=20_000_000, max_bytes=8 << 20)
@@ -62,8 +63,8 @@ def test_damaged_images_fail_cleanly(kind: str) -> None:
         status = 200
         try:
             preprocess(data, out, OPTIONS)
-        except GatewayError as exc:
-            status = exc.status
+        except EmbeddingError as exc:
+            status = problem_of(exc).status
         assert 200 <= status < 500
 
     check()

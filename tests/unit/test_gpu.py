@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway import gpu
-from gateway.entrypoint import EntrypointSettings, worker_plan
+from gateway.runtime import calibrate
+from gateway.runtime import profiles as gpu
+from gateway.runtime.plan import WorkerPlan, worker_plan
+from gateway.runtime.settings import LaunchSettings, RepositorySettings
 
 
 def card(name: str, cc: tuple[int, int] = (8, 6)) -> gpu.GpuInfo:
@@ -41,7 +43,7 @@ def test_detect_answers_on_any_host() -> None:
     assert found is None or (found.name and found.memory_gib > 0)
 
 
-def fake_timer(cuda_max: float, trt_max: float) -> gpu.Timer:
+def fake_timer(cuda_max: float, trt_max: float) -> calibrate.Timer:
     calls: list[str] = []
 
     def timer(profile: gpu.Profile) -> dict[str, float]:
@@ -75,8 +77,8 @@ def test_calibration_measures_once_then_is_reused(
     assert again[0] == winner and "earlier" in again[1]
     assert timer.calls == ["cuda", "tensorrt"]  # type: ignore[attr-defined]  # not re-measured
     # another model file or another GPU: the record does not apply
-    assert gpu.recorded(record, a4000, "other-model") is None
-    assert gpu.recorded(record, card("NVIDIA A100"), "m") is None
+    assert calibrate.recorded(record, a4000.name, "other-model") is None
+    assert calibrate.recorded(record, "NVIDIA A100", "m") is None
 
 
 def test_without_calibration_the_table_decides(tmp_path: Path) -> None:
@@ -95,21 +97,23 @@ def test_without_calibration_the_table_decides(tmp_path: Path) -> None:
     ],
 )
 def test_worker_plan(cpus: int, workers: int, threads: int, plan: tuple[int, int]) -> None:
-    assert worker_plan(cpus, workers, threads) == plan
+    assert worker_plan(cpus, workers, threads) == WorkerPlan(*plan)
 
 
-def test_entrypoint_settings_share_the_triton_profile_variable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_one_profile_setting_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "cuda")
     monkeypatch.setenv("GATEWAY_CALIBRATE", "true")
-    settings = EntrypointSettings()
-    assert (settings.triton_profile, settings.calibrate) == ("cuda", True)
+    assert RepositorySettings().profile == "cuda"
+    assert LaunchSettings().calibrate
 
 
-def test_auto_in_the_environment_does_not_break_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The entrypoint resolves `auto` and passes the profile explicitly; env must not win."""
-    from gateway.repository import RepositorySettings
+def test_auto_is_resolved_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The launcher resolves `auto` and renders with a concrete profile; rendering `auto`
+    is refused rather than guessed."""
+    from gateway.backend.repository import render_config
 
     monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "auto")
-    assert RepositorySettings(profile="tensorrt").profile == "tensorrt"
+    chosen = RepositorySettings().model_copy(update={"profile": "tensorrt"})
+    assert render_config(chosen, 224, 512).backend == "onnxruntime"
+    with pytest.raises(ValueError, match="auto"):
+        render_config(RepositorySettings(), 224, 512)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from gateway import images
-from gateway.errors import ImageTooLarge, InvalidImage, PayloadTooLarge, UnsupportedMediaType
+from gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
+from gateway.imaging import preprocess as images
 from tests import samples
 
 OPTIONS = images.ImageOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
@@ -63,7 +63,7 @@ def test_sniff_supported(data: bytes, kind: str) -> None:
     ids=["gif", "bmp", "tiff", "heic"],
 )
 def test_known_but_unsupported_formats_are_415(data: bytes) -> None:
-    with pytest.raises(UnsupportedMediaType):
+    with pytest.raises(UnsupportedFormat):
         images.sniff(data)
 
 
@@ -113,7 +113,7 @@ def test_header_pixel_limit_comes_before_decoding() -> None:
 
 
 def test_byte_limit() -> None:
-    with pytest.raises(PayloadTooLarge):
+    with pytest.raises(LimitExceeded):
         run(samples.compact(0), images.ImageOptions(224, 10**8, max_bytes=1000))
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bench.photos import jpeg as encode_jpeg
 from bench.photos import photo
-from gateway import jpeg
+from gateway.imaging import jpeg
 from tests import samples
 
 
@@ -86,8 +86,12 @@ def test_cut_never_crashes_on_damaged_streams(data: st.DataObject) -> None:
 
 
 def test_exif_segment_found_without_parsing_the_rest() -> None:
-    segment = jpeg.exif_segment(samples.oriented_jpeg(6))
-    assert segment is not None and segment.startswith(b"Exif\x00\x00")
+    data = samples.oriented_jpeg(6)
+    found = jpeg.exif_segment(data)
+    assert found is not None
+    start, end = found
+    assert data[start : start + 6] == b"Exif\x00\x00"
+    assert int.from_bytes(data[start - 2 : start], "big") == end - start + 2  # the APP1 length
     assert jpeg.exif_segment(samples.compact(0)) is None  # no APP1 Exif at all
     assert jpeg.exif_segment(samples.oriented_jpeg(6)[:30]) is None  # cut inside it
     assert jpeg.exif_segment(b"\xff\xd8") is None

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway import parsing
-from gateway.errors import InvalidRequest, PayloadTooLarge, UnprocessableRequest
+from gateway.errors import InvalidFields, LimitExceeded, MalformedRequest
+from gateway.http import parsing
 
 BOUNDARY = "b0undary"
 
@@ -55,24 +55,24 @@ def test_multipart_keeps_arrival_order_and_reads_options(chunk: int) -> None:
 
 
 def test_multipart_limits() -> None:
-    with pytest.raises(PayloadTooLarge) as too_big:
+    with pytest.raises(LimitExceeded) as too_big:
         parse(body([("image", b"ok", "a"), ("image", b"x" * 2000, "b")]))
     assert too_big.value.index == 1
-    with pytest.raises(PayloadTooLarge):
+    with pytest.raises(LimitExceeded):
         parse(body([("image", b"x", str(i)) for i in range(9)]), max_images=8)
-    with pytest.raises(InvalidRequest, match="no images"):
+    with pytest.raises(MalformedRequest, match="no images"):
         parse(body([("model", b"ViT-B-32", None)]))
 
 
 def test_multipart_bad_option_values() -> None:
-    with pytest.raises(InvalidRequest, match="normalize"):
+    with pytest.raises(MalformedRequest, match="normalize"):
         parse(body([("image", b"x", "a"), ("normalize", b"maybe", None)]))
-    with pytest.raises(InvalidRequest, match="encoding_format"):
+    with pytest.raises(MalformedRequest, match="encoding_format"):
         parse(body([("image", b"x", "a"), ("encoding_format", b"hex", None)]))
 
 
 def test_multipart_malformed() -> None:
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(MalformedRequest):
         parse(f"--{BOUNDARY}\r\nbroken".encode())
 
 
@@ -88,11 +88,11 @@ def test_json_forms() -> None:
 @pytest.mark.parametrize(
     ("raw", "error"),
     [
-        (b'{"input": ', InvalidRequest),
-        (b'{"input": 1}', UnprocessableRequest),
-        (b"{}", UnprocessableRequest),
-        (b'{"input": []}', InvalidRequest),
-        (b'{"input": ["a","b","c","d","e"]}', PayloadTooLarge),
+        (b'{"input": ', MalformedRequest),
+        (b'{"input": 1}', InvalidFields),
+        (b"{}", InvalidFields),
+        (b'{"input": []}', MalformedRequest),
+        (b'{"input": ["a","b","c","d","e"]}', LimitExceeded),
     ],
 )
 def test_json_errors(raw: bytes, error: type[Exception]) -> None:

@@ -8,8 +8,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.repository import PROFILES, RepositorySettings, render_config
+from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
+from gateway.backend.repository import render_config
+from gateway.runtime.settings import PROFILES, RepositorySettings
 
 # The TensorRT-accelerator keys the onnxruntime backend understands (README "Parameter mapping"
 # table and the key checks in src/onnxruntime.cc of triton-inference-server/onnxruntime_backend).

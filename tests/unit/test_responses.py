@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway import responses
-from gateway.decoding import item_bytes
 from gateway.errors import InvalidImage
+from gateway.http import encoding as responses
+from gateway.pipeline.batching import item_bytes
 
 VECTORS = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
 

@@ -12,12 +12,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import telemetry
-from gateway.app import create_app
-from gateway.localtriton import otel_trace_args, otlp_traces_url
-from gateway.logs import logging_config
-from gateway.metrics import Metrics
-from gateway.settings import GatewaySettings
+from gateway.backend.local import otel_trace_args, otlp_traces_url
+from gateway.http.app import create_app
+from gateway.observability import tracing as telemetry
+from gateway.observability.logs import logging_config
+from gateway.observability.metrics import Metrics
+from gateway.runtime.settings import ServerSettings
 from tests.fakes import FakeBackend
 
 
@@ -39,7 +39,7 @@ def test_tracing_switch(mode: str, env: dict[str, str], wanted: bool) -> None:
 def test_off_means_no_tracing_middleware_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
-    app = create_app(GatewaySettings(), lambda *_: FakeBackend())
+    app = create_app(ServerSettings(), lambda *_: FakeBackend())
     names = [type(m).__name__ + getattr(m, "middleware", type(m)).__name__ for m in app.middleware]
     assert not any("OpenTelemetry" in n for n in names)
     assert app.state.telemetry.enabled is False
@@ -138,5 +138,5 @@ def test_json_logs_carry_extras(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_shared_memory_only_where_triton_shares_the_host(mode: str, url: str, regions: int) -> None:
-    settings = GatewaySettings(triton_shared_memory=mode, triton_url=url)
+    settings = ServerSettings(triton_shared_memory=mode, triton_url=url)
     assert settings.shared_memory_regions == regions

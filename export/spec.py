@@ -1,0 +1,124 @@
+"""What an export is and where it lives, without torch: weights specs, the cache layout, the
+manifest. The serving side reads this to find (or ask for) a model; only ``python -m export``, in
+a process of its own, imports torch to build one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+DEFAULT_MODEL = "ViT-B-32"
+DEFAULT_PRETRAINED = "laion2b_s34b_b79k"
+
+
+class WeightsUnavailableError(RuntimeError):
+    """Pretrained weights could not be fetched or a checkpoint could not be read."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Which weights to load: an open_clip pretrained tag, a checkpoint file, or a random seed."""
+
+    kind: Literal["pretrained", "checkpoint", "random"]
+    value: str
+
+    @classmethod
+    def pretrained(cls, tag: str = DEFAULT_PRETRAINED) -> Weights:
+        return cls("pretrained", tag)
+
+    @classmethod
+    def checkpoint(cls, path: str | Path) -> Weights:
+        return cls("checkpoint", str(Path(path).resolve()))
+
+    @classmethod
+    def random(cls, seed: int = 0) -> Weights:
+        return cls("random", str(seed))
+
+    def cache_id(self) -> str:
+        """A string that changes whenever the weights do (checkpoints are hashed by content)."""
+        if self.kind == "checkpoint":
+            if not Path(self.value).is_file():
+                raise WeightsUnavailableError(f"checkpoint file not found: {self.value}")
+            digest = hashlib.sha256()
+            with open(self.value, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            return f"checkpoint:{digest.hexdigest()}"
+        return f"{self.kind}:{self.value}"
+
+    def describe(self) -> str:
+        return {"pretrained": "pretrained ", "checkpoint": "checkpoint ", "random": "random seed "}[
+            self.kind
+        ] + self.value
+
+
+def weights_from_spec(spec: str) -> Weights:
+    """``random`` / ``random:SEED`` / a path to a checkpoint file / an open_clip pretrained tag."""
+    if spec == "random" or spec.startswith("random:"):
+        return Weights.random(int(spec.partition(":")[2] or 0))
+    if "/" in spec or spec.endswith((".bin", ".pt", ".pth", ".safetensors")):
+        return Weights.checkpoint(spec)
+    return Weights.pretrained(spec)
+
+
+MANIFEST = "manifest.json"
+FP32_FILE = "model.onnx"
+FP16_FILE = "model_fp16.onnx"
+# Sources whose text decides the exported bytes: a change to any of them is a new cache entry.
+_VERSIONED_SOURCES = (
+    "export/model.py",
+    "export/onnx_export.py",
+    "gateway/backend/contract.py",
+)
+
+
+def default_cache_dir() -> Path:
+    if explicit := os.environ.get("CLIP_GATEWAY_CACHE"):
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "clip-gateway"
+
+
+def export_code_version() -> str:
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for rel in _VERSIONED_SOURCES:
+        digest.update((root / rel).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """A finished export: its directory, the two ONNX files and what was recorded about them."""
+
+    directory: Path
+    manifest: dict[str, Any]
+
+    @property
+    def fp32(self) -> Path:
+        return self.directory / FP32_FILE
+
+    @property
+    def fp16(self) -> Path | None:
+        path = self.directory / FP16_FILE
+        return path if path.exists() else None
+
+    @classmethod
+    def open(cls, directory: Path) -> ExportedModel:
+        return cls(directory, json.loads((directory / MANIFEST).read_text()))
+
+
+def cache_key(model_name: str, weights: Weights, fp16: bool) -> str:
+    material = json.dumps(
+        [model_name, weights.cache_id(), export_code_version(), fp16], separators=(",", ":")
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
+
+
+def cache_entry(model_name: str, weights: Weights, cache_dir: Path, *, fp16: bool = True) -> Path:
+    """The directory an export of these inputs lives in (complete once it has a manifest)."""
+    return cache_dir / "models" / f"{model_name}-{cache_key(model_name, weights, fp16)}"

@@ -1,0 +1,1 @@
+"""The HTTP edge: app, routes, request/response types, API keys, the error map, OpenAPI."""

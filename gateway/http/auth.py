@@ -1,0 +1,53 @@
+"""Optional API keys: Bearer tokens on every route but the probes, compared in constant time,
+never logged."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+
+from gateway.http.problems import Unauthorized
+from gateway.runtime.settings import ServerSettings
+
+#: Route ``opt`` key: the route answers without a key (liveness and readiness probes).
+PUBLIC = "public"
+
+
+def load_api_keys(settings: ServerSettings) -> tuple[bytes, ...]:
+    """Keys from GATEWAY_API_KEYS and GATEWAY_API_KEYS_FILE (one per line, # comments)."""
+    keys = [key.get_secret_value() for key in settings.api_keys]
+    if settings.api_keys_file is not None:
+        for line in settings.api_keys_file.read_text().splitlines():
+            key = line.split("#", 1)[0].strip()
+            if key:
+                keys.append(key)
+    return tuple(key.encode() for key in keys if key)
+
+
+def matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Compare against every key, without stopping early, so timing reveals nothing."""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(presented, key)
+    return found
+
+
+async def require_api_key(
+    connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
+    """App-wide Litestar guard: with keys configured, every route but the probes (``PUBLIC``)
+    needs one: the API, /metrics (request counts and timings) and /docs alike.
+
+    A coroutine on purpose: Litestar runs a plain-function guard in a worker thread, which cost
+    every request a thread hop (and the soak run saw the loop's default pool grow for it)."""
+    keys: tuple[bytes, ...] = connection.app.state.api_keys
+    if not keys or handler.opt.get(PUBLIC):
+        return
+    scheme, _sep, token = connection.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("this gateway needs an API key: send `Authorization: Bearer <key>`")
+    if not matches(token.strip().encode(), keys):
+        raise Unauthorized("API key not accepted")

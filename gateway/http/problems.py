@@ -1,0 +1,145 @@
+"""The one map from error kinds to HTTP: status, RFC 9457 type and title, headers.
+
+Looked up along the class hierarchy, so a subclass inherits its parent's row unless it has one.
+Routes never catch anything; Litestar's exception handlers call ``respond`` (ours) or render its
+own HTTP errors the same way. A 500 never carries the exception's text.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from gateway import errors
+
+log = logging.getLogger("gateway")
+
+PROBLEM_BASE = "https://clip-gateway.dev/problems/"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class Unauthorized(errors.EmbeddingError):
+    """No API key, or one that is not accepted (an edge concern: the pipeline never sees it)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    status: int
+    slug: str
+    title: str
+
+    @property
+    def type(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+PROBLEMS: dict[type[Exception], Problem] = {
+    errors.MalformedRequest: Problem(400, "invalid-request", "Invalid request"),
+    Unauthorized: Problem(401, "unauthorized", "Missing or invalid API key"),
+    errors.UnknownModel: Problem(404, "unknown-model", "Unknown model"),
+    errors.BodyTooSlow: Problem(408, "request-timeout", "Request body too slow"),
+    errors.LimitExceeded: Problem(413, "payload-too-large", "Request too large"),
+    errors.UnsupportedFormat: Problem(415, "unsupported-media-type", "Unsupported media type"),
+    errors.InvalidFields: Problem(
+        422, "unprocessable-request", "Request does not match the schema"
+    ),
+    errors.InvalidImage: Problem(422, "invalid-image", "Invalid image"),
+    errors.ImageTooLarge: Problem(422, "image-too-large", "Image too large to decode"),
+    errors.Overloaded: Problem(429, "overloaded", "Too much work in flight"),
+    errors.ClientGone: Problem(499, "client-closed-request", "Client closed the request"),
+    errors.BackendFailed: Problem(502, "backend-error", "Inference backend failed"),
+    errors.BackendUnavailable: Problem(503, "backend-unavailable", "Inference backend unavailable"),
+    errors.BackendTimeout: Problem(504, "backend-timeout", "Inference backend timed out"),
+    errors.DeadlineExceeded: Problem(504, "deadline-exceeded", "Request deadline exceeded"),
+    errors.EmbeddingError: Problem(500, "internal", "Internal error"),
+}
+#: Litestar's own HTTP errors (body too large, bad query parameter, ...): their reason slugs.
+HTTP_SLUGS = {
+    400: "invalid-request",
+    404: "not-found",
+    405: "method-not-allowed",
+    413: "payload-too-large",
+}
+#: Statuses whose answer says when to try again, and the wait when the error does not say.
+DEFAULT_RETRY_AFTER = {429: 1.0, 503: 2.0}
+
+
+def problem_of(exc: errors.EmbeddingError) -> Problem:
+    for kind in type(exc).__mro__:
+        if kind in PROBLEMS:
+            return PROBLEMS[kind]
+    raise LookupError(type(exc))  # unreachable: EmbeddingError has a row
+
+
+def document(exc: errors.EmbeddingError) -> dict[str, Any]:
+    """The RFC 9457 body: type, title, status, detail, the item's index and extra facts."""
+    problem = problem_of(exc)
+    body: dict[str, Any] = {
+        "type": problem.type,
+        "title": problem.title,
+        "status": problem.status,
+        "detail": exc.reason,
+    }
+    if exc.index is not None:
+        body["index"] = exc.index
+    body.update(exc.extra)
+    return body
+
+
+def headers_of(exc: errors.EmbeddingError) -> dict[str, str]:
+    problem = problem_of(exc)
+    headers: dict[str, str] = {}
+    wait = (
+        exc.retry_after if exc.retry_after is not None else DEFAULT_RETRY_AFTER.get(problem.status)
+    )
+    if wait is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))  # delta-seconds: an integer
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="clip-gateway"'
+    return headers
+
+
+def respond(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar exception handler for our errors and Litestar's HTTP errors; counted by reason."""
+    if isinstance(exc, errors.EmbeddingError):
+        body, headers, slug = document(exc), headers_of(exc), problem_of(exc).slug
+    else:
+        assert isinstance(exc, HTTPException)
+        slug = HTTP_SLUGS.get(exc.status_code, f"http-{exc.status_code}")
+        body = {
+            "type": PROBLEM_BASE + slug,
+            "title": _reason_phrase(exc.status_code),
+            "status": exc.status_code,
+            "detail": exc.detail,
+            **(exc.extra if isinstance(exc.extra, dict) else {}),
+        }
+        headers = dict(exc.headers or {})
+    request.app.state.metrics.rejected.labels(slug).inc()
+    return Response(
+        body, status_code=body["status"], headers=headers, media_type=PROBLEM_MEDIA_TYPE
+    )
+
+
+def internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Anything not raised on purpose: log it, answer 500 without leaking its text."""
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    request.app.state.metrics.rejected.labels("internal").inc()
+    return Response(
+        {"type": "about:blank", "title": "Internal Server Error", "status": 500},
+        status_code=500,
+        media_type=PROBLEM_MEDIA_TYPE,
+    )
+
+
+def _reason_phrase(status: int) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"

@@ -1,0 +1,263 @@
+"""HTTP routes: parse, call the pipeline, serialise. No try/except: errors raised anywhere
+below go to the one error map (http/problems.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
+
+import httpx
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.datastructures import State
+from litestar.exceptions import NotFoundException
+from litestar.params import QueryParameter
+from opentelemetry.trace import Tracer
+
+from gateway.errors import (
+    BackendUnavailable,
+    BodyTooSlow,
+    ClientGone,
+    MalformedRequest,
+    UnknownModel,
+    UnsupportedFormat,
+)
+from gateway.http import encoding, parsing
+from gateway.http.auth import PUBLIC
+from gateway.http.docs import PROTECTED, EmbeddingsOperation
+from gateway.http.schemas import BinaryDtype, Health, ModelCard, ModelList
+from gateway.pipeline.canary import Canary
+from gateway.pipeline.service import Embeddings, EmbeddingService
+from gateway.runtime.settings import ServerSettings
+
+JSON = "application/json"
+T = TypeVar("T")
+
+
+async def read_request(
+    request: Request[Any, Any, Any], settings: ServerSettings
+) -> parsing.ParsedRequest:
+    media_type, options = request.content_type
+    if media_type == "multipart/form-data":
+        if not options.get("boundary"):
+            raise MalformedRequest("multipart/form-data without a boundary parameter")
+        return await parsing.parse_multipart(
+            request.stream(),
+            options["boundary"],
+            max_images=settings.max_images_per_request,
+            max_image_bytes=settings.max_image_bytes,
+        )
+    if media_type == JSON:
+        return parsing.parse_json(await request.body(), settings.max_images_per_request)
+    raise UnsupportedFormat(
+        f"Content-Type {media_type or '(none)'} is not accepted; send multipart/form-data "
+        "with image parts, or application/json in the OpenAI embeddings shape"
+    )
+
+
+@post(
+    "/v1/embeddings",
+    operation_class=EmbeddingsOperation,
+    summary="Embed images",
+    tags=["embeddings"],
+    status_code=200,
+    responses=PROTECTED,
+)
+async def create_embeddings(
+    request: Request[Any, Any, Any],
+    state: State,
+    dtype: Annotated[
+        BinaryDtype,
+        QueryParameter(description="Element type of the binary (octet-stream) response."),
+    ] = "float32",
+    normalize: Annotated[
+        bool | None, QueryParameter(description="false: raw, not unit-length, embeddings.")
+    ] = None,
+    skip_invalid: Annotated[
+        bool | None,
+        QueryParameter(description="true: embed the good images, list the bad in `errors`."),
+    ] = None,
+) -> Response[bytes]:
+    """Embed a batch of images given as multipart parts or base64 strings in OpenAI's JSON shape.
+
+    Query parameters apply to both forms; a body or form field of the same name wins.
+    """
+    settings: ServerSettings = state.settings
+    service: EmbeddingService = state.service
+    tracer: Tracer = state.telemetry.tracer
+    with tracer.start_as_current_span("receive") as span:
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                parsed = await read_request(request, settings)
+        except TimeoutError as exc:
+            raise BodyTooSlow(
+                f"request body not received within {settings.body_timeout_s:g} s"
+            ) from exc
+        span.set_attributes(
+            {"images": len(parsed.items), "http.request.body.size": request.content_length or 0}
+        )
+    request.state.images = len(parsed.items)
+    if not settings.accepts_model(parsed.model):
+        raise UnknownModel(f"model {parsed.model!r} is not served here; use {settings.model_id!r}")
+    unit = _first(parsed.normalize, normalize, True)
+    skip = _first(parsed.skip_invalid, skip_invalid, False)
+    result = await unless_disconnected(
+        request, service.embed(parsed.items, normalize=unit, skip_invalid=skip)
+    )
+    return encode(request, tracer, settings, result, parsed, dtype, skip)
+
+
+def encode(
+    request: Request[Any, Any, Any],
+    tracer: Tracer,
+    settings: ServerSettings,
+    result: Embeddings,
+    parsed: parsing.ParsedRequest,
+    dtype: BinaryDtype,
+    skip: bool,
+) -> Response[bytes]:
+    timing = {"Server-Timing": encoding.server_timing(result)}
+    binary = request.accept.best_match([JSON, encoding.BINARY_MEDIA_TYPE], JSON) != JSON
+    with tracer.start_as_current_span("encode", attributes={"binary": binary}):
+        if not binary:
+            body = encoding.openai_json(
+                result.vectors,
+                settings.model_id,
+                parsed.encoding_format or "float",
+                indices=result.indices,
+                errors=result.errors if skip else None,
+            )
+            return Response(body, media_type=JSON, headers=timing)
+        raw, headers = encoding.binary(
+            result.vectors,
+            dtype,
+            indices=result.indices if skip else None,
+            failed=[int(e.index or 0) for e in result.errors] if skip else None,
+        )
+        return Response(raw, media_type=encoding.BINARY_MEDIA_TYPE, headers=headers | timing)
+
+
+def _first(*values: bool | None) -> bool:
+    return next(v for v in values if v is not None)
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # let it unwind: admission budget released, gRPC call cancelled
+    raise ClientGone("client disconnected; its pending work was cancelled")
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    # The body has been read: the next ASGI message is the disconnect (or never comes).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@get(
+    "/healthz",
+    tags=["health"],
+    summary="Liveness: the process answers (never calls Triton)",
+    opt={PUBLIC: True},
+    security=[{}],
+)
+async def healthz() -> Health:
+    return Health("ok")
+
+
+@get(
+    "/readyz",
+    tags=["health"],
+    summary="Readiness: model READY in Triton and the canary passes",
+    opt={PUBLIC: True},
+    security=[{}],
+    responses={503: PROTECTED[503]},
+)
+async def readyz(state: State) -> Health:
+    service: EmbeddingService = state.service
+    canary: Canary = state.canary
+    if not await service.ready():
+        raise BackendUnavailable("model is not ready")
+    if not canary.healthy():
+        detail = canary.last.detail if canary.last else "canary has not run yet"
+        raise BackendUnavailable(f"canary check failing: {detail}")
+    return Health("ready", canary.last.detail if canary.last else "disabled")
+
+
+@get(
+    "/v1/models",
+    tags=["models"],
+    summary="The served model (OpenAI list shape)",
+    responses={401: PROTECTED[401]},
+)
+async def list_models(state: State) -> ModelList:
+    settings: ServerSettings = state.settings
+    service: EmbeddingService = state.service
+    card = ModelCard(
+        id=settings.model_id,
+        object="model",
+        created=0,
+        owned_by="clip-gateway",
+        aliases=list(settings.model_aliases),
+        ready=False,
+    )
+    try:
+        info = await service.model_info()
+    except BackendUnavailable:
+        return ModelList("list", [card])
+    ready = msgspec.structs.replace(
+        card, ready=True, embed_dim=info.embed_dim, image_size=info.image_size
+    )
+    return ModelList("list", [ready])
+
+
+@get(
+    "/metrics",
+    tags=["observability"],
+    summary="Prometheus metrics (OpenMetrics with trace exemplars when asked for)",
+    media_type="text/plain",
+    responses={401: PROTECTED[401]},
+)
+async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    openmetrics = "application/openmetrics-text" in (request.headers.get("accept") or "")
+    body, content_type = state.metrics.render(openmetrics)
+    return Response(body, headers={"Content-Type": content_type})
+
+
+@get(
+    "/metrics/triton",
+    tags=["observability"],
+    summary="Triton's own Prometheus metrics, re-exposed from its loopback port",
+    media_type="text/plain",
+    responses={401: PROTECTED[401], 404: PROTECTED[404], 503: PROTECTED[503]},
+)
+async def triton_metrics(state: State) -> Response[bytes]:
+    settings: ServerSettings = state.settings
+    if not settings.triton_metrics_url:
+        raise NotFoundException("GATEWAY_TRITON_METRICS_URL is not set")
+    try:
+        upstream = await state.http.get(settings.triton_metrics_url)
+    except httpx.HTTPError as exc:
+        raise BackendUnavailable(f"Triton metrics unreachable: {exc}") from exc
+    return Response(
+        upstream.content,
+        status_code=upstream.status_code,
+        headers={"Content-Type": upstream.headers.get("content-type", "text/plain")},
+    )
+
+
+ROUTES = [create_embeddings, healthz, readyz, list_models, metrics, triton_metrics]

@@ -1,0 +1,1 @@
+"""Image bytes to model input: JPEG walking and scaled decoding, preprocessing, orientation."""

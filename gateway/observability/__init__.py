@@ -1,0 +1,1 @@
+"""Metrics, tracing, logs and the per-request access middleware."""

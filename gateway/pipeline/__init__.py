@@ -1,0 +1,1 @@
+"""The embedding pipeline (no HTTP): items, admission, batch decoding, the service, the canary."""

@@ -1,0 +1,111 @@
+"""A request's images decoded in the thread pool into one uint8 batch, with spans and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+from opentelemetry.trace import Span, Tracer
+
+from gateway.errors import EmbeddingError, InvalidImage
+from gateway.imaging.preprocess import Decoded, ImageOptions, preprocess
+from gateway.observability.metrics import Metrics
+from gateway.observability.tracing import record_span
+from gateway.pipeline.items import ImageItem, item_bytes
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    pixels: np.ndarray  # uint8 [n_ok, S, S, 3]
+    indices: tuple[int, ...]  # the request index of each row
+    decoded: tuple[Decoded, ...]
+    errors: tuple[EmbeddingError, ...]  # per-item failures (skip mode), each with its index
+
+
+@dataclass(frozen=True)
+class _Timed:
+    decoded: Decoded
+    start_ns: int
+    end_ns: int
+
+
+class BatchDecoder:
+    """One pool task per image (threads really run in parallel: the decoders release the GIL)."""
+
+    def __init__(self, pool: Executor, tracer: Tracer, metrics: Metrics) -> None:
+        self._pool = pool
+        self._tracer = tracer
+        self._metrics = metrics
+
+    async def decode(
+        self, items: Sequence[ImageItem], options: ImageOptions, *, skip_invalid: bool
+    ) -> DecodedBatch:
+        """All items, or raise the first bad one's error; with ``skip_invalid`` keep the good."""
+        size = options.size
+        batch = np.empty((len(items), size, size, 3), dtype=np.uint8)
+        with self._tracer.start_as_current_span("preprocess") as span:
+            loop = asyncio.get_running_loop()
+            submitted = time.time_ns()
+            tasks = [
+                loop.run_in_executor(self._pool, _decode_one, item, batch[i], options)
+                for i, item in enumerate(items)
+            ]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            good: list[tuple[int, _Timed]] = []
+            errors: list[EmbeddingError] = []
+            for index, result in enumerate(results):
+                if isinstance(result, EmbeddingError):
+                    result.index = index
+                    errors.append(result)
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    good.append((index, result))
+            if errors and not skip_invalid:
+                raise errors[0]
+            if good:
+                self._observe(span, submitted, [t for _, t in good])
+            span.set_attribute("images.failed", len(errors))
+        indices = tuple(i for i, _ in good)
+        pixels = batch if len(indices) == len(items) else batch[list(indices)]
+        return DecodedBatch(pixels, indices, tuple(t.decoded for _, t in good), tuple(errors))
+
+    def _observe(self, span: Span, submitted: int, timed: list[_Timed]) -> None:
+        first_start = min(t.start_ns for t in timed)
+        span.set_attributes(
+            {
+                "images": len(timed),
+                "image.bytes": sum(t.decoded.encoded_bytes for t in timed),
+                "image.source_pixels": sum(t.decoded.width * t.decoded.height for t in timed),
+                "image.decoded_pixels": sum(t.decoded.decoded_pixels for t in timed),
+                "image.formats": sorted({t.decoded.format for t in timed}),
+            }
+        )
+        # Spans for what happened in worker threads, laid out from their own clocks.
+        wait_max_ms = (max(t.start_ns for t in timed) - submitted) / 1e6
+        record_span(
+            self._tracer, "pool.wait", submitted, first_start, {"pool.wait_max_ms": wait_max_ms}
+        )
+        cpu_ms = sum(t.end_ns - t.start_ns for t in timed) / 1e6
+        last_end = max(t.end_ns for t in timed)
+        record_span(self._tracer, "decode", first_start, last_end, {"decode.cpu_ms": cpu_ms})
+        for t in timed:
+            self._metrics.images.labels(t.decoded.format).inc()
+            self._metrics.decode_seconds.labels(t.decoded.format).observe(
+                (t.end_ns - t.start_ns) / 1e9
+            )
+
+
+def _decode_one(item: ImageItem, out: np.ndarray, options: ImageOptions) -> _Timed:
+    start = time.time_ns()
+    try:
+        decoded = preprocess(item_bytes(item), out, options)
+    except (EmbeddingError, MemoryError):
+        raise
+    except Exception as exc:  # hostile bytes reach C decoders: any failure is the image's fault
+        raise InvalidImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
+    return _Timed(decoded, start, time.time_ns())

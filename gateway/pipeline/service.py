@@ -1,0 +1,137 @@
+"""Embedding service: items in, embeddings out. Knows nothing of HTTP.
+
+Admission is counted in images and fails fast (pipeline/admission.py); decoding runs in the thread
+pool (pipeline/batching.py); batches larger than the model's max are split and sent concurrently,
+and Triton's dynamic batcher merges calls from concurrent requests. The whole request runs under
+one deadline, which also bounds each gRPC call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+from opentelemetry.trace import NoOpTracer, Tracer
+
+from gateway.backend.protocol import InferenceBackend, ModelInfo
+from gateway.errors import (
+    BackendFailed,
+    BackendTimeout,
+    BackendUnavailable,
+    DeadlineExceeded,
+    EmbeddingError,
+)
+from gateway.imaging.preprocess import Decoded, ImageOptions
+from gateway.observability.metrics import Metrics
+from gateway.pipeline.admission import ImageBudget
+from gateway.pipeline.batching import BatchDecoder
+from gateway.pipeline.items import ImageItem
+from gateway.runtime.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: np.ndarray  # float32 [n_ok, D]
+    indices: tuple[int, ...]  # request index of each row
+    errors: tuple[EmbeddingError, ...]  # skipped items (skip_invalid), each with its index
+    model: ModelInfo
+    decoded: tuple[Decoded, ...]
+    decode_seconds: float
+    infer_seconds: float
+
+
+class EmbeddingService:
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        pool: Executor,
+        settings: ServerSettings,
+        *,
+        tracer: Tracer | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._metrics = metrics or Metrics()
+        self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics)
+        self.budget = ImageBudget(settings.max_inflight_images, self._metrics)
+
+    async def model_info(self) -> ModelInfo:
+        return await self._backend.model_info()
+
+    async def ready(self) -> bool:
+        return await self._backend.ready()
+
+    async def embed(
+        self, items: Sequence[ImageItem], *, normalize: bool = True, skip_invalid: bool = False
+    ) -> Embeddings:
+        timeout = self._settings.request_timeout_s
+        with self.budget.admit(len(items)):
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self._embed(items, normalize, skip_invalid)
+            except TimeoutError as exc:
+                raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
+
+    async def _embed(
+        self, items: Sequence[ImageItem], normalize: bool, skip_invalid: bool
+    ) -> Embeddings:
+        deadline = time.monotonic() + self._settings.request_timeout_s
+        model = await self._backend.model_info()
+        options = ImageOptions(
+            size=model.image_size,
+            max_pixels=self._settings.max_image_pixels,
+            max_bytes=self._settings.max_image_bytes,
+            progressive_dc_only=self._settings.progressive_dc_only,
+        )
+        started = time.perf_counter()
+        batch = await self._decoder.decode(items, options, skip_invalid=skip_invalid)
+        decoded_at = time.perf_counter()
+        if len(batch.pixels):
+            vectors = await self.infer(batch.pixels, model, deadline)
+        else:
+            vectors = np.empty((0, model.embed_dim), dtype=np.float32)
+        if normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+        return Embeddings(
+            vectors=vectors,
+            indices=batch.indices,
+            errors=batch.errors,
+            model=model,
+            decoded=batch.decoded,
+            decode_seconds=decoded_at - started,
+            infer_seconds=time.perf_counter() - decoded_at,
+        )
+
+    async def infer(self, pixels: np.ndarray, model: ModelInfo, deadline: float) -> np.ndarray:
+        limit = min(self._settings.max_batch_size or model.max_batch_size, model.max_batch_size)
+        chunks = [pixels[i : i + limit] for i in range(0, len(pixels), limit)]
+        results = await asyncio.gather(*(self._infer_chunk(chunk, deadline) for chunk in chunks))
+        return results[0] if len(results) == 1 else np.concatenate(results)
+
+    async def _infer_chunk(self, chunk: np.ndarray, deadline: float) -> np.ndarray:
+        started, outcome = time.perf_counter(), "ok"
+        try:
+            return await self._backend.infer(chunk, deadline=deadline)
+        except EmbeddingError as exc:
+            outcome = _OUTCOMES.get(type(exc), "error")
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._metrics.triton_seconds.labels(outcome).observe(time.perf_counter() - started)
+            self._metrics.triton_batch.observe(len(chunk))
+
+
+#: gateway_triton_request_duration_seconds{outcome}: how a backend call ended.
+_OUTCOMES = {
+    BackendUnavailable: "backend-unavailable",
+    BackendTimeout: "backend-timeout",
+    BackendFailed: "backend-error",
+}

@@ -1,0 +1,1 @@
+"""Settings, the supervisor (one launch path), child processes, worker plan, GPU profiles."""

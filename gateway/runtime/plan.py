@@ -1,0 +1,77 @@
+"""How many uvicorn workers and decode threads, from the CPUs this process may really use.
+
+In a container the host's core count is the wrong number: a pod limited to 2 CPUs on a 64-core
+node that starts 16 workers x 4 threads spends its quota on contention. The usable count is the
+smallest of the affinity mask, the cgroup CPU quota (v2 ``cpu.max``, v1 ``cfs_quota_us``) and
+the host's cores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
+    """CPUs the cgroup allows (``quota / period``), or None when unlimited or unknown."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # cgroup v2: "max 100000"
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_memory_limit(root: Path = CGROUP) -> int | None:
+    """Bytes the cgroup allows, or None when unlimited or unknown."""
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        return None if value >= 1 << 60 else value  # v1 reports "unlimited" as a huge number
+    return None
+
+
+def usable_cpus(root: Path = CGROUP) -> int:
+    """Whole CPUs this process may use (at least 1): affinity, quota and host, the smallest."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    count = count or 1
+    quota = cgroup_cpu_quota(root)
+    if quota is not None:
+        count = min(count, max(1, math.floor(quota)))
+    return max(1, count)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    workers: int
+    decode_threads: int
+
+
+def worker_plan(cpus: int, workers: int = 0, threads: int = 0) -> WorkerPlan:
+    """Workers and decode threads per worker for ``cpus`` CPUs, where not set (0).
+
+    HTTP parsing, multipart and the gRPC client run on each worker's event loop and hold about
+    one core at full load, while decoding releases the GIL and scales with threads. One worker
+    per four CPUs (at most 8) with threads filling the rest keeps every CPU busy without
+    oversubscribing: 16 CPUs -> 4 workers x 4 threads; 2 CPUs -> 1 x 2.
+    """
+    workers = workers or max(1, min(8, cpus // 4))
+    threads = threads or max(1, cpus // workers)
+    return WorkerPlan(workers, threads)

@@ -1,0 +1,235 @@
+"""Every setting, read from the environment once: one frozen ``Settings`` with a section per
+concern, built by the launcher (or by the HTTP process for its own section) and passed down.
+
+- ``ServerSettings`` (``GATEWAY_``): what the HTTP server process needs;
+- ``RepositorySettings`` (``GATEWAY_TRITON_``): how Triton serves the model (rendered configs);
+- ``LaunchSettings`` (``GATEWAY_``): where the model comes from, Triton's ports, the worker
+  plan, stop and start-up timings: what the supervisor needs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1 << 20
+#: Triton execution profiles (triton/profiles/*.pbtxt).
+Profile = Literal["cpu", "cuda", "tensorrt"]
+PROFILES: tuple[Profile, ...] = ("cpu", "cuda", "tensorrt")
+
+
+class ServerSettings(BaseSettings):
+    """What the gateway's HTTP process reads from its environment; frozen once built."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", frozen=True, extra="ignore")
+
+    # --- HTTP -------------------------------------------------------------------------------
+    #: Address uvicorn binds (the container publishes only this port).
+    host: str = "0.0.0.0"  # the gateway is the container's one public port
+    port: int = Field(8000, ge=1, le=65535)
+    #: uvicorn worker processes; 0 = from the CPUs this container may use (runtime/plan.py).
+    workers: int = Field(1, ge=0)
+    #: An inherited, already listening socket to serve on instead of binding host:port (set by
+    #: launchers that bind the port themselves, so no other process can take it in between).
+    listen_fd: int | None = Field(None, ge=0)
+
+    # --- model ------------------------------------------------------------------------------
+    #: Public model id in requests, responses and /v1/models.
+    model_id: str = "ViT-B-32"
+    #: Other names accepted in a request's ``model`` field (e.g. an OpenAI model name a client
+    #: cannot change). A request naming anything else gets 404.
+    model_aliases: tuple[str, ...] = ()
+
+    # --- Triton -----------------------------------------------------------------------------
+    #: Triton's gRPC endpoint; loopback in the one-container-per-GPU layout.
+    triton_url: str = "127.0.0.1:8001"
+    triton_model: str = "clip_image"
+    #: Triton's Prometheus endpoint, re-exposed as GET /metrics/triton (unset: not re-exposed).
+    triton_metrics_url: str | None = None
+    #: Deadline of a whole /v1/embeddings request, carried into the gRPC call as its timeout.
+    request_timeout_s: float = Field(30.0, gt=0)
+    #: Largest batch sent to Triton per call; 0 = the model's own max_batch_size.
+    max_batch_size: int = Field(0, ge=0)
+    #: Input tensors through POSIX shared memory instead of the gRPC message: ``auto`` when
+    #: Triton's address is loopback (same host, same /dev/shm), ``on``, ``off``.
+    triton_shared_memory: Literal["auto", "on", "off"] = "auto"
+    #: Shared-memory regions per worker (each one max batch, 4.8 MB for 32 images at 224 px);
+    #: calls beyond them use gRPC.
+    triton_shm_regions: int = Field(8, ge=1)
+
+    # --- preprocessing ----------------------------------------------------------------------
+    #: Decode/resize threads. Decoding releases the GIL, so threads scale across cores; 0 = one
+    #: per CPU this process may use (affinity and cgroup quota, runtime/plan.py).
+    decode_threads: int = Field(0, ge=0)
+    #: Largest image (width x height, as its header claims) accepted; checked before decoding.
+    max_image_pixels: int = Field(100_000_000, ge=1)
+    #: Largest single encoded image.
+    max_image_bytes: int = Field(32 * MiB, ge=1)
+    #: Progressive JPEGs decoded at 1/8 scale skip their AC scans (see imaging/jpeg.py).
+    progressive_dc_only: bool = True
+
+    # --- limits -----------------------------------------------------------------------------
+    #: Largest request body; a bigger Content-Length is refused before the body is read.
+    max_body_bytes: int = Field(64 * MiB, ge=1024)
+    max_images_per_request: int = Field(256, ge=1)
+    #: Images admitted (decoding, queued or in Triton) at once per worker; beyond it, 429.
+    max_inflight_images: int = Field(512, ge=1)
+    #: A request body must arrive within this time (slow-loris bodies get 408).
+    body_timeout_s: float = Field(30.0, gt=0)
+    #: Open connections uvicorn accepts per worker before answering 503 (0 = no limit).
+    max_connections: int = Field(2048, ge=0)
+    #: On a stop, seconds in-flight requests get to finish (new connections are refused at once).
+    drain_s: float = Field(30.0, gt=0)
+
+    # --- readiness canary -------------------------------------------------------------------
+    #: Seconds between canary inferences on a fixed image (0 = no canary).
+    canary_interval_s: float = Field(15.0, ge=0)
+    #: Cosine the canary embedding must keep against the export-time reference.
+    canary_min_cosine: float = Field(0.99, gt=0, le=1)
+
+    # --- security ---------------------------------------------------------------------------
+    #: Accepted API keys (JSON list); when any key is set, /v1/* needs `Authorization: Bearer`.
+    api_keys: tuple[SecretStr, ...] = ()
+    #: A file with one API key per line (comments with #), read at start.
+    api_keys_file: Path | None = None
+
+    # --- observability ----------------------------------------------------------------------
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: ``json``: one object per line (route, status, images, duration, trace id); ``text``.
+    log_format: Literal["json", "text"] = "json"
+    #: ``auto``: on when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set.
+    tracing: Literal["auto", "on", "off"] = "auto"
+
+    @model_validator(mode="after")
+    def _requests_fit_the_budget(self) -> ServerSettings:
+        if self.max_images_per_request > self.max_inflight_images:
+            raise ValueError("max_images_per_request cannot exceed max_inflight_images")
+        return self
+
+    @property
+    def shared_memory_regions(self) -> int:
+        """Regions to use (0: none), resolving ``auto`` from the Triton address."""
+        if self.triton_shared_memory == "off":
+            return 0
+        if self.triton_shared_memory == "on":
+            return self.triton_shm_regions
+        host = self.triton_url.rsplit(":", 1)[0].strip("[]")
+        return self.triton_shm_regions if host in ("127.0.0.1", "localhost", "::1") else 0
+
+    def accepts_model(self, name: str | None) -> bool:
+        return name is None or name == self.model_id or name in self.model_aliases
+
+
+class RepositorySettings(BaseSettings):
+    """How the model is served inside Triton. Env prefix ``GATEWAY_TRITON_``."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_TRITON_", frozen=True)
+
+    #: Execution profile: ``cpu`` (Python backend + ORT CPU EP), ``cuda`` (ORT CUDA EP),
+    #: ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``: chosen by the launcher for the GPU it
+    #: finds (gateway/runtime/profiles.py). Rendering needs a concrete one.
+    profile: Profile | Literal["auto"] = "cpu"
+    #: Largest batch Triton accepts; the gateway splits bigger requests to fit.
+    max_batch_size: int = Field(32, ge=1, le=1024)
+    #: Batch sizes the dynamic batcher sends as soon as it has them (values above max are dropped).
+    preferred_batch_sizes: tuple[int, ...] = (4, 8, 16, 32)
+    #: How long the batcher may hold a request to grow a batch.
+    max_queue_delay_us: int = Field(2000, ge=0)
+    #: Requests queued longer than this are rejected by Triton (the gateway answers 503).
+    queue_timeout_us: int = Field(30_000_000, ge=0)
+    #: Requests waiting in Triton's queue before new ones are rejected (0 = unbounded).
+    max_queue_size: int = Field(128, ge=0)
+    #: Model instances (CPU: processes; GPU: execution contexts on the one GPU).
+    instance_count: int = Field(1, ge=1)
+    #: ORT intra-op threads for the ``cpu`` profile; 0 lets ORT use every core.
+    cpu_threads: int = Field(0, ge=0)
+    #: Graph precision for the ``cuda`` profile (``tensorrt`` always builds FP16 engines).
+    cuda_precision: Literal["fp16", "fp32"] = "fp16"
+    #: CUDA graphs: only valid when every batch has the same shape (see triton/README.md).
+    cuda_graph: bool = False
+    #: Where TensorRT engines and timing caches live; mount a volume here.
+    trt_cache_path: str = "/var/cache/clip-gateway/trt"
+    trt_workspace_bytes: int = Field(4 << 30, ge=1 << 26)
+    #: Batch sizes run through the model before it turns READY (default: 1, preferred sizes and
+    #: max for GPU profiles; 1 for ``cpu``).
+    warmup_batch_sizes: tuple[int, ...] | None = None
+
+    @model_validator(mode="after")
+    def _batch_sizes_fit(self) -> RepositorySettings:
+        too_big = [b for b in self.warmup_batch_sizes or () if b > self.max_batch_size]
+        if too_big:
+            raise ValueError(f"warmup batch sizes {too_big} exceed max_batch_size")
+        return self
+
+    @property
+    def preferred(self) -> tuple[int, ...]:
+        fitting = sorted({b for b in self.preferred_batch_sizes if 1 <= b <= self.max_batch_size})
+        return tuple(fitting) or (self.max_batch_size,)
+
+    @property
+    def warmup(self) -> tuple[int, ...]:
+        if self.warmup_batch_sizes is not None:
+            return tuple(sorted(set(self.warmup_batch_sizes)))
+        if self.profile == "cpu":
+            return (1,)
+        return tuple(sorted({1, *self.preferred, self.max_batch_size}))
+
+
+class LaunchSettings(BaseSettings):
+    """What the supervisor reads (env prefix ``GATEWAY_``): the model, Triton, stop timings."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", frozen=True, extra="ignore")
+
+    #: An export directory (``python -m export``: model.onnx, manifest.json), e.g. the one baked
+    #: into the container image. Unset: ``model`` + ``weights`` from the export cache, exported
+    #: in a child process on first use.
+    model_dir: Path | None = None
+    #: open_clip model name, when exporting.
+    model: str = "ViT-B-32"
+    #: open_clip pretrained tag, a checkpoint path, or ``random`` (tests and benchmarks only).
+    weights: str = "laion2b_s34b_b79k"
+    #: Export cache (default ``$CLIP_GATEWAY_CACHE`` or ``~/.cache/clip-gateway``).
+    cache_dir: Path | None = None
+    #: Measure both GPU profiles on first start and keep the winner (cached with the engines).
+    calibrate: bool = False
+    #: Triton's loopback ports, never published; 0 = reserve free ones.
+    triton_grpc_port: int = Field(0, ge=0, le=65535)
+    triton_http_port: int = Field(0, ge=0, le=65535)
+    triton_metrics_port: int = Field(0, ge=0, le=65535)
+    #: Seconds Triton gets to exit after the gateway has stopped.
+    triton_grace_s: float = Field(15.0, gt=0)
+    #: Longest start-up (export, Triton READY incl. TensorRT engine builds, gateway ready).
+    startup_timeout_s: float = Field(3600.0, gt=0)
+    #: Where Triton's and the gateway's own logs go; unset: this process's stdout/stderr (a
+    #: container's log). ``clip-gateway serve`` defaults to a file and prints progress only.
+    log_file: Path | None = None
+    #: Scratch space for rendered model repositories (a private directory is made inside).
+    scratch_dir: Path = Path(tempfile.gettempdir())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The one settings object: built once (``from_env``) and passed down by section."""
+
+    server: ServerSettings
+    repository: RepositorySettings
+    launch: LaunchSettings
+
+    @classmethod
+    def from_env(
+        cls,
+        server: dict[str, Any] | None = None,
+        repository: dict[str, Any] | None = None,
+        launch: dict[str, Any] | None = None,
+    ) -> Settings:
+        """Read the environment; the dicts override it (command-line flags)."""
+        return cls(
+            ServerSettings(**(server or {})),
+            RepositorySettings(**(repository or {})),
+            LaunchSettings(**(launch or {})),
+        )

@@ -1,0 +1,63 @@
+"""The OpenAPI document is generated from the request/response types and the error map, is a
+valid OpenAPI document, and /docs renders it without fetching anything from the internet."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from litestar.testing import TestClient
+from openapi_spec_validator import validate
+
+from gateway.http.problems import PROBLEMS
+from gateway.http.schemas import EmbeddingRequest, EmbeddingResponse, ModelList, Problem
+from tests import samples
+
+
+def test_the_document_is_valid_openapi(client: TestClient) -> None:
+    validate(client.get("/docs/openapi.json").json())
+
+
+def test_the_embeddings_operation_comes_from_the_types_and_the_error_map(
+    client: TestClient,
+) -> None:
+    operation = client.get("/docs/openapi.json").json()["paths"]["/v1/embeddings"]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert set(body["properties"]) == set(EmbeddingRequest.__struct_fields__)
+    assert body["required"] == ["input"]
+    form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert {"image", "model", "normalize", "skip_invalid", "encoding_format"} == set(
+        form["properties"]
+    )
+    ok = operation["responses"]["200"]
+    assert set(ok["content"]["application/json"]["schema"]["properties"]) == set(
+        EmbeddingResponse.__struct_fields__
+    )
+    assert {"X-Embedding-Shape", "X-Embedding-Indices", "X-Embedding-Failed"} <= set(ok["headers"])
+    documented = {int(status) for status in operation["responses"]} - {200}
+    mapped = {p.status for p in PROBLEMS.values() if p.status != 500}
+    assert documented == mapped - {499}  # nobody reads a 499: the client has gone
+    for status in (429, 503):
+        assert "Retry-After" in operation["responses"][str(status)]["headers"]
+
+
+def test_answers_decode_as_their_documented_types(client: TestClient) -> None:
+    image = [("image", ("a.jpg", samples.compact(0), "image/jpeg"))]
+    msgspec.json.decode(client.post("/v1/embeddings", files=image).content, type=EmbeddingResponse)
+    skipped = client.post(
+        "/v1/embeddings?skip_invalid=true", files=[*image, ("image", ("b", b"x", "image/jpeg"))]
+    )
+    assert msgspec.json.decode(skipped.content, type=EmbeddingResponse).errors[0].index == 1
+    problem = client.post("/v1/embeddings", files=[("image", ("b", b"x", "image/jpeg"))])
+    assert msgspec.json.decode(problem.content, type=Problem).index == 0
+    msgspec.json.decode(client.get("/v1/models").content, type=ModelList)
+
+
+def test_docs_need_no_internet(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+    assert urls and all(url.startswith("/docs/assets/") for url in urls), urls
+    for url in urls:
+        asset = client.get(url)
+        assert asset.status_code == 200 and len(asset.content) > 100, url
