@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from gateway.images import ImageOptions, preprocess
 from gateway.metrics import Metrics
 from tests import samples
 
+T = TypeVar("T")
 OPTIONS = ImageOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
 JPEG, PNG = samples.compact(0), samples.png(1)
 
@@ -30,9 +32,21 @@ def expected(data: bytes, options: ImageOptions = OPTIONS) -> tuple[np.ndarray, 
     return out, preprocess(data, out, options)
 
 
+class CountingPool(ThreadPoolExecutor):
+    """A real thread pool that counts the tasks it was given."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.tasks = 0
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        self.tasks += 1
+        return super().submit(fn, *args, **kwargs)
+
+
 class Harness:
     def __init__(self, workers: int) -> None:
-        self.pool = ThreadPoolExecutor(workers)
+        self.pool = CountingPool(workers)
         self.exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
@@ -112,6 +126,7 @@ def test_every_item_lands_in_its_row(harness: Harness) -> None:
         assert batch.decoded[row] == decoded
     assert batch.indices == (0, 1, 2)
     assert batch.errors == ()
+    assert harness.pool.tasks == 3  # one task per image, on the pool the decoder was given
 
 
 def test_the_batch_has_the_requested_size(harness: Harness) -> None:
