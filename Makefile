@@ -18,7 +18,7 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env serve test check lint format typecheck pytest lock clean
+.PHONY: install triton-env serve test check lint format typecheck pytest mutation lock clean
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -65,6 +65,16 @@ typecheck:
 pytest:
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Mutation testing of the request path's pure modules against their unit tests ([tool.mutmut] in
+# pyproject.toml). Not part of `make test`: a full run takes minutes. mutmut keeps old verdicts
+# for unchanged code even when tests change, so every run starts from a fresh mutants/ copy.
+MUTMUT_CHILDREN ?= 2
+mutation:
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children $(MUTMUT_CHILDREN)
+	$(VENV)/bin/mutmut results
+	$(PY) tests/mutation_summary.py
+
 format:
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
@@ -75,4 +85,4 @@ lock:
 	  --python-platform x86_64-manylinux_2_28 --quiet -o requirements/lock.txt
 
 clean:
-	rm -rf $(VENV) $(TRITON_ENV) build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TRITON_ENV) build mutants .mypy_cache .ruff_cache .pytest_cache

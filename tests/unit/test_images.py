@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
+from bench.photos import jpeg as jpeg_bytes
 from gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
+from gateway.imaging import jpeg, orientation
 from gateway.imaging import preprocess as images
 from tests import samples
 
@@ -131,3 +133,216 @@ def test_byte_limit() -> None:
 def test_broken_images_are_invalid(data: bytes) -> None:
     with pytest.raises(InvalidImage):
         run(data)
+
+
+UNSUPPORTED = [
+    (b"GIF87a", "gif"), (b"GIF89a", "gif"), (b"BM", "bmp"), (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"), (b"8BPS", "psd"), (b"\x00\x00\x01\x00", "ico"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"), (b"\xff\x4f\xff\x51", "jpeg2000"),
+    (b"\xff\x0a", "jpeg-xl"), (b"\x00\x00\x00\x0cJXL \r\n\x87\n", "jpeg-xl"), (b"%PDF-1.7", "pdf"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("signature", "name"), UNSUPPORTED, ids=[n for _, n in UNSUPPORTED])
+def test_unsupported_formats_are_named(signature: bytes, name: str) -> None:
+    with pytest.raises(UnsupportedFormat) as raised:
+        images.sniff(signature + b"\x00" * 32)
+    assert raised.value.reason == f"{name} images are not supported; send JPEG, PNG or WebP"
+
+
+@pytest.mark.parametrize("brand", [b"heic", b"mif1", b"avif"])
+def test_heif_and_avif_are_415(brand: bytes) -> None:
+    with pytest.raises(UnsupportedFormat) as raised:
+        images.sniff(b"\x00\x00\x00\x1cftyp" + brand + b"\x00" * 20)
+    assert raised.value.reason == "HEIF/AVIF images are not supported; send JPEG, PNG or WebP"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 20,  # RIFF, but audio
+        b"\x00\x00\x00\x18ftypisom" + b"\x00" * 20,  # ISO media, but an MP4 video
+        b"\x00\x00\x00\x18ftyp" + b"\x00" * 20,  # no brand
+        b"PK\x03\x04 a zip file",
+    ],
+    ids=["wav", "mp4", "ftyp-no-brand", "zip"],
+)
+def test_lookalike_containers_are_not_images(data: bytes) -> None:
+    with pytest.raises(InvalidImage) as raised:
+        images.sniff(data)
+    assert raised.value.reason == "not an image: no JPEG, PNG or WebP signature in the first bytes"
+
+
+def preprocess(data: bytes, options: images.ImageOptions = OPTIONS) -> images.Decoded:
+    return images.preprocess(data, np.zeros((options.size, options.size, 3), np.uint8), options)
+
+
+def test_what_was_decoded_is_reported() -> None:
+    compact, big = samples.compact(0), samples.progressive_jpeg(2)
+    png, webp, cmyk = samples.png(0), samples.webp(0), samples.cmyk_jpeg(0)
+    assert preprocess(compact) == images.Decoded("jpeg", 341, 256, 341 * 256, len(compact))
+    # 2400x1800 is decoded at 1/8 (300x225); CMYK goes through Pillow, scaled by its draft (1/2)
+    assert preprocess(big) == images.Decoded("jpeg", 2400, 1800, 300 * 225, len(big))
+    assert preprocess(cmyk) == images.Decoded("jpeg", 640, 480, 320 * 240, len(cmyk))
+    assert preprocess(png) == images.Decoded("png", 640, 480, 640 * 480, len(png))
+    assert preprocess(webp) == images.Decoded("webp", 640, 480, 640 * 480, len(webp))
+
+
+def test_empty_image_message() -> None:
+    with pytest.raises(InvalidImage) as raised:
+        run(b"")
+    assert raised.value.reason == "empty image (0 bytes)"
+
+
+def test_byte_limit_is_inclusive_and_reported() -> None:
+    data = samples.compact(0)
+    run(data, images.ImageOptions(224, 10**8, max_bytes=len(data)))
+    with pytest.raises(LimitExceeded) as raised:
+        run(data, images.ImageOptions(224, 10**8, max_bytes=len(data) - 1))
+    assert raised.value.reason == f"image is {len(data)} bytes; the limit is {len(data) - 1}"
+    assert raised.value.extra == {"limit": len(data) - 1}
+
+
+@pytest.mark.parametrize(
+    ("data", "size"), [(samples.compact(0), (341, 256)), (samples.png(0), (640, 480))]
+)
+def test_pixel_limit_is_inclusive_and_reported(data: bytes, size: tuple[int, int]) -> None:
+    pixels = size[0] * size[1]
+    run(data, images.ImageOptions(224, max_pixels=pixels, max_bytes=1 << 30))
+    with pytest.raises(ImageTooLarge) as raised:
+        run(data, images.ImageOptions(224, max_pixels=pixels - 1, max_bytes=1 << 30))
+    assert raised.value.reason == (
+        f"image is {size[0]}x{size[1]} ({pixels} pixels); the limit is {pixels - 1} pixels"
+    )
+    assert raised.value.extra == {"limit": pixels - 1}
+
+
+def test_pillow_bomb_check_is_too_large() -> None:
+    png = bytearray(samples.png(0))
+    png[16:24] = (100_000).to_bytes(4, "big") * 2
+    png[29:33] = zlib.crc32(bytes(png[12:29])).to_bytes(4, "big")
+    with pytest.raises(ImageTooLarge, match="decompression bomb"):
+        run(bytes(png))
+
+
+@pytest.mark.parametrize(
+    ("data", "detail"),
+    [
+        (b"\xff\xd8\xff\xe0garbage", "unreadable JPEG header: "),
+        (samples.truncated_jpeg(), "corrupt or truncated JPEG: "),
+        (b"\x89PNG\r\n\x1a\n" + b"garbage" * 5, "cannot read png header: "),
+        (samples.png(0)[:200], "corrupt or truncated png image: "),
+    ],
+    ids=["jpeg-header", "jpeg-data", "png-header", "png-data"],
+)
+def test_broken_image_messages(data: bytes, detail: str) -> None:
+    with pytest.raises(InvalidImage) as raised:
+        run(data)
+    assert raised.value.reason.startswith(detail)
+
+
+def test_scan_limit_applies_to_progressive_jpegs() -> None:
+    data = samples.progressive_jpeg(5, (640, 480))
+    options = images.ImageOptions(224, 10**8, 1 << 30, max_scans=3)
+    with pytest.raises(InvalidImage) as raised:
+        run(data, options)
+    assert raised.value.reason == "progressive JPEG has more than 3 scans"
+
+
+def test_dc_only_option_decides_how_a_progressive_jpeg_is_decoded() -> None:
+    """All scans decoded: exactly the baseline encoding's pixels. DC scans only: close to them."""
+    photo = samples.small_photo(7)  # 640x480: decoded at 1/8 for a 56-pixel input
+    progressive, baseline = jpeg_bytes(photo, progressive=True), jpeg_bytes(photo)
+
+    def at_56(data: bytes, dc_only: bool) -> np.ndarray:
+        options = images.ImageOptions(56, 10**8, 1 << 30, progressive_dc_only=dc_only)
+        out = np.zeros((56, 56, 3), np.uint8)
+        images.preprocess(data, out, options)
+        return out
+
+    assert np.array_equal(at_56(progressive, dc_only=False), at_56(baseline, dc_only=False))
+    dc = at_56(progressive, dc_only=True)
+    assert not np.array_equal(dc, at_56(baseline, dc_only=False))
+    assert np.abs(dc.astype(int) - at_56(baseline, dc_only=False)).mean() < 3
+
+
+def pillow_scaled(data: bytes) -> bytes:
+    """What Pillow makes of a JPEG at the DCT scale the gateway asks for, as a lossless PNG."""
+    image = Image.open(io.BytesIO(data))
+    image.draft("RGB", (224, 224))
+    return samples.encode(image.convert("RGB"), "PNG")
+
+
+def test_cmyk_and_ycck_jpegs_are_converted_by_pillow() -> None:
+    cmyk = samples.cmyk_jpeg(0)
+    adobe = cmyk.index(b"Adobe") + 11  # APP14 transform byte: 0 = CMYK, 2 = YCCK
+    ycck = cmyk[:adobe] + b"\x02" + cmyk[adobe + 1 :]
+    for data, colorspace in [(cmyk, "CMYK"), (ycck, "YCCK")]:
+        assert jpeg.read_header(data).colorspace == colorspace
+        assert np.array_equal(run(data), run(pillow_scaled(data)))
+
+
+def transposed(a: np.ndarray, method: Image.Transpose | None) -> np.ndarray:
+    return a if method is None else np.asarray(Image.fromarray(a).transpose(method))
+
+
+#: EXIF orientation -> the transpose that makes the image upright (ImageOps.exif_transpose's).
+UPRIGHT = {
+    1: None,
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orientation_is_exactly_the_exif_transpose_of_the_output(orientation: int) -> None:
+    upright = run(samples.oriented_jpeg(1))
+    assert np.array_equal(
+        run(samples.oriented_jpeg(orientation)), transposed(upright, UPRIGHT[orientation])
+    )
+
+
+def test_png_exif_orientation_is_applied() -> None:
+    photo = samples.small_photo(0, (480, 320))
+    plain = samples.encode(photo, "PNG")
+    exif = Image.Exif()
+    exif[orientation.TAG] = 6
+    rotated = samples.encode(photo, "PNG", exif=exif.tobytes())
+    assert np.array_equal(run(rotated), transposed(run(plain), UPRIGHT[6]))
+
+
+def test_exif_without_a_usable_orientation_changes_nothing() -> None:
+    photo = samples.small_photo(0, (480, 320))
+    plain = jpeg_bytes(photo)
+    exif = Image.Exif()
+    exif[0x010F] = "Camera maker, no orientation tag"
+    no_tag = samples.encode(photo, "JPEG", quality=90, optimize=True, exif=exif.tobytes())
+    unreadable = plain[:2] + b"\xff\xe1\x00\x10Exif\x00\x00garbage!" + plain[2:]
+    for data in (no_tag, unreadable):
+        assert jpeg.exif_segment(data) is not None
+        assert np.array_equal(run(data), run(plain))
+
+
+def test_a_square_of_the_input_size_is_the_exact_centre_crop() -> None:
+    photo = np.asarray(samples.small_photo(0))  # 480x640
+    tall, wide = photo[:448, :224], photo[:224, :448]
+    assert np.array_equal(run(samples.encode(Image.fromarray(tall), "PNG")), tall[112:336])
+    assert np.array_equal(run(samples.encode(Image.fromarray(wide), "PNG")), wide[:, 112:336])
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["portrait", "landscape"])
+def test_resize_reads_only_the_centre_square(transpose: bool) -> None:
+    """Red and blue bands outside the centre 300x300 of a 300x600 image never reach the output."""
+    bands = np.zeros((600, 300, 3), np.uint8)
+    bands[:140] = (255, 0, 0)
+    bands[140:460] = (0, 200, 0)
+    bands[460:] = (0, 0, 255)
+    if transpose:
+        bands = bands.transpose(1, 0, 2).copy()
+    out = run(samples.encode(Image.fromarray(bands), "PNG"))
+    assert np.all(out == (0, 200, 0))

@@ -95,3 +95,129 @@ def test_exif_segment_found_without_parsing_the_rest() -> None:
     assert jpeg.exif_segment(samples.compact(0)) is None  # no APP1 Exif at all
     assert jpeg.exif_segment(samples.oriented_jpeg(6)[:30]) is None  # cut inside it
     assert jpeg.exif_segment(b"\xff\xd8") is None
+
+
+# --- hand-built marker streams: the walkers' exact output ---------------------------------------
+# The walkers follow marker structure only, so these need not be decodable images.
+
+
+def segment(marker: int, payload: bytes) -> bytes:
+    return bytes([0xFF, marker]) + (len(payload) + 2).to_bytes(2, "big") + payload
+
+
+def sos(spectral_start: int) -> bytes:
+    """A scan header for one component (Ns=1: Cs, Td/Ta, Ss, Se, Ah/Al)."""
+    return segment(0xDA, bytes([1, 1, 0x00, spectral_start, 63 if spectral_start else 0, 0x00]))
+
+
+SOI, EOI = b"\xff\xd8", b"\xff\xd9"
+COMMENT = segment(0xFE, b"c" * 300)  # longer than 255: both length bytes count
+SOF0 = segment(0xC0, b"\x08\x00\x10\x00\x10\x01\x01\x11\x00")
+SOF2 = segment(0xC2, b"\x08\x00\x10\x00\x10\x01\x01\x11\x00")
+# stuffed 0xff00 and a restart marker (ffd0) are part of the entropy-coded data, not its end
+DC_SCAN = sos(0) + b"\x12\xff\x00\x34\xff\xd0\x56"
+AC_SCAN = sos(1) + b"\xab\xcd"
+
+
+def test_cut_keeps_header_segments_and_dc_scans_byte_for_byte() -> None:
+    stream = (
+        SOI + COMMENT + b"\xff" + SOF2  # a fill byte before a marker
+        + b"\xff\x01" + DC_SCAN  # TEM: a marker without a length field
+        + AC_SCAN + EOI + b"\x00\x00trailing bytes after EOI are not read"
+    )  # fmt: skip
+    info = jpeg.inspect_scans(stream, max_scans=2, want_dc_only=True)
+    assert info == jpeg.ScanInfo(True, 2, SOI + COMMENT + SOF2 + DC_SCAN + EOI)
+    assert jpeg.inspect_scans(stream, max_scans=2, want_dc_only=False) == jpeg.ScanInfo(
+        True, 2, None
+    )
+    with pytest.raises(jpeg.JpegError, match=r"^progressive JPEG has more than 1 scans$"):
+        jpeg.inspect_scans(stream, max_scans=1, want_dc_only=True)
+
+
+def test_cut_keeps_a_segment_that_ends_exactly_at_the_end() -> None:
+    empty_comment = segment(0xFE, b"")  # 4 bytes, the last of the data (no EOI)
+    info = jpeg.inspect_scans(SOI + SOF2 + DC_SCAN + empty_comment, max_scans=8, want_dc_only=True)
+    assert info.dc_only == SOI + SOF2 + DC_SCAN + empty_comment + EOI
+
+
+def test_scan_header_is_read_up_to_its_spectral_start() -> None:
+    short = segment(0xDA, bytes([1, 1, 0x00, 0])) + b"\x12\x34"  # ends right after Ss
+    info = jpeg.inspect_scans(SOI + SOF2 + short + AC_SCAN, max_scans=8, want_dc_only=True)
+    assert info == jpeg.ScanInfo(True, 2, SOI + SOF2 + short + EOI)
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        (SOI + SOF0 + COMMENT, jpeg.ScanInfo(False, 0, None)),  # baseline, no scan at all
+        (SOI + SOF0 + sos(0) + b"\x00" + AC_SCAN, jpeg.ScanInfo(False, 1, None)),
+        (SOI + SOF2 + b"\xff\xda\x00\x08\x01", jpeg.ScanInfo(True, 1, None)),  # cut in SOS
+        (SOI + SOF2 + DC_SCAN + b"\xff\xfe\x00\x03ab" + AC_SCAN, jpeg.ScanInfo(True, 1, None)),
+        (SOI + SOF2 + b"\x00" + DC_SCAN, jpeg.ScanInfo(True, 0, None)),  # not a marker
+    ],
+    ids=["header-only", "baseline", "truncated-sos", "bad-length", "no-marker"],
+)
+def test_walk_ends_without_a_cut(stream: bytes, expected: jpeg.ScanInfo) -> None:
+    assert jpeg.inspect_scans(stream, max_scans=8, want_dc_only=True) == expected
+
+
+def test_exif_segment_is_the_app1_exif_payload_exactly() -> None:
+    payload = b"Exif\x00\x00" + bytes(range(256)) * 2  # longer than 255 bytes
+    stream = (
+        SOI + b"\xff" + segment(0xE0, b"JFIF\x00\x01\x02")  # fill byte, then APP0
+        + b"\xff\xd0"  # a stray marker without length
+        + segment(0xFE, b"Exif\x00\x00 only a comment")  # not APP1
+        + segment(0xE1, b"http://ns.adobe.com/xap/1.0/\x00<x/>")  # APP1, but XMP
+        + segment(0xE1, payload) + SOF0 + sos(0)
+    )  # fmt: skip
+    start, end = jpeg.exif_segment(stream) or (0, 0)
+    assert stream[start:end] == payload
+    alone = SOI + segment(0xE1, payload)
+    start, end = jpeg.exif_segment(alone) or (0, 0)
+    assert (alone[start:end], end) == (payload, len(alone))  # ends with the data
+    assert jpeg.exif_segment(SOI + segment(0xE1, payload)[:-1]) is None  # one byte short
+    assert jpeg.exif_segment(SOI + SOF0 + sos(0) + segment(0xE1, payload)) is None  # after SOS
+
+
+def test_header_fields() -> None:
+    assert jpeg.read_header(samples.compact(0)) == jpeg.JpegHeader(341, 256, "YCbCr")
+    assert jpeg.read_header(samples.grayscale_jpeg()) == jpeg.JpegHeader(640, 480, "Gray")
+    assert jpeg.read_header(samples.cmyk_jpeg()) == jpeg.JpegHeader(640, 480, "CMYK")
+    assert jpeg.read_header(samples.claims_pixels(1, 1)) == jpeg.JpegHeader(1, 1, "YCbCr")
+
+
+def test_unreadable_header_message() -> None:
+    with pytest.raises(jpeg.JpegError, match=r"^unreadable JPEG header: "):
+        jpeg.read_header(b"\xff\xd8\xff\xe0garbage")
+
+
+@pytest.mark.parametrize("size", [(1, 64), (64, 1)])
+def test_a_one_pixel_strip_is_decoded_whole(size: tuple[int, int]) -> None:
+    data = encode_jpeg(samples.small_photo(0).crop((0, 0, *size)))
+    out = jpeg.decode_scaled(data, jpeg.read_header(data), 224, max_scans=256, dc_only=True)
+    assert out.shape == (size[1], size[0], 3)
+
+
+def decode_at(data: bytes, height: int, width: int) -> np.ndarray:
+    return simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=height, min_width=width)
+
+
+def test_dc_only_cut_is_decoded_at_one_eighth_only() -> None:
+    header = jpeg.read_header(PROGRESSIVE)  # 640x480: 1/8 for a target of 60, 1/4 for 61
+    cut = jpeg.inspect_scans(PROGRESSIVE, max_scans=256, want_dc_only=True).dc_only
+    assert cut is not None
+    full, dc = decode_at(PROGRESSIVE, 60, 80), decode_at(cut, 60, 80)
+    assert not np.array_equal(full, dc)  # the two decodes really differ
+
+    def scaled(target: int, dc_only: bool) -> np.ndarray:
+        return jpeg.decode_scaled(PROGRESSIVE, header, target, max_scans=256, dc_only=dc_only)
+
+    assert np.array_equal(scaled(60, dc_only=True), dc)
+    assert np.array_equal(scaled(60, dc_only=False), full)
+    assert np.array_equal(scaled(61, dc_only=True), decode_at(PROGRESSIVE, 120, 160))
+
+
+def test_corrupt_stream_message() -> None:
+    data = samples.truncated_jpeg()
+    with pytest.raises(jpeg.JpegError, match=r"^corrupt or truncated JPEG: "):
+        jpeg.decode_scaled(data, jpeg.read_header(data), 224, max_scans=256, dc_only=True)

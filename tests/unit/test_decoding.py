@@ -1,0 +1,254 @@
+"""A request's items decoded into one batch: order, per-item errors with their index, spans and
+metrics. Real thread pool, real preprocessing, an in-memory span exporter."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from gateway.errors import EmbeddingError, InvalidImage, LimitExceeded, UnsupportedFormat
+from gateway.imaging.preprocess import ImageOptions, preprocess
+from gateway.observability.metrics import Metrics
+from gateway.pipeline.batching import BatchDecoder, DecodedBatch
+from gateway.pipeline.items import ImageItem, item_bytes
+from tests import samples
+
+T = TypeVar("T")
+OPTIONS = ImageOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
+JPEG, PNG = samples.compact(0), samples.png(1)
+
+
+def expected(data: bytes, options: ImageOptions = OPTIONS) -> tuple[np.ndarray, object]:
+    out = np.zeros((options.size, options.size, 3), np.uint8)
+    return out, preprocess(data, out, options)
+
+
+class CountingPool(ThreadPoolExecutor):
+    """A real thread pool that counts the tasks it was given."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.tasks = 0
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        self.tasks += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+class Harness:
+    def __init__(self, workers: int) -> None:
+        self.pool = CountingPool(workers)
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.metrics = Metrics()
+        self.decoder = BatchDecoder(self.pool, provider.get_tracer("test"), self.metrics)
+
+    def decode(
+        self, items: Sequence[ImageItem], *, skip: bool, options: ImageOptions = OPTIONS
+    ) -> DecodedBatch:
+        return asyncio.run(self.decoder.decode(items, options, skip_invalid=skip))
+
+    def spans(self) -> dict[str, ReadableSpan]:
+        return {span.name: span for span in self.exporter.get_finished_spans()}
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    h = Harness(workers=2)
+    yield h
+    h.pool.shutdown()
+
+
+@pytest.fixture
+def serial() -> Iterator[Harness]:
+    """One worker: the images are decoded one after the other, in submission order."""
+    h = Harness(workers=1)
+    yield h
+    h.pool.shutdown()
+
+
+# --- item_bytes -----------------------------------------------------------------------------
+
+
+def test_item_bytes_passes_raw_bytes_through_and_decodes_base64_strictly() -> None:
+    assert item_bytes(b"\x00raw,data:") == b"\x00raw,data:"
+    assert item_bytes(base64.b64encode(JPEG).decode()) == JPEG
+    assert item_bytes("data:image/jpeg;base64," + base64.b64encode(JPEG).decode()) == JPEG
+    assert item_bytes("data:;base64,QUJD") == b"ABC"  # media type is optional in a data: URI
+
+
+@pytest.mark.parametrize(
+    "item", ["data:image/png,QUJD", "data:image/png;base64", "data:image/png;charset=x,QUJD"]
+)
+def test_data_uri_must_be_base64(item: str) -> None:
+    with pytest.raises(InvalidImage) as raised:
+        item_bytes(item)
+    assert raised.value.reason == "data: URI must be base64-encoded (data:image/jpeg;base64,...)"
+
+
+@pytest.mark.parametrize(
+    "item",
+    ["QUJ", "QU JD", "QUJD!", "data:image/jpeg;base64,QU,JD", "data:image/jpeg;base64,é"],
+    ids=["padding", "space", "alphabet", "comma-in-payload", "non-ascii"],
+)
+def test_invalid_base64_is_an_invalid_image(item: str) -> None:
+    with pytest.raises(InvalidImage, match=r"^invalid base64: "):
+        item_bytes(item)
+
+
+# --- BatchDecoder ----------------------------------------------------------------------------
+
+
+def test_every_item_lands_in_its_row(harness: Harness) -> None:
+    items: list[ImageItem] = [
+        JPEG,
+        base64.b64encode(PNG).decode(),
+        "data:image/jpeg;base64," + base64.b64encode(samples.compact(2)).decode(),
+    ]
+    batch = harness.decode(items, skip=False)
+    assert batch.pixels.shape == (3, 224, 224, 3) and batch.pixels.dtype == np.uint8
+    for row, data in enumerate([JPEG, PNG, samples.compact(2)]):
+        pixels, decoded = expected(data)
+        assert np.array_equal(batch.pixels[row], pixels)
+        assert batch.decoded[row] == decoded
+    assert batch.indices == (0, 1, 2)
+    assert batch.errors == ()
+    assert harness.pool.tasks == 3  # one task per image, on the pool the decoder was given
+
+
+def test_the_batch_has_the_requested_size(harness: Harness) -> None:
+    options = ImageOptions(size=64, max_pixels=40_000_000, max_bytes=16 << 20)
+    batch = harness.decode([JPEG, PNG], skip=False, options=options)
+    assert batch.pixels.shape == (2, 64, 64, 3)
+    assert np.array_equal(batch.pixels[1], expected(PNG, options)[0])
+
+
+def test_first_bad_item_fails_the_request_with_its_index(harness: Harness) -> None:
+    with pytest.raises(InvalidImage) as raised:
+        harness.decode([JPEG, PNG, b"not an image", b""], skip=False)
+    assert raised.value.index == 2
+    assert raised.value.reason.startswith("not an image")
+    spans = harness.spans()
+    assert set(spans) == {"preprocess"}  # failed before the good images were accounted for
+    assert spans["preprocess"].status.status_code is StatusCode.ERROR
+
+
+def test_each_error_keeps_its_own_type(harness: Harness) -> None:
+    with pytest.raises(UnsupportedFormat) as raised:
+        harness.decode([JPEG, samples.gif(), b""], skip=False)
+    assert raised.value.index == 1
+
+
+def test_skip_invalid_keeps_the_good_rows_and_reports_the_bad_ones(harness: Harness) -> None:
+    oversized = ImageOptions(size=224, max_pixels=40_000_000, max_bytes=len(JPEG) + 10)
+    items: list[ImageItem] = [b"", JPEG, "@@@", PNG, samples.png(2)]
+    batch = harness.decode(items, skip=True, options=oversized)
+    assert batch.indices == (1,)
+    assert batch.pixels.shape == (1, 224, 224, 3)
+    assert np.array_equal(batch.pixels[0], expected(JPEG)[0])
+    assert batch.decoded == (expected(JPEG)[1],)
+    assert [(type(e), e.index) for e in batch.errors] == [
+        (InvalidImage, 0),
+        (InvalidImage, 2),
+        (LimitExceeded, 3),
+        (LimitExceeded, 4),
+    ]
+    assert batch.errors[0].reason == "empty image (0 bytes)"
+    assert batch.errors[1].reason.startswith("invalid base64: ")
+    assert harness.spans()["preprocess"].attributes["images.failed"] == 4
+
+
+def test_skip_invalid_with_nothing_good(harness: Harness) -> None:
+    batch = harness.decode([b"x", b"y"], skip=True)
+    assert batch.pixels.shape == (0, 224, 224, 3)
+    assert (batch.indices, batch.decoded) == ((), ())
+    assert [e.index for e in batch.errors] == [0, 1]
+    spans = harness.spans()
+    assert set(spans) == {"preprocess"}  # no pool.wait/decode spans without a decoded image
+    assert spans["preprocess"].attributes["images.failed"] == 2
+    assert harness.sample("gateway_images_total", format="jpeg") is None
+
+
+def test_a_failure_outside_the_image_errors_is_still_the_images_fault(harness: Harness) -> None:
+    """Whatever a decoder raises becomes a 422 for that item, never a 500 for the request."""
+    bad = bytearray(JPEG)  # not bytes: item_bytes trips over it with a TypeError
+    batch = harness.decode([JPEG, bad], skip=True)
+    (error,) = batch.errors
+    assert isinstance(error, InvalidImage) and isinstance(error, EmbeddingError)
+    assert error.index == 1
+    assert error.reason.startswith("cannot decode image: TypeError: ")
+    assert isinstance(error.__cause__, TypeError)
+
+
+def test_spans_describe_the_decoded_images(harness: Harness) -> None:
+    png = samples.png(3)
+    harness.decode([JPEG, b"", png, JPEG], skip=True)
+    spans = harness.spans()
+    assert set(spans) == {"preprocess", "pool.wait", "decode"}
+    attributes = dict(spans["preprocess"].attributes)
+    assert attributes == {
+        "images": 3,
+        "image.bytes": 2 * len(JPEG) + len(png),
+        "image.source_pixels": 2 * 341 * 256 + 640 * 480,
+        "image.decoded_pixels": 2 * 341 * 256 + 640 * 480,
+        "image.formats": ("jpeg", "png"),
+        "images.failed": 1,
+    }
+    parent = spans["preprocess"].context.span_id
+    for name in ("pool.wait", "decode"):
+        assert spans[name].parent is not None and spans[name].parent.span_id == parent
+
+
+def test_worker_spans_are_laid_out_from_the_worker_clocks(serial: Harness) -> None:
+    serial.decode([JPEG], skip=False)
+    spans = serial.spans()
+    wait, decode, outer = spans["pool.wait"], spans["decode"], spans["preprocess"]
+    # one image: the wait ends where its decode starts, and the decode span is its decode time
+    assert wait.end_time == decode.start_time
+    assert outer.start_time <= wait.start_time <= wait.end_time <= decode.end_time
+    assert decode.end_time <= outer.end_time
+    assert wait.attributes["pool.wait_max_ms"] == (wait.end_time - wait.start_time) / 1e6
+    assert decode.attributes["decode.cpu_ms"] == (decode.end_time - decode.start_time) / 1e6
+
+
+def test_worker_spans_sum_and_max_over_images(serial: Harness) -> None:
+    """One worker decodes the two images back to back: the second waits for the first."""
+    serial.decode([JPEG, JPEG], skip=False)
+    spans = serial.spans()
+    wait, decode = spans["pool.wait"], spans["decode"]
+    assert wait.end_time == decode.start_time  # the first image's start
+    wait_max_ns = wait.attributes["pool.wait_max_ms"] * 1e6
+    cpu_ns = decode.attributes["decode.cpu_ms"] * 1e6
+    # the later start (of image 2) is after image 1 finished; the span covers both decodes
+    assert wait_max_ns > wait.end_time - wait.start_time
+    assert 0 < cpu_ns <= decode.end_time - decode.start_time
+    assert wait.start_time + wait_max_ns < decode.end_time
+
+
+def test_metrics_count_decoded_images_per_format(harness: Harness) -> None:
+    harness.decode([JPEG, PNG, b"junk", JPEG], skip=True)
+    assert harness.sample("gateway_images_total", format="jpeg") == 2
+    assert harness.sample("gateway_images_total", format="png") == 1
+    assert harness.sample("gateway_image_decode_seconds_count", format="jpeg") == 2
+    assert harness.sample("gateway_image_decode_seconds_count", format="png") == 1
+
+
+def test_decode_histogram_observes_the_worker_time_in_seconds(serial: Harness) -> None:
+    serial.decode([PNG], skip=False)
+    decode = serial.spans()["decode"]  # one image: the span is exactly its decode interval
+    seconds = serial.sample("gateway_image_decode_seconds_sum", format="png")
+    assert seconds == (decode.end_time - decode.start_time) / 1e9
