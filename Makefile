@@ -25,13 +25,13 @@ install: $(VENV)/.installed $(TRITON_ENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	@echo "clip-gateway: installing into $(VENV) (first run: a few minutes)"
 	@$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -m pip install --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
+	@$(PY) -m pip install --quiet --quiet --upgrade pip
+	@$(PY) -m pip install --quiet --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
 	@if [ "$(PILLOW_SIMD)" = 1 ] && [ ! -f /usr/include/webp/decode.h ]; then \
 	  echo "note: libwebp-dev is missing, so pillow-simd would lack WebP; keeping stock Pillow" >&2; \
 	elif [ "$(PILLOW_SIMD)" = 1 ]; then \
 	  $(PY) -m pip uninstall --quiet --yes pillow pillow-simd && \
-	  CC="cc $(SIMD_CFLAGS)" $(PY) -m pip install --quiet --force-reinstall --no-deps --no-cache-dir \
+	  CC="cc $(SIMD_CFLAGS)" $(PY) -m pip install --quiet --quiet --force-reinstall --no-deps --no-cache-dir \
 	    --no-binary pillow-simd pillow-simd==$(PILLOW_SIMD_VERSION); \
 	fi
 	@touch $@
@@ -42,8 +42,8 @@ triton-env: $(TRITON_ENV)/.installed
 $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt
 	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"
 	@$(PYTHON) -m venv $(TRITON_ENV)
-	@$(TRITON_ENV)/bin/pip install --quiet -r requirements/triton-env.txt
-	@$(TRITON_ENV)/bin/pip install --quiet --no-deps -r requirements/triton-server.txt
+	@$(TRITON_ENV)/bin/pip install --quiet --quiet -r requirements/triton-env.txt
+	@$(TRITON_ENV)/bin/pip install --quiet --quiet --no-deps -r requirements/triton-server.txt
 	@touch $@
 
 # A few progress lines; Triton's and the gateway's logs go to a file (VERBOSE=1: the terminal).

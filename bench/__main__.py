@@ -1,8 +1,10 @@
-"""``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing``.
+"""``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
+``footprint``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
-measures what OpenTelemetry costs at 0% and 100% sampling.
+measures what OpenTelemetry costs at 0% and 100% sampling; ``footprint`` reads the memory of
+every process the real launch path starts.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         default="cpu",
         help="Triton profile for B and C (GPU profiles need the NGC tritonserver)",
     )
-    for name, default_minutes in (("overload", 4.0), ("soak", 10.0), ("tracing", 3.0)):
+    for name, default_minutes in (
+        ("overload", 4.0),
+        ("soak", 10.0),
+        ("tracing", 3.0),
+        ("footprint", 1.0),
+    ):
         command = commands.add_parser(name, help=f"bench/{name}.py")
         command.add_argument("--minutes", type=float, default=default_minutes)
         command.add_argument("--smoke", action="store_true", help="seconds, for CI")
@@ -39,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
 
         runner.run(args.suite, args.out or RESULTS / args.suite, args.profile)
         return 0
-    from bench import overload, soak, tracing_cost
+    from bench import footprint, overload, soak, tracing_cost
 
-    module = {"overload": overload, "soak": soak, "tracing": tracing_cost}[args.command]
+    modules = {"overload": overload, "soak": soak, "tracing": tracing_cost, "footprint": footprint}
+    module = modules[args.command]
     suffix = "-smoke" if args.smoke else ""
     results = module.run(args.minutes, args.out or RESULTS / f"{args.command}{suffix}", args.smoke)
     print((args.out or RESULTS / f"{args.command}{suffix}"), flush=True)

@@ -10,11 +10,8 @@ import numpy as np
 TRITON_MODEL_NAME: Final = "clip_image"
 #: uint8 NHWC RGB, already resized and centre-cropped; normalisation happens inside the graph.
 INPUT_NAME: Final = "pixels"
-INPUT_DTYPE: Final = "UINT8"
 #: float32 image embedding, *not* L2-normalised (the gateway normalises unless asked not to).
 OUTPUT_NAME: Final = "embedding"
-OUTPUT_DTYPE: Final = "FP32"
-CHANNELS: Final = 3
 
 #: Model-config parameter holding the canary image's export-time embedding (base64 float32 LE).
 CANARY_PARAMETER: Final = "canary_embedding"

@@ -21,17 +21,13 @@ from types import TracebackType
 from typing import Self
 
 from gateway.backend.contract import TRITON_MODEL_NAME
-from gateway.runtime.processes import ProcessStartError, ReservedPort, ServerProcess, reserve_port
+from gateway.runtime.processes import ReservedPort, ServerProcess, reserve_port
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ENV = REPO_ROOT / ".triton-env"
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
-
-
-#: tritonserver exited or did not turn ready in time (carries the tail of its log).
-TritonStartError = ProcessStartError
 
 
 @dataclass(frozen=True)

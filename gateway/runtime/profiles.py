@@ -92,7 +92,7 @@ def choose(
 ) -> tuple[Profile, str]:
     """Operator override > recorded calibration > fresh calibration (opt-in) > the table."""
     if override != "auto":
-        return override, "set by GATEWAY_TRITON_PROFILE"  # type: ignore[return-value]
+        return override, "as configured"  # type: ignore[return-value]
     if gpu is None:
         return "cpu", "no GPU"
     if (previous := calibrate.recorded(record, gpu.name, model)) is not None:

@@ -222,3 +222,29 @@ def test_shared_memory_regions_are_removed_when_the_gateway_stops(triton, start_
     assert "Application shutdown complete" in gw.log_path.read_text()
     assert not ours & registered()  # unregistered from Triton
     assert not [name for name in ours if (Path("/dev/shm") / name).exists()]  # and unlinked
+
+
+def test_a_killed_workers_regions_are_removed_by_its_replacement(triton, start_gateway) -> None:
+    import tritonclient.grpc as grpcclient
+
+    def registered() -> set[str]:
+        with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+            status = client.get_system_shared_memory_status(as_json=True)
+        return {r["name"] for r in status.get("regions", {}).values()}
+
+    dead = start_gateway(triton.grpc_url, GATEWAY_CANARY_INTERVAL_S="0")
+    assert (
+        httpx.post(f"{dead.url}/v1/embeddings", files=files(samples.compact(6))).status_code == 200
+    )
+    pid = dead.process.pid
+    left = {name for name in registered() if name.startswith(f"clipgw_{pid}_")}
+    assert left
+    dead.kill()  # SIGKILL: its shutdown never runs, Triton keeps the registrations
+    assert left <= registered()
+    replacement = start_gateway(triton.grpc_url, GATEWAY_CANARY_INTERVAL_S="0")
+    assert (
+        httpx.post(f"{replacement.url}/v1/embeddings", files=files(samples.compact(7))).status_code
+        == 200
+    )
+    assert not left & registered()  # unregistered from Triton by the new worker
+    assert not [name for name in left if (Path("/dev/shm") / name).exists()]  # and unlinked

@@ -59,3 +59,14 @@ def test_tracing_cost_smoke(tmp_path: Path) -> None:
     for row in results["modes"].values():
         assert row["single"]["ok"] > 0 and row["batch_8"]["ok"] > 0
     assert results["span_bytes_received"] > 0  # the sampled run really exported spans
+
+
+def test_footprint_smoke(tmp_path: Path) -> None:
+    """The launch path's processes are measured, and torch is mapped in none of them."""
+    done = bench("footprint", "--smoke", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    results = json.loads((tmp_path / "footprint.json").read_text())
+    roles = {p["role"] for p in results["processes"]}
+    assert {"supervisor", "tritonserver", "gateway (serving process)"} <= roles
+    assert not results["torch_loaded_anywhere"]
+    assert results["serving_rss_mb"] > 0

@@ -59,7 +59,7 @@ def test_override_wins_over_everything(tmp_path: Path) -> None:
     timer = fake_timer(1.0, 2.0)
     chosen = gpu.choose("tensorrt", card("NVIDIA A100"), model="m", record=record,
                         calibrate_now=True, timer=timer)  # fmt: skip
-    assert chosen == ("tensorrt", "set by GATEWAY_TRITON_PROFILE")
+    assert chosen == ("tensorrt", "as configured")
     assert timer.calls == []  # type: ignore[attr-defined]
 
 
