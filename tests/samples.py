@@ -38,6 +38,11 @@ def gif(seed: int = 0) -> bytes:
     return encode(small_photo(seed).convert("P"), "GIF")
 
 
+def bmp(seed: int = 0) -> bytes:
+    """A format the gateway recognises but does not accept (415)."""
+    return encode(small_photo(seed), "BMP")
+
+
 def grayscale_jpeg(seed: int = 0) -> bytes:
     return jpeg(small_photo(seed).convert("L"))
 

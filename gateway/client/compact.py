@@ -64,7 +64,7 @@ def _compact_jpeg(data: bytes, options: CompactOptions) -> bytes:
         rgb = jpeg.decode_scaled(data, header, options.short_side, max_scans=1000, dc_only=True)
     except jpeg.JpegError:
         return data
-    rgb = orientation.upright(rgb, orientation.from_jpeg(data))
+    rgb = orientation.upright(rgb, orientation.of(data))
     return _encode(_shrink(Image.fromarray(np.ascontiguousarray(rgb)), options), options)
 
 

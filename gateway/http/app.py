@@ -61,7 +61,12 @@ def create_app(
         pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
         backend = backend_factory(settings, telemetry.tracer)
         app.state.service = EmbeddingService(
-            backend, pool, settings, tracer=telemetry.tracer, metrics=metrics
+            backend,
+            pool,
+            settings,
+            decode_threads=threads,
+            tracer=telemetry.tracer,
+            metrics=metrics,
         )
         app.state.http = httpx.AsyncClient(timeout=5.0)
         canary = Canary(

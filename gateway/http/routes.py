@@ -20,6 +20,7 @@ from gateway.errors import (
     BackendUnavailable,
     BodyTooSlow,
     ClientGone,
+    LimitExceeded,
     MalformedRequest,
     UnknownModel,
     UnsupportedFormat,
@@ -28,6 +29,7 @@ from gateway.http import encoding, parsing
 from gateway.http.auth import PUBLIC
 from gateway.http.docs import PROTECTED, EmbeddingsOperation
 from gateway.http.schemas import BinaryDtype, Health, ModelCard, ModelList
+from gateway.pipeline.admission import Reservation
 from gateway.pipeline.canary import Canary
 from gateway.pipeline.service import Embeddings, EmbeddingService
 from gateway.runtime.settings import ServerSettings
@@ -37,20 +39,27 @@ T = TypeVar("T")
 
 
 async def read_request(
-    request: Request[Any, Any, Any], settings: ServerSettings
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> parsing.ParsedRequest:
+    """The body, read and parsed under its limits, each image admitted as soon as it is in."""
     media_type, options = request.content_type
+    chunks = parsing.body_chunks(request.receive, settings.max_body_bytes)
     if media_type == "multipart/form-data":
         if not options.get("boundary"):
             raise MalformedRequest("multipart/form-data without a boundary parameter")
         return await parsing.parse_multipart(
-            request.stream(),
+            chunks,
             options["boundary"],
             max_images=settings.max_images_per_request,
             max_image_bytes=settings.max_image_bytes,
+            on_image=reservation.add_image,
         )
     if media_type == JSON:
-        return parsing.parse_json(await request.body(), settings.max_images_per_request)
+        body = await parsing.read_all(chunks)
+        parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
+        for item in parsed.items:
+            reservation.add_image(len(item) * 3 // 4 if isinstance(item, str) else len(item))
+        return parsed
     raise UnsupportedFormat(
         f"Content-Type {media_type or '(none)'} is not accepted; send multipart/form-data "
         "with image parts, or application/json in the OpenAI embeddings shape"
@@ -87,26 +96,37 @@ async def create_embeddings(
     settings: ServerSettings = state.settings
     service: EmbeddingService = state.service
     tracer: Tracer = state.telemetry.tracer
-    with tracer.start_as_current_span("receive") as span:
-        try:
-            async with asyncio.timeout(settings.body_timeout_s):
-                parsed = await read_request(request, settings)
-        except TimeoutError as exc:
-            raise BodyTooSlow(
-                f"request body not received within {settings.body_timeout_s:g} s"
-            ) from exc
-        span.set_attributes(
-            {"images": len(parsed.items), "http.request.body.size": request.content_length or 0}
+    declared = request.content_length
+    if declared is not None and declared > settings.max_body_bytes:
+        raise LimitExceeded(
+            f"request body of {declared} bytes; the limit is {settings.max_body_bytes}",
+            limit=settings.max_body_bytes,
         )
-    request.state.images = len(parsed.items)
-    if not settings.accepts_model(parsed.model):
-        raise UnknownModel(f"model {parsed.model!r} is not served here; use {settings.model_id!r}")
-    unit = _first(parsed.normalize, normalize, True)
-    skip = _first(parsed.skip_invalid, skip_invalid, False)
-    result = await unless_disconnected(
-        request, service.embed(parsed.items, normalize=unit, skip_invalid=skip)
-    )
-    return encode(request, tracer, settings, result, parsed, dtype, skip)
+    # Admission starts before the first byte is read: the declared size already costs its decode
+    with service.admission.reserve(declared or settings.max_body_bytes) as reservation:
+        with tracer.start_as_current_span("receive") as span:
+            try:
+                async with asyncio.timeout(settings.body_timeout_s):
+                    parsed = await read_request(request, settings, reservation)
+            except TimeoutError as exc:
+                raise BodyTooSlow(
+                    f"request body not received within {settings.body_timeout_s:g} s"
+                ) from exc
+            reservation.body_read()
+            span.set_attributes(
+                {"images": len(parsed.items), "http.request.body.size": declared or 0}
+            )
+        request.state.images = len(parsed.items)
+        if not settings.accepts_model(parsed.model):
+            raise UnknownModel(
+                f"model {parsed.model!r} is not served here; use {settings.model_id!r}"
+            )
+        unit = _first(parsed.normalize, normalize, True)
+        skip = _first(parsed.skip_invalid, skip_invalid, False)
+        result = await unless_disconnected(
+            request, service.embed(parsed.items, normalize=unit, skip_invalid=skip)
+        )
+        return encode(request, tracer, settings, result, parsed, dtype, skip)
 
 
 def encode(

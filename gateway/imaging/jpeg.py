@@ -1,4 +1,5 @@
-"""JPEG decoding at the smallest power-of-two DCT scale that still covers the target size.
+"""JPEG: one bounded walk of the marker structure, then a decode at the smallest power-of-two DCT
+scale that still covers the target size.
 
 libjpeg-turbo (bundled by simplejpeg) can run its inverse DCT at 1/2, 1/4 or 1/8 size, so a 12 MP
 photo becomes a 504x378 image without ever existing at full size. Only power-of-two scales are
@@ -7,29 +8,49 @@ used: the n/8 scales in between take libjpeg-turbo's slow non-SIMD path and deco
 
 Progressive JPEGs need one more step to profit. At 1/8 scale each 8x8 block becomes one pixel,
 computed from its DC coefficient alone, but libjpeg still entropy-decodes every AC scan, which is
-most of the file and most of the time. :func:`strip_ac_scans` rewrites the stream keeping only
-the DC scans (the ones with spectral start 0); libjpeg then decodes a valid, shorter progressive
-JPEG, 3-5x faster. The output differs from a full decode only where libjpeg's block smoothing
-and chroma upsampling would have used low AC terms: on average under 1/255 per channel.
+most of the file and most of the time. The walk can rewrite the stream keeping only the DC scans
+(spectral start 0); libjpeg then decodes a valid, shorter progressive JPEG, 3-5x faster. The
+output differs from a full decode only where libjpeg's block smoothing and chroma upsampling would
+have used low AC terms: on average under 1/255 per channel.
+
+The walk is also what bounds the decoder: it reads the frame header (size, components, sampling,
+coding), counts every scan the decoder would run and finds the EXIF block, in a number of steps
+capped by ``MAX_SEGMENTS``; entropy-coded data is skipped with a compiled regex, never a Python
+loop per byte. Multi-scan files (progressive, or sequential with components in separate scans)
+make libjpeg hold a whole-image coefficient buffer; ``JpegLayout.coefficient_bytes`` says how
+large, so the caller can refuse it before paying it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
 import simplejpeg
 
-#: Any marker but RSTn (d0-d7), byte stuffing (00) and fill bytes (ff): ends a scan's data.
-_MARKER = re.compile(rb"\xff[\xc0-\xcf\xd8-\xfe]")
-_SOF_PROGRESSIVE = {0xC2, 0xC6, 0xCA}
-_SOS, _EOI, _APP1, _SOI = 0xDA, 0xD9, 0xE1, b"\xff\xd8"
-_STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers without a length field
+#: Segments (markers) walked before a file is refused as built to waste time.
+MAX_SEGMENTS = 2048
+#: Ends entropy-coded data: any marker but RSTn (d0-d7), byte stuffing (00) and fill (ff).
+_SCAN_END = re.compile(rb"\xff[\xc0-\xcf\xd8-\xfe]")
+#: Where libjpeg resynchronises after junk between segments: the next marker of any kind.
+_NEXT_MARKER = re.compile(rb"\xff[\x01\xc0-\xfe]")
+_FILL = re.compile(rb"\xff+")
+_SOI, _EOI, _SOS, _APP1 = b"\xff\xd8", 0xD9, 0xDA, 0xE1
+_STANDALONE = {0x01, 0xD8, *range(0xD0, 0xD8)}  # markers without a length field
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
+_LOSSLESS_OR_HIERARCHICAL = {0xC3, 0xC5, 0xC6, 0xC7, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
 class JpegError(ValueError):
     """Not a decodable JPEG, or one whose structure breaks our limits."""
+
+
+class UnsupportedJpeg(JpegError):
+    """A valid JPEG of a kind the decoder cannot scale (lossless, hierarchical, 12-bit)."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +61,38 @@ class JpegHeader:
 
 
 @dataclass(frozen=True)
-class ScanInfo:
+class JpegLayout:
+    width: int
+    height: int
+    #: (horizontal, vertical) sampling factors, one pair per component.
+    sampling: tuple[tuple[int, int], ...]
     progressive: bool
+    #: Scans walked, and those with spectral start 0 (all a DC-only decode runs).
     scans: int
-    dc_only: bytes | None  # the stream without its AC scans (progressive only)
+    dc_scans: int
+    #: libjpeg buffers the whole image's coefficients (progressive, or sequential multi-scan).
+    multi_scan: bool
+    #: ``data[start:end]`` of the APP1 Exif payload (starting ``Exif\\0\\0``), if any.
+    exif: tuple[int, int] | None
+    #: The stream without its AC scans (progressive, when asked for and worthwhile).
+    dc_only: bytes | None = None
+
+    @property
+    def blocks(self) -> int:
+        """8x8 blocks of all components (what every decoded scan visits)."""
+        hmax = max(h for h, _ in self.sampling)
+        vmax = max(v for _, v in self.sampling)
+        return sum(
+            math.ceil(math.ceil(self.width * h / hmax) / 8)
+            * math.ceil(math.ceil(self.height * v / vmax) / 8)
+            for h, v in self.sampling
+        )
+
+    @property
+    def coefficient_bytes(self) -> int:
+        """libjpeg's whole-image coefficient buffer (64 int16 per block), allocated when the
+        decode starts for progressive and multi-scan files; 0 for a single sequential scan."""
+        return self.blocks * 128 if self.progressive or self.multi_scan else 0
 
 
 def read_header(data: bytes) -> JpegHeader:
@@ -65,94 +114,186 @@ def scale_divisor(width: int, height: int, target: int) -> int:
     return 1
 
 
-def inspect_scans(data: bytes, *, max_scans: int, want_dc_only: bool) -> ScanInfo:
-    """Walk the marker structure: count scans, and cut the AC scans out if asked.
+def walk(data: bytes, *, max_scans: int, dc_only_for: int | None = None) -> JpegLayout:
+    """The marker structure of ``data``; with ``dc_only_for=target``, also the DC-only stream
+    when the file is progressive and will be decoded at 1/8 for that target size.
 
-    Baseline files return after their first SOS (nothing after it matters to us). Structure we
-    cannot follow ends the walk without a cut; the decoder then reports the real error, if any.
+    Raises ``JpegError`` for structure no decoder would accept (no frame header, a scan before
+    it, impossible lengths) or that breaks a limit (scans, segments), ``UnsupportedJpeg`` for
+    kinds that cannot be decoded scaled. A stream cut short ends the walk: the decoder reports
+    it.
     """
-    end, pos = len(data), 2
-    progressive, scans, kept = False, 0, [_SOI]
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return ScanInfo(progressive, scans, None)
-        marker = data[pos + 1]
-        if marker == _EOI:
-            break
-        if marker == 0xFF or marker in _STANDALONE:  # fill byte, or a marker without length
-            pos += 1 if marker == 0xFF else 2
-            continue
-        segment_end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
-        progressive = progressive or marker in _SOF_PROGRESSIVE
-        if marker != _SOS:
-            kept.append(data[pos:segment_end])
-            pos = segment_end
-            continue
-        scans += 1
-        if not progressive:
-            return ScanInfo(False, scans, None)
-        if scans > max_scans:
-            raise JpegError(f"progressive JPEG has more than {max_scans} scans")
-        scan_end = _scan_end(data, pos, segment_end)
-        if scan_end is None:
-            return ScanInfo(progressive, scans, None)
-        if data[pos + 5 + 2 * data[pos + 4]] == 0:  # spectral selection starts at 0: a DC scan
-            kept.append(data[pos:scan_end])
-        pos = scan_end
-    if not (progressive and want_dc_only):
-        return ScanInfo(progressive, scans, None)
-    kept.append(b"\xff\xd9")
-    return ScanInfo(True, scans, b"".join(kept))
+    if not data.startswith(_SOI):
+        raise JpegError("not a JPEG: no start-of-image marker")
+    return _Walk(data, max_scans, dc_only_for).run()
 
 
-def _scan_end(data: bytes, sos: int, header_end: int) -> int | None:
-    """Where the entropy-coded data after the SOS header at ``sos`` ends (None: malformed)."""
-    if sos + 4 >= len(data) or sos + 5 + 2 * data[sos + 4] >= min(header_end, len(data)):
-        return None
-    found = _MARKER.search(data, header_end)
-    return found.start() if found else len(data)
+_Frame = tuple[int, int, tuple[tuple[int, int], ...], bool]  # width, height, sampling, progressive
+
+
+class _Walk:
+    def __init__(self, data: bytes, max_scans: int, dc_only_for: int | None) -> None:
+        self.data, self.end, self.pos = data, len(data), 2
+        self.max_scans, self.dc_only_for = max_scans, dc_only_for
+        self.frame: _Frame | None = None
+        self.scans = self.dc_scans = 0
+        self.multi_scan = False
+        self.exif: tuple[int, int] | None = None
+        # the DC-only stream: header segments and DC scans, dropped once the frame says it will
+        # not be used (not progressive, or not decoded at 1/8)
+        self.kept: list[bytes] | None = [_SOI] if dc_only_for else None
+
+    def run(self) -> JpegLayout:
+        for _ in range(MAX_SEGMENTS):
+            marker = self._next_marker()
+            if marker is None or marker == _EOI:
+                break
+            if marker in _STANDALONE:
+                self.pos += 2
+                continue
+            segment_end = self.pos + 2 + int.from_bytes(self.data[self.pos + 2 : self.pos + 4])
+            if self.pos + 4 > self.end or segment_end > self.end:
+                break  # cut short
+            if segment_end < self.pos + 4:
+                raise JpegError("JPEG segment with an impossible length")
+            if marker == _SOS:
+                if self._scan(segment_end):
+                    return self._layout()
+                continue
+            self._segment(marker, segment_end)
+        else:
+            raise JpegError(f"JPEG has more than {MAX_SEGMENTS} segments")
+        return self._layout()
+
+    def _next_marker(self) -> int | None:
+        """Move to the next marker (past junk and fill bytes, as libjpeg does); its code."""
+        if self.pos < self.end and self.data[self.pos] != 0xFF:
+            found = _NEXT_MARKER.search(self.data, self.pos)
+            self.pos = found.start() if found else self.end
+        fill = _FILL.match(self.data, self.pos)
+        if fill is None or fill.end() >= self.end:
+            return None
+        self.pos = fill.end() - 1  # the last ff of a fill run
+        return self.data[self.pos + 1]
+
+    def _segment(self, marker: int, segment_end: int) -> None:
+        data, pos = self.data, self.pos
+        if marker in _SOF:
+            if self.frame is not None:
+                raise UnsupportedJpeg("JPEG with more than one frame (hierarchical)")
+            self.frame = width, height, _, progressive = _frame(data, pos, segment_end, marker)
+            target = self.dc_only_for
+            if not (target and progressive and scale_divisor(width, height, target) == 8):
+                self.kept = None
+        elif marker == _APP1 and self.exif is None and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
+            self.exif = (pos + 4, segment_end)
+        if self.kept is not None:
+            self.kept.append(data[pos:segment_end])
+        self.pos = segment_end
+
+    def _scan(self, segment_end: int) -> bool:
+        """Count one scan and skip its entropy-coded data; True: nothing after it matters."""
+        if self.frame is None:
+            raise JpegError("JPEG scan before its frame header")
+        data, pos = self.data, self.pos
+        sampling, progressive = self.frame[2], self.frame[3]
+        components = data[pos + 4]
+        if not 1 <= components <= len(sampling) or pos + 8 + 2 * components > segment_end:
+            raise JpegError("malformed JPEG scan header")
+        self.scans += 1
+        if self.scans > self.max_scans:
+            raise JpegError(f"JPEG has more than {self.max_scans} scans")
+        is_dc = data[pos + 5 + 2 * components] == 0  # spectral selection starts at 0
+        self.dc_scans += is_dc
+        if self.scans == 1 and not progressive and components == len(sampling):
+            # One interleaved sequential scan: libjpeg decodes the whole image in this pass
+            # and refuses any further scan, so nothing after it can cost anything.
+            return True
+        self.multi_scan = True
+        found = _SCAN_END.search(data, segment_end)
+        scan_end = found.start() if found else self.end
+        if self.kept is not None and is_dc:
+            self.kept.append(data[pos:scan_end])
+        self.pos = scan_end
+        return False
+
+    def _layout(self) -> JpegLayout:
+        if self.frame is None:
+            raise JpegError("JPEG without a frame header (truncated or corrupt)")
+        width, height, sampling, progressive = self.frame
+        dc_only = None
+        if self.kept is not None and self.scans:
+            dc_only = b"".join([*self.kept, b"\xff\xd9"])
+        return JpegLayout(
+            width,
+            height,
+            sampling,
+            progressive,
+            self.scans,
+            self.dc_scans,
+            self.multi_scan,
+            self.exif,
+            dc_only,
+        )
+
+
+def _frame(
+    data: bytes, pos: int, end: int, marker: int
+) -> tuple[int, int, tuple[tuple[int, int], ...], bool]:
+    if marker in _LOSSLESS_OR_HIERARCHICAL:
+        raise UnsupportedJpeg("lossless and hierarchical JPEGs are not supported")
+    if end < pos + 10 or data[pos + 4] != 8:
+        raise UnsupportedJpeg(f"{data[pos + 4]}-bit JPEG samples are not supported (only 8)")
+    height = int.from_bytes(data[pos + 5 : pos + 7], "big")
+    width = int.from_bytes(data[pos + 7 : pos + 9], "big")
+    count = data[pos + 9]
+    if not width or not height:
+        raise JpegError("JPEG frame header declares an empty image")
+    if count not in (1, 3, 4) or end < pos + 10 + 3 * count:
+        raise JpegError(f"JPEG frame header with {count} components")
+    sampling = tuple(
+        (data[pos + 11 + 3 * i] >> 4, data[pos + 11 + 3 * i] & 0x0F) for i in range(count)
+    )
+    if any(not (1 <= h <= 4 and 1 <= v <= 4) for h, v in sampling):
+        raise JpegError("JPEG frame header with impossible sampling factors")
+    return width, height, sampling, marker in _PROGRESSIVE
 
 
 def exif_segment(data: bytes) -> tuple[int, int] | None:
-    """Where the APP1 Exif payload is (``data[start:end]``, starting ``Exif\\0\\0``), found by
-    walking the segments before the first scan; None when there is none or it is cut short.
-
-    Pillow would find it too, but only by parsing every header segment (quantisation tables
-    included) in Python, which the bench's GIL profile showed as a visible cost.
-    """
-    pos, end = 2, len(data)
-    while pos + 4 <= end and data[pos] == 0xFF:
-        marker = data[pos + 1]
-        if marker in (_SOS, _EOI):
-            return None
-        if marker == 0xFF or marker in _STANDALONE:
-            pos += 1 if marker == 0xFF else 2
-            continue
-        segment_end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
-        if marker == _APP1 and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
-            return (pos + 4, segment_end) if segment_end <= end else None
-        pos = segment_end
-    return None
+    """Where the APP1 Exif payload is (``data[start:end]``, starting ``Exif\\0\\0``), if the
+    walk reaches one before the first scan, whatever is wrong with the rest of the file."""
+    if not data.startswith(_SOI):
+        return None
+    walker = _Walk(data, 1 << 16, None)
+    with contextlib.suppress(JpegError):
+        walker.run()
+    return walker.exif
 
 
-def decode_scaled(
-    data: bytes, header: JpegHeader, target: int, *, max_scans: int, dc_only: bool
-) -> np.ndarray:
-    """RGB uint8 ``[h, w, 3]`` at the power-of-two scale whose short side is still >= target."""
-    divisor = scale_divisor(header.width, header.height, target)
-    info = inspect_scans(data, max_scans=max_scans, want_dc_only=dc_only and divisor == 8)
+def decode(data: bytes, layout: JpegLayout, target: int) -> np.ndarray:
+    """RGB uint8 ``[h, w, 3]`` at the power-of-two scale whose short side is still >= target
+    (from the DC-only stream when the walk made one). CMYK and YCCK become RGB in libjpeg."""
+    divisor = scale_divisor(layout.width, layout.height, target)
     # Asking for ceil(size/divisor) makes libjpeg pick exactly 1/divisor: the next smaller n/8
     # falls short of it.
-    min_height, min_width = -(-header.height // divisor), -(-header.width // divisor)
-    if info.dc_only is not None:
+    min_height, min_width = -(-layout.height // divisor), -(-layout.width // divisor)
+    if layout.dc_only is not None:
         try:
-            return _decode(info.dc_only, min_height, min_width)
+            return _decode(layout.dc_only, min_height, min_width)
         except ValueError:
             pass  # something our cut could not express: let the full stream decide
     try:
         return _decode(data, min_height, min_width)
     except ValueError as exc:
         raise JpegError(f"corrupt or truncated JPEG: {exc}") from exc
+
+
+def decode_scaled(
+    data: bytes, header: JpegHeader, target: int, *, max_scans: int, dc_only: bool
+) -> np.ndarray:
+    """Walk and decode in one call (the client's compact upload)."""
+    layout = walk(data, max_scans=max_scans, dc_only_for=target if dc_only else None)
+    return decode(data, layout, target)
 
 
 def _decode(data: bytes, min_height: int, min_width: int) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""EXIF orientation (tag 0x0112): found in JPEG, PNG and WebP, read, and applied. One
-implementation for the gateway and the client.
+"""EXIF orientation (tag 0x0112): read from the EXIF block the format walkers find (JPEG APP1,
+PNG eXIf, WebP EXIF), and applied. One implementation for the gateway and the client.
 
 Untrusted bytes never reach a general EXIF loader: Pillow's reads every IFD and can be made to
 allocate the same bytes thousands of times. Here only IFD0 is walked, for one tag, with every
@@ -17,8 +17,6 @@ import numpy as np
 TAG = 0x0112
 #: IFD entries looked at (real files have 10-60 in IFD0).
 MAX_ENTRIES = 512
-#: Container chunks walked while looking for the EXIF block.
-MAX_CHUNKS = 4096
 _SHORT = 3
 _EXIF_HEADER = b"Exif\x00\x00"
 
@@ -50,51 +48,23 @@ def from_tiff(data: bytes, start: int = 0, end: int | None = None) -> int:
     return 1
 
 
-def from_png(data: bytes) -> int:
-    """From the ``eXIf`` chunk, before or after the image data."""
-    pos, end = 8, len(data)
-    for _ in range(MAX_CHUNKS):
-        if pos + 8 > end:
-            return 1
-        length = int.from_bytes(data[pos : pos + 4], "big")
-        kind = data[pos + 4 : pos + 8]
-        if kind == b"eXIf":
-            return from_tiff(data, pos + 8, pos + 8 + length)
-        if kind == b"IEND":
-            return 1
-        pos += 12 + length
-    return 1
-
-
-def from_webp(data: bytes) -> int:
-    """From the RIFF ``EXIF`` chunk."""
-    pos, end = 12, min(len(data), 8 + int.from_bytes(data[4:8], "little"))
-    for _ in range(MAX_CHUNKS):
-        if pos + 8 > end:
-            return 1
-        size = int.from_bytes(data[pos + 4 : pos + 8], "little")
-        if data[pos : pos + 4] == b"EXIF":
-            return from_tiff(data, pos + 8, pos + 8 + size)
-        pos += 8 + size + (size & 1)  # chunks are padded to an even length
-    return 1
-
-
-def from_jpeg(data: bytes) -> int:
-    from gateway.imaging import jpeg  # the segment walker lives with the JPEG code
-
-    found = jpeg.exif_segment(data)
-    return 1 if found is None else from_tiff(data, *found)
-
-
 def of(data: bytes) -> int:
-    """The orientation of JPEG, PNG or WebP bytes, told apart by signature; 1 for others."""
-    if data.startswith(b"\xff\xd8"):
-        return from_jpeg(data)
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return from_png(data)
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return from_webp(data)
-    return 1
+    """The orientation of JPEG, PNG or WebP bytes, told apart by signature; 1 for other formats
+    and for anything malformed."""
+    from gateway.imaging import containers, jpeg  # the walkers live with their formats
+
+    try:
+        if data.startswith(b"\xff\xd8"):
+            span = jpeg.exif_segment(data)
+        elif data.startswith(b"\x89PNG\r\n\x1a\n"):
+            span = containers.png(data).exif
+        elif data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            span = containers.webp(data).exif
+        else:
+            return 1
+    except ValueError:
+        return 1
+    return from_tiff(data, *span) if span else 1
 
 
 #: Array transforms that turn a stored image upright, as a viewer would (views, no copies).

@@ -1,27 +1,40 @@
-"""One image's bytes to uint8 ``[S, S, 3]``: sniff, decode small, resize, centre-crop.
+"""One image's bytes to uint8 ``[S, S, 3]``: sniff, check its cost, decode small, resize, crop.
 
 Mirrors open_clip's pipeline (bicubic antialiased resize of the short side, centre crop) but never
 decodes a large JPEG at full size (imaging/jpeg.py), crops before it resamples (the resize reads
 only the centre square), and applies EXIF orientation to the 224x224 result, where it is a cheap
 array view: a centred square crop commutes with rotations and flips.
+
+Untrusted bytes: before any decoder runs, the container's own header (imaging/jpeg.py,
+imaging/containers.py) says what decoding will cost: the pixels, the decoder's peak memory
+(a progressive JPEG's whole-image coefficient buffer, a full-size PNG/WebP/GIF canvas and its RGB
+copy) and, for JPEG, the blocks times scans it will visit. Anything over the budget is refused
+with the item's dimensions and the limit it broke. EXIF orientation comes from our bounded reader
+(imaging/orientation.py), never from Pillow's IFD loader.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 from gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
-from gateway.imaging import jpeg, orientation
+from gateway.imaging import containers, jpeg, orientation
+
+MiB = 1 << 20
+#: JPEG work cap: 8x8 blocks times the scans that decode them. A 24 MP progressive photo decoded
+#: in full visits ~6 M; a 100 MP file with 256 full-image scans would visit ~600 M.
+MAX_BLOCK_VISITS = 200_000_000
+#: Bytes per pixel of a Pillow decode: its own buffer (RGB is stored as RGBX) plus the RGB copy.
+_PILLOW_BYTES_PER_PIXEL = {"png": 8, "webp": 8, "gif": 5}
+
 
 #: Formats recognised by signature but not accepted (415 rather than "not an image").
 _UNSUPPORTED_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
-    (b"GIF87a", 0, "gif"),
-    (b"GIF89a", 0, "gif"),
     (b"BM", 0, "bmp"),
     (b"II*\x00", 0, "tiff"),
     (b"MM\x00*", 0, "tiff"),
@@ -41,6 +54,8 @@ class ImageOptions:
     size: int
     max_pixels: int
     max_bytes: int
+    #: Decoder peak memory allowed per image, estimated from the header before decoding.
+    max_decode_bytes: int = 256 * MiB
     #: Progressive JPEGs with more scans than this are refused (CPU bombs).
     max_scans: int = 256
     progressive_dc_only: bool = True
@@ -57,20 +72,25 @@ class Decoded:
     encoded_bytes: int
 
 
+ACCEPTED = "JPEG, PNG, WebP or GIF"
+
+
 def sniff(data: bytes) -> str:
-    """``jpeg`` / ``png`` / ``webp``, or raise 415 (known, unsupported) / 422 (not an image)."""
+    """``jpeg`` / ``png`` / ``webp`` / ``gif``, or raise 415 (known, unsupported) / 422."""
     if data.startswith(b"\xff\xd8\xff"):
         return "jpeg"
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return "png"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
     for signature, offset, name in _UNSUPPORTED_SIGNATURES:
         if data[offset : offset + len(signature)] == signature:
-            raise UnsupportedFormat(f"{name} images are not supported; send JPEG, PNG or WebP")
+            raise UnsupportedFormat(f"{name} images are not supported; send {ACCEPTED}")
     if data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
-        raise UnsupportedFormat("HEIF/AVIF images are not supported; send JPEG, PNG or WebP")
-    raise InvalidImage("not an image: no JPEG, PNG or WebP signature in the first bytes")
+        raise UnsupportedFormat(f"HEIF/AVIF images are not supported; send {ACCEPTED}")
+    raise InvalidImage(f"not an image: no {ACCEPTED} signature in the first bytes")
 
 
 def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
@@ -83,93 +103,110 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
             limit=options.max_bytes,
         )
     kind = sniff(data)
-    rgb, info = _decode_jpeg(data, options) if kind == "jpeg" else (None, None)
-    if rgb is None or info is None:
-        rgb, info = _decode_with_pillow(data, kind, options)
-    turn = _ORIENTATION_OF[kind](data)
-    out[...] = orientation.upright(_resize_centre(rgb, options.size), turn)
+    image, turn, info = _jpeg(data, options) if kind == "jpeg" else _pillow(data, kind, options)
+    square = np.asarray(_resize_centre(image, options.size))
+    out[...] = orientation.upright(square, turn)
     return info
 
 
-def _check_pixels(width: int, height: int, options: ImageOptions) -> None:
+def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions) -> None:
+    """Refuse before decoding: too many pixels, or more decoder memory than the budget."""
     if width * height > options.max_pixels:
         raise ImageTooLarge(
             f"image is {width}x{height} ({width * height} pixels); the limit is "
             f"{options.max_pixels} pixels",
             limit=options.max_pixels,
+            width=width,
+            height=height,
+        )
+    if peak_bytes > options.max_decode_bytes:
+        raise ImageTooLarge(
+            f"image is {width}x{height}: decoding it needs about "
+            f"{math.ceil(peak_bytes / MiB)} MiB, over the {options.max_decode_bytes // MiB} MiB "
+            "budget per image",
+            limit=options.max_decode_bytes,
+            width=width,
+            height=height,
         )
 
 
-def _decode_jpeg(data: bytes, options: ImageOptions) -> tuple[np.ndarray | None, Decoded | None]:
+def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
     try:
-        header = jpeg.read_header(data)
-    except jpeg.JpegError as exc:
-        raise InvalidImage(str(exc)) from exc
-    _check_pixels(header.width, header.height, options)
-    if header.colorspace in ("CMYK", "YCCK"):
-        return None, None  # libjpeg-turbo cannot output RGB from these; Pillow can
-    try:
-        rgb = jpeg.decode_scaled(
+        layout = jpeg.walk(
             data,
-            header,
-            options.size,
             max_scans=options.max_scans,
-            dc_only=options.progressive_dc_only,
+            dc_only_for=options.size if options.progressive_dc_only else None,
         )
+    except jpeg.UnsupportedJpeg as exc:
+        raise UnsupportedFormat(str(exc)) from exc
     except jpeg.JpegError as exc:
         raise InvalidImage(str(exc)) from exc
-    info = Decoded("jpeg", header.width, header.height, rgb.shape[0] * rgb.shape[1], len(data))
-    return rgb, info
+    width, height = layout.width, layout.height
+    divisor = jpeg.scale_divisor(width, height, options.size)
+    scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
+    # the coefficient buffer, the decoded RGB array and Pillow's RGBX copy of it
+    _check_cost(width, height, layout.coefficient_bytes + scaled * 7, options)
+    decoded_scans = layout.dc_scans if layout.dc_only is not None else layout.scans
+    if layout.blocks * decoded_scans > MAX_BLOCK_VISITS:
+        raise ImageTooLarge(
+            f"image is {width}x{height} with {layout.scans} scans: decoding it would visit "
+            f"{layout.blocks * decoded_scans} blocks, over the limit of {MAX_BLOCK_VISITS}",
+            width=width,
+            height=height,
+        )
+    try:
+        rgb = jpeg.decode(data, layout, options.size)
+    except jpeg.JpegError as exc:
+        raise InvalidImage(str(exc)) from exc
+    turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
+    info = Decoded("jpeg", width, height, rgb.shape[0] * rgb.shape[1], len(data))
+    return Image.fromarray(rgb), turn, info
 
 
-#: EXIF orientation of each accepted format, by our bounded reader (never Pillow's IFD loader).
-_ORIENTATION_OF: dict[str, Callable[[bytes], int]] = {
-    "jpeg": orientation.from_jpeg,
-    "png": orientation.from_png,
-    "webp": orientation.from_webp,
-}
+_CONTAINERS = {"png": containers.png, "webp": containers.webp, "gif": containers.gif}
 
 
-def _decode_with_pillow(
-    data: bytes, kind: str, options: ImageOptions
-) -> tuple[np.ndarray, Decoded]:
+def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
+    try:
+        header = _CONTAINERS[kind](data)
+    except containers.ContainerError as exc:
+        raise InvalidImage(f"unreadable {kind} header: {exc}") from exc
+    width, height = header.width, header.height
+    _check_cost(width, height, width * height * _PILLOW_BYTES_PER_PIXEL[kind], options)
     try:
         image = Image.open(io.BytesIO(data), formats=[kind.upper()])
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        # Pillow's own bomb check (a warning, or an error under -W error) also runs on the header.
         raise ImageTooLarge(str(exc)) from exc
     except Exception as exc:  # Pillow raises many types for hostile headers
         raise InvalidImage(f"cannot read {kind} header: {exc}") from exc
     with image:
-        width, height = image.size
-        _check_pixels(width, height, options)
-        if kind == "jpeg":  # CMYK/YCCK: let libjpeg scale in the DCT domain here too
-            image.draft("RGB", (options.size, options.size))
+        if image.size != (width, height):  # our budget was computed for the size we read
+            raise InvalidImage(
+                f"{kind} header says {width}x{height} but the image is "
+                f"{image.size[0]}x{image.size[1]}"
+            )
         try:
-            image.load()
-            rgb = np.asarray(image.convert("RGB"))
+            image.load()  # GIF and animated WebP: the first frame
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
         except MemoryError:
             raise
         except Exception as exc:
             raise InvalidImage(f"corrupt or truncated {kind} image: {exc}") from exc
-    decoded = Decoded(kind, width, height, rgb.shape[0] * rgb.shape[1], len(data))
-    return rgb, decoded
+    turn = orientation.from_tiff(data, *header.exif) if header.exif else 1
+    return rgb, turn, Decoded(kind, width, height, width * height, len(data))
 
 
-def _resize_centre(rgb: np.ndarray, size: int) -> np.ndarray:
+def _resize_centre(image: Image.Image, size: int) -> Image.Image:
     """Bicubic, antialiased resize of the centre square to ``size`` x ``size``."""
-    height, width = rgb.shape[:2]
+    width, height = image.size
     side = min(width, height)
     left, top = (width - side) / 2, (height - side) / 2
-    image = Image.fromarray(rgb)
     if side == size and left.is_integer() and top.is_integer():
-        square = image.crop((int(left), int(top), int(left) + size, int(top) + size))
-    else:
-        # reducing_gap: a box pre-reduction for PNG/WebP, which have no DCT scaling.
-        square = image.resize(
-            (size, size),
-            Image.Resampling.BICUBIC,
-            box=(left, top, left + side, top + side),
-            reducing_gap=3.0 if side > 3 * size else None,
-        )
-    return np.asarray(square)
+        return image.crop((int(left), int(top), int(left) + size, int(top) + size))
+    # reducing_gap: a box pre-reduction for PNG/WebP/GIF, which have no DCT scaling.
+    return image.resize(
+        (size, size),
+        Image.Resampling.BICUBIC,
+        box=(left, top, left + side, top + side),
+        reducing_gap=3.0 if side > 3 * size else None,
+    )

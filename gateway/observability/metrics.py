@@ -70,6 +70,18 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.backlog_seconds = Gauge(
+            "gateway_admission_backlog_seconds",
+            "Estimated seconds of work admitted and not yet answered",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.infer_seconds_per_image = Gauge(
+            "gateway_admission_infer_seconds_per_image",
+            "Measured backend busy seconds per image (the service rate admission uses)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.rejected = Counter(
             "gateway_rejected_requests", "Requests answered with an error", ["reason"], registry=r
         )

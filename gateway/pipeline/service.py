@@ -1,9 +1,10 @@
 """Embedding service: items in, embeddings out. Knows nothing of HTTP.
 
-Admission is counted in images and fails fast (pipeline/admission.py); decoding runs in the thread
-pool (pipeline/batching.py); batches larger than the model's max are split and sent concurrently,
-and Triton's dynamic batcher merges calls from concurrent requests. The whole request runs under
-one deadline, which also bounds each gRPC call.
+Admission (pipeline/admission.py) is decided by the caller while the request is read; the
+service feeds it the decode and backend timings it learns the costs from. Decoding runs in the
+thread pool (pipeline/batching.py); batches larger than the model's max are split and sent
+concurrently, and Triton's dynamic batcher merges calls from concurrent requests. The whole
+request runs under one deadline, which also bounds each gRPC call.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gateway.errors import (
 )
 from gateway.imaging.preprocess import Decoded, ImageOptions
 from gateway.observability.metrics import Metrics
-from gateway.pipeline.admission import ImageBudget
+from gateway.pipeline.admission import Admission
 from gateway.pipeline.batching import BatchDecoder
 from gateway.pipeline.items import ImageItem
 from gateway.runtime.settings import ServerSettings
@@ -51,14 +52,23 @@ class EmbeddingService:
         pool: Executor,
         settings: ServerSettings,
         *,
+        decode_threads: int = 1,
         tracer: Tracer | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._backend = backend
         self._settings = settings
         self._metrics = metrics or Metrics()
-        self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics)
-        self.budget = ImageBudget(settings.max_inflight_images, self._metrics)
+        self.admission = Admission(
+            settings.horizon_s,
+            decode_threads,
+            self._metrics,
+            infer_s_per_image=settings.admission_infer_s_per_image,
+            max_body_bytes_in_flight=settings.max_body_mib_in_flight << 20,
+        )
+        self._decoder = BatchDecoder(
+            pool, tracer or NoOpTracer(), self._metrics, self.admission.observe_decode
+        )
 
     async def model_info(self) -> ModelInfo:
         return await self._backend.model_info()
@@ -69,13 +79,13 @@ class EmbeddingService:
     async def embed(
         self, items: Sequence[ImageItem], *, normalize: bool = True, skip_invalid: bool = False
     ) -> Embeddings:
+        """Embed admitted items (the caller holds their ``Reservation``) within the deadline."""
         timeout = self._settings.request_timeout_s
-        with self.budget.admit(len(items)):
-            try:
-                async with asyncio.timeout(timeout):
-                    return await self._embed(items, normalize, skip_invalid)
-            except TimeoutError as exc:
-                raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._embed(items, normalize, skip_invalid)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
 
     async def _embed(
         self, items: Sequence[ImageItem], normalize: bool, skip_invalid: bool
@@ -86,6 +96,7 @@ class EmbeddingService:
             size=model.image_size,
             max_pixels=self._settings.max_image_pixels,
             max_bytes=self._settings.max_image_bytes,
+            max_decode_bytes=self._settings.max_decode_mib << 20,
             progressive_dc_only=self._settings.progressive_dc_only,
         )
         started = time.perf_counter()
@@ -116,13 +127,18 @@ class EmbeddingService:
 
     async def _infer_chunk(self, chunk: np.ndarray, deadline: float) -> np.ndarray:
         started, outcome = time.perf_counter(), "ok"
+        self.admission.infer_started()
         try:
-            return await self._backend.infer(chunk, deadline=deadline)
+            rows = await self._backend.infer(chunk, deadline=deadline)
+            self.admission.infer_finished(len(chunk))
+            return rows
         except EmbeddingError as exc:
             outcome = _OUTCOMES.get(type(exc), "error")
+            self.admission.infer_finished(0)
             raise
         except asyncio.CancelledError:
             outcome = "cancelled"
+            self.admission.infer_finished(0)
             raise
         finally:
             self._metrics.triton_seconds.labels(outcome).observe(time.perf_counter() - started)

@@ -70,6 +70,11 @@ class ServerSettings(BaseSettings):
     max_image_pixels: int = Field(100_000_000, ge=1)
     #: Largest single encoded image.
     max_image_bytes: int = Field(32 * MiB, ge=1)
+    #: Decoder memory one image may need, estimated from its header before decoding (a
+    #: progressive JPEG's coefficient buffer, a PNG/WebP/GIF canvas). 256 MiB admits ~85 MP
+    #: progressive JPEGs (any baseline JPEG within the pixel limit) and ~32 MP PNG/WebP; with
+    #: one decode per thread it keeps a 2-CPU, 4 GB container well inside its memory.
+    max_decode_mib: int = Field(256, ge=16)
     #: Progressive JPEGs decoded at 1/8 scale skip their AC scans (see imaging/jpeg.py).
     progressive_dc_only: bool = True
 
@@ -77,8 +82,14 @@ class ServerSettings(BaseSettings):
     #: Largest request body; a bigger Content-Length is refused before the body is read.
     max_body_bytes: int = Field(64 * MiB, ge=1024)
     max_images_per_request: int = Field(256, ge=1)
-    #: Images admitted (decoding, queued or in Triton) at once per worker; beyond it, 429.
-    max_inflight_images: int = Field(512, ge=1)
+    #: Seconds of estimated work (decode + model, at the measured rate) admitted at once per
+    #: worker; beyond it 429 with Retry-After. 0 = half the request deadline, so admitted work
+    #: finishes in time even when the estimates are off by 2x (pipeline/admission.py).
+    admission_horizon_s: float = Field(0.0, ge=0)
+    #: Model seconds per image admission assumes; 0 = measured from the backend calls.
+    admission_infer_s_per_image: float = Field(0.0, ge=0)
+    #: Request bodies received at once per worker, in MiB; beyond it 429 before reading.
+    max_body_mib_in_flight: int = Field(256, ge=1)
     #: A request body must arrive within this time (slow-loris bodies get 408).
     body_timeout_s: float = Field(30.0, gt=0)
     #: Open connections uvicorn accepts per worker before answering 503 (0 = no limit).
@@ -106,10 +117,14 @@ class ServerSettings(BaseSettings):
     tracing: Literal["auto", "on", "off"] = "auto"
 
     @model_validator(mode="after")
-    def _requests_fit_the_budget(self) -> ServerSettings:
-        if self.max_images_per_request > self.max_inflight_images:
-            raise ValueError("max_images_per_request cannot exceed max_inflight_images")
+    def _horizon_within_the_deadline(self) -> ServerSettings:
+        if self.admission_horizon_s > self.request_timeout_s:
+            raise ValueError("admission_horizon_s cannot exceed request_timeout_s")
         return self
+
+    @property
+    def horizon_s(self) -> float:
+        return self.admission_horizon_s or self.request_timeout_s / 2
 
     @property
     def shared_memory_regions(self) -> int:

@@ -27,7 +27,7 @@ def settings() -> ServerSettings:
         decode_threads=2,
         model_aliases=("clip",),
         canary_interval_s=0,  # test_limits_and_keys.py turns it on where it is the subject
-        max_inflight_images=32,
+        admission_infer_s_per_image=0.01,
     )
 
 

@@ -41,11 +41,11 @@ def problem(response, status: int, slug: str, index: int | None = None) -> dict:
         (b"hello, I am not an image at all", 422, "invalid-image", "not an image"),
         (samples.truncated_jpeg(), 422, "invalid-image", "JPEG"),
         (samples.corrupt_jpeg(), 422, "invalid-image", "JPEG"),
-        (samples.gif(), 415, "unsupported-media-type", "gif"),
+        (samples.bmp(), 415, "unsupported-media-type", "bmp"),
         (b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, 422, "invalid-image", "png"),
         (samples.claims_pixels(60000, 60000), 422, "image-too-large", "pixels"),
     ],
-    ids=["empty", "not-image", "truncated", "corrupt", "gif", "broken-png", "pixel-bomb"],
+    ids=["empty", "not-image", "truncated", "corrupt", "bmp", "broken-png", "pixel-bomb"],
 )
 def test_bad_item_names_its_index(
     client: TestClient, bad: bytes, status: int, slug: str, words: str
@@ -178,7 +178,7 @@ def test_backend_failures_map_to_5xx(
 
 def test_bad_requests_do_not_disturb_good_ones(client: TestClient) -> None:
     """Hostile and good requests interleaved on the same app: every good one succeeds."""
-    bad = [b"", samples.truncated_jpeg(), samples.claims_pixels(60000, 60000), samples.gif()]
+    bad = [b"", samples.truncated_jpeg(), samples.claims_pixels(60000, 60000), samples.bmp()]
     good = samples.compact(3)
     expected = post_images(client, good).json()["data"][0]["embedding"]
 

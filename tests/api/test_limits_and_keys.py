@@ -31,7 +31,9 @@ def make_client(fake: FakeBackend, **overrides: object) -> TestClient:
         **{
             "canary_interval_s": 0,
             "decode_threads": 2,
-            "max_inflight_images": 8,
+            # admission made countable: each image costs ~0.1 s, at most 8 of them in flight
+            "admission_infer_s_per_image": 0.1,
+            "admission_horizon_s": 0.85,
             "max_images_per_request": 8,
             **overrides,
         }
@@ -39,7 +41,7 @@ def make_client(fake: FakeBackend, **overrides: object) -> TestClient:
     return TestClient(create_app(settings, lambda *_: fake))
 
 
-def test_admission_is_counted_in_images_and_fails_fast(fake: FakeBackend) -> None:
+def test_admission_is_counted_in_work_and_fails_fast(fake: FakeBackend) -> None:
     fake.hold()
     results: dict[str, object] = {}
     with make_client(fake, max_images_per_request=8) as client:
@@ -67,7 +69,9 @@ def test_admission_is_counted_in_images_and_fails_fast(fake: FakeBackend) -> Non
     assert refused.status_code == 429
     assert refused.headers["content-type"].startswith(PROBLEM)
     assert int(refused.headers["retry-after"]) >= 1
-    assert refused.json()["capacity"] == 8
+    # 6 images held (0.6 s) plus 3 more would be 0.9 s of work, over the 0.85 s horizon
+    assert refused.json()["horizon_s"] == 0.85
+    assert 0.6 <= refused.json()["backlog_s"] < 0.85
     assert results["holder"].status_code == results["fits"].status_code == 200  # type: ignore[union-attr]
     assert sample(after, "gateway_inflight_images") == 0
     rejected = "gateway_rejected_requests_total"
@@ -78,14 +82,15 @@ def test_admission_is_counted_in_images_and_fails_fast(fake: FakeBackend) -> Non
     )
 
 
-def test_settings_refuse_requests_that_could_never_be_admitted() -> None:
-    with pytest.raises(ValueError, match="max_inflight_images"):
-        ServerSettings(max_images_per_request=10, max_inflight_images=8)
+def test_settings_refuse_a_horizon_longer_than_the_deadline() -> None:
+    with pytest.raises(ValueError, match="admission_horizon_s"):
+        ServerSettings(request_timeout_s=10, admission_horizon_s=11)
+    assert ServerSettings(request_timeout_s=10).horizon_s == 5.0
 
 
 def test_request_deadline(fake: FakeBackend) -> None:
     fake.hold()  # never answers by itself
-    with make_client(fake, request_timeout_s=0.3) as client:
+    with make_client(fake, request_timeout_s=0.3, admission_horizon_s=0.3) as client:
         response = client.post("/v1/embeddings", files=files(samples.compact(0)))
         assert response.status_code == 504
         assert response.json()["type"].endswith(("/deadline-exceeded", "/backend-timeout"))
@@ -100,7 +105,7 @@ def mixed() -> list[bytes]:
         samples.compact(0),
         b"not an image",
         samples.compact(1),
-        samples.gif(),
+        samples.bmp(),
         samples.compact(2),
     ]
 
@@ -222,7 +227,7 @@ def test_overload_refuses_with_429_and_loses_nothing(fake: FakeBackend) -> None:
     """A full budget refuses every newcomer with 429; under concurrency every answer is either
     the request's own embedding or a clean 429, never someone else's."""
     images = [samples.compact(i) for i in range(6)]
-    with make_client(fake, max_images_per_request=2, max_inflight_images=4) as client:
+    with make_client(fake, max_images_per_request=2, admission_horizon_s=0.45) as client:
         expected = [
             client.post("/v1/embeddings", files=files(x)).json()["data"][0]["embedding"]
             for x in images

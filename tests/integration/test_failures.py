@@ -4,6 +4,7 @@ show on demand). The API suite checks the same on the in-process fake; this is t
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 
@@ -72,35 +73,43 @@ def test_every_route_but_the_probes_needs_a_key(control_triton, start_gateway) -
             assert accepted.status_code == 200, (path, accepted.text[:300])
 
 
-def test_a_full_budget_answers_429_at_once(control: Control, triton_url, start_gateway) -> None:
+def test_a_full_horizon_answers_429_at_once_with_a_computed_retry_after(
+    control: Control, triton_url, start_gateway
+) -> None:
+    # each image costs 4 s of model work (pinned, so the test does not depend on this CPU);
+    # 10 s of work may be in flight: two images fit, a third does not
     gw = start_gateway(
         triton_url,
-        GATEWAY_MAX_INFLIGHT_IMAGES="8",
-        GATEWAY_MAX_IMAGES_PER_REQUEST="8",
+        GATEWAY_ADMISSION_INFER_S_PER_IMAGE="4",
+        GATEWAY_ADMISSION_HORIZON_S="10",
         GATEWAY_CANARY_INTERVAL_S="0",
     )
     before = metrics(gw.url)
     control.set(hold=True)
     arrived = control.arrivals()
     held: dict[str, httpx.Response] = {}
-    images = [samples.compact(i) for i in range(8)]
+    images = [samples.compact(i) for i in range(2)]
 
     def hold() -> None:
         held["response"] = httpx.post(f"{gw.url}/v1/embeddings", files=files(*images), timeout=60)
 
     holder = threading.Thread(target=hold)
     holder.start()
-    control.wait_arrivals(arrived + 1)  # all 8 images admitted and parked in the model
+    control.wait_arrivals(arrived + 1)  # both images admitted and parked in the model
     refused = httpx.post(f"{gw.url}/v1/embeddings", files=files(samples.compact(9)), timeout=30)
     still_held = holder.is_alive()
     control.release()
     holder.join(60)
     body = problem(refused, 429, "overloaded")
     assert still_held  # refused while the budget was taken, not after it was given back
-    assert int(refused.headers["retry-after"]) >= 1
-    assert (body["in_flight"], body["capacity"]) == (8, 8)
+    # the backlog (8 s and the images' decode) must drain below 10 - 4 s before one more
+    # image fits: a little over 2 s, so Retry-After is 3
+    wait = math.ceil(body["backlog_s"] + 4 - body["horizon_s"])
+    assert body["horizon_s"] == 10 and 8 <= body["backlog_s"] < 8.01
+    assert int(refused.headers["retry-after"]) in (wait, wait + 1)
+    assert int(refused.headers["retry-after"]) == 3
     assert held["response"].status_code == 200
-    assert len(held["response"].json()["data"]) == 8
+    assert len(held["response"].json()["data"]) == 2
     after = metrics(gw.url)
     assert (
         sample(after, REJECTED, reason="overloaded")
@@ -207,7 +216,7 @@ def test_skip_invalid_reports_each_bad_item(gateway) -> None:
     from tests import reference
 
     good = [samples.compact(10), samples.png(11), samples.compact(12)]
-    mixed = [good[0], b"", good[1], samples.gif(), b"not an image", good[2]]
+    mixed = [good[0], b"", good[1], samples.bmp(), b"not an image", good[2]]
     with httpx.Client(base_url=gateway.url, timeout=120) as http:
         whole = http.post("/v1/embeddings", files=files(*mixed))
         problem(whole, 422, "invalid-image")

@@ -1,54 +1,117 @@
-"""The in-flight image budget: non-blocking, exact accounting, gauge kept in step."""
+"""Admission by cost: estimated seconds of work, refused at once, gauges kept in step."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from gateway.errors import LimitExceeded, Overloaded
 from gateway.observability.metrics import Metrics
-from gateway.pipeline.admission import ImageBudget
+from gateway.pipeline.admission import Admission
 
 
-def test_budget_admits_until_full_and_releases_on_exit() -> None:
+def admission(horizon: float = 1.0, infer: float = 0.1, threads: int = 2, **kw: int) -> Admission:
+    return Admission(horizon, threads, Metrics(), infer_s_per_image=infer, **kw)
+
+
+def test_an_image_costs_its_decode_spread_over_the_threads_plus_the_model() -> None:
+    a = admission(threads=2, infer=0.1)
+    small, big = a.image_cost(10_000), a.image_cost(10_000_000)
+    assert small == pytest.approx((3e-4 + 8e-9 * 10_000) / 2 + 0.1)
+    assert big - small == pytest.approx(8e-9 * 9_990_000 / 2)  # bytes-proportional decode
+
+
+def test_reservations_fill_the_horizon_then_refuse_with_a_computed_retry_after() -> None:
+    a = admission(horizon=1.0, infer=0.1)
+    cost = a.image_cost(0)
+    fits = math.floor(1.0 / cost)  # 9 images of ~0.10015 s
+    with a.reserve(1000) as first, a.reserve(1000) as second:
+        for i in range(fits):
+            (first if i % 2 else second).add_image(0)
+        backlog = a.backlog_s
+        assert backlog == pytest.approx(fits * cost)
+        assert a.images_in_flight == fits
+        assert a.body_bytes == 2000
+        with pytest.raises(Overloaded) as refused:
+            first.add_image(0)
+        assert refused.value.retry_after == max(1.0, math.ceil(backlog + cost - 1.0))
+        assert refused.value.extra == {"backlog_s": round(backlog, 3), "horizon_s": 1.0}
+        assert a.backlog_s == backlog and first.images == fits // 2  # a refusal holds nothing
+    assert (a.backlog_s, a.images_in_flight, a.body_bytes) == (0.0, 0, 0)
+
+
+def test_the_retry_after_grows_with_the_backlog() -> None:
+    a = admission(horizon=1.0, infer=0.45)
+    with a.reserve(0) as held:
+        held.add_image(0)
+        held.add_image(0)  # 0.9 s held: one more image must wait for about 0.35 s to drain
+        with pytest.raises(Overloaded) as short:
+            a.check(a.image_cost(0))
+        a.backlog_s += 3.0  # as if three more seconds were admitted elsewhere
+        with pytest.raises(Overloaded) as long:
+            a.check(a.image_cost(0))
+        a.backlog_s -= 3.0
+    assert short.value.retry_after == 1.0
+    assert long.value.retry_after == math.ceil(3.0 + 3 * a.image_cost(0) - 1.0) == 4
+
+
+def test_a_request_that_could_never_fit_is_too_large_not_too_early() -> None:
+    a = admission(horizon=1.0, infer=0.4)
+    with a.reserve(0) as alone:
+        alone.add_image(0)
+        alone.add_image(0)
+        with pytest.raises(LimitExceeded, match="split it"):
+            alone.add_image(0)
+
+
+def test_the_body_bytes_being_received_are_bounded() -> None:
+    a = admission(max_body_bytes_in_flight=1000)
+    held = a.reserve(800)
+    with pytest.raises(Overloaded, match="request bodies"):
+        a.reserve(300)
+    held.body_read()  # the first body is in: its bytes no longer count
+    a.reserve(300).release()
+    held.release()
+    assert a.body_bytes == 0
+
+
+def test_a_declared_body_too_costly_to_decode_is_refused_before_reading() -> None:
+    a = admission(horizon=1.0, infer=0.0001, max_body_bytes_in_flight=1 << 40)
+    huge = int(2 * 1.0 * a.decode_threads / 8e-9)  # two horizons of decode work alone
+    with pytest.raises(LimitExceeded):
+        a.reserve(huge)
+    assert a.body_bytes == 0
+
+
+def test_gauges_follow_the_backlog() -> None:
     metrics = Metrics()
-    budget = ImageBudget(10, metrics)
-    with budget.admit(6), budget.admit(4):
-        assert budget.in_flight == 10
-        assert metrics.inflight._value.get() == 10
-        with pytest.raises(Overloaded) as refused, budget.admit(1):
-            pass
-        assert refused.value.retry_after == 1
-    assert budget.in_flight == 0
+    a = Admission(1.0, 1, metrics, infer_s_per_image=0.1)
+    with a.reserve(0) as held:
+        held.add_image(0)
+        assert metrics.inflight._value.get() == 1
+        assert metrics.backlog_seconds._value.get() == pytest.approx(a.image_cost(0))
     assert metrics.inflight._value.get() == 0
+    assert metrics.backlog_seconds._value.get() == 0
 
 
-def test_release_happens_when_the_work_fails() -> None:
-    budget = ImageBudget(4, Metrics())
-    with pytest.raises(RuntimeError), budget.admit(3):
-        raise RuntimeError("boom")
-    assert budget.in_flight == 0
+def test_the_service_rate_is_learned_from_busy_time_unless_pinned() -> None:
+    learned = Admission(10.0, 1, Metrics())
+    prior = learned.infer_s
+    learned.infer_started()
+    learned._busy_since -= 0.8  # the call has been busy 0.8 s
+    learned.infer_finished(32)
+    assert learned.infer_s == pytest.approx(prior + 0.3 * (0.8 / 32 - prior), rel=1e-3)
+    pinned = admission(infer=0.2)
+    pinned.infer_started()
+    pinned.infer_finished(32)
+    assert pinned.infer_s == 0.2
 
 
-def test_larger_than_capacity_can_never_fit() -> None:
-    with pytest.raises(LimitExceeded, match="never fit"), ImageBudget(4, Metrics()).admit(5):
-        pass
-
-
-def test_refusal_reports_the_budget_and_takes_nothing() -> None:
-    """mutmut does not mutate ``admit`` (a decorated function): its details are pinned here."""
-    metrics = Metrics()
-    budget = ImageBudget(10, metrics)
-    with budget.admit(7):
-        with pytest.raises(Overloaded) as refused, budget.admit(4):
-            pass
-        assert refused.value.reason == "7 of 10 images in flight; 4 more do not fit"
-        assert refused.value.extra == {"in_flight": 7, "capacity": 10}
-        assert (budget.in_flight, metrics.inflight._value.get()) == (7, 7)
-        with budget.admit(3):  # exactly full still fits
-            assert (budget.in_flight, metrics.inflight._value.get()) == (10, 10)
-    with pytest.raises(LimitExceeded) as too_big, budget.admit(11):
-        pass
-    assert too_big.value.reason == (
-        "11 images can never fit the in-flight budget of 10; split the request"
-    )
-    assert (budget.in_flight, metrics.inflight._value.get()) == (0, 0)
+def test_decode_cost_is_learned_per_byte() -> None:
+    a = admission()
+    before = a.decode_s_per_byte
+    a.observe_decode(cpu_seconds=0.1 + 3e-4, encoded_bytes=1_000_000, items=1)
+    assert a.decode_s_per_byte == pytest.approx(before + 0.3 * (1e-7 - before))
+    a.observe_decode(cpu_seconds=0.0, encoded_bytes=0, items=0)  # nothing to learn from
+    assert a.decode_s_per_byte == pytest.approx(before + 0.3 * (1e-7 - before))

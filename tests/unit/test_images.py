@@ -57,12 +57,11 @@ def test_sniff_supported(data: bytes, kind: str) -> None:
 @pytest.mark.parametrize(
     "data",
     [
-        samples.gif(),
         b"BM" + b"\x00" * 50,
         b"II*\x00" + b"\x00" * 20,
         b"\x00\x00\x00\x18ftypheic" + b"\x00" * 20,
     ],
-    ids=["gif", "bmp", "tiff", "heic"],
+    ids=["bmp", "tiff", "heic"],
 )
 def test_known_but_unsupported_formats_are_415(data: bytes) -> None:
     with pytest.raises(UnsupportedFormat):
@@ -136,7 +135,7 @@ def test_broken_images_are_invalid(data: bytes) -> None:
 
 
 UNSUPPORTED = [
-    (b"GIF87a", "gif"), (b"GIF89a", "gif"), (b"BM", "bmp"), (b"II*\x00", "tiff"),
+    (b"BM", "bmp"), (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"), (b"8BPS", "psd"), (b"\x00\x00\x01\x00", "ico"),
     (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"), (b"\xff\x4f\xff\x51", "jpeg2000"),
     (b"\xff\x0a", "jpeg-xl"), (b"\x00\x00\x00\x0cJXL \r\n\x87\n", "jpeg-xl"), (b"%PDF-1.7", "pdf"),
@@ -147,14 +146,14 @@ UNSUPPORTED = [
 def test_unsupported_formats_are_named(signature: bytes, name: str) -> None:
     with pytest.raises(UnsupportedFormat) as raised:
         images.sniff(signature + b"\x00" * 32)
-    assert raised.value.reason == f"{name} images are not supported; send JPEG, PNG or WebP"
+    assert raised.value.reason == f"{name} images are not supported; send JPEG, PNG, WebP or GIF"
 
 
 @pytest.mark.parametrize("brand", [b"heic", b"mif1", b"avif"])
 def test_heif_and_avif_are_415(brand: bytes) -> None:
     with pytest.raises(UnsupportedFormat) as raised:
         images.sniff(b"\x00\x00\x00\x1cftyp" + brand + b"\x00" * 20)
-    assert raised.value.reason == "HEIF/AVIF images are not supported; send JPEG, PNG or WebP"
+    assert raised.value.reason == "HEIF/AVIF images are not supported; send JPEG, PNG, WebP or GIF"
 
 
 @pytest.mark.parametrize(
@@ -170,7 +169,10 @@ def test_heif_and_avif_are_415(brand: bytes) -> None:
 def test_lookalike_containers_are_not_images(data: bytes) -> None:
     with pytest.raises(InvalidImage) as raised:
         images.sniff(data)
-    assert raised.value.reason == "not an image: no JPEG, PNG or WebP signature in the first bytes"
+    assert (
+        raised.value.reason
+        == "not an image: no JPEG, PNG, WebP or GIF signature in the first bytes"
+    )
 
 
 def preprocess(data: bytes, options: images.ImageOptions = OPTIONS) -> images.Decoded:
@@ -214,23 +216,23 @@ def test_pixel_limit_is_inclusive_and_reported(data: bytes, size: tuple[int, int
     assert raised.value.reason == (
         f"image is {size[0]}x{size[1]} ({pixels} pixels); the limit is {pixels - 1} pixels"
     )
-    assert raised.value.extra == {"limit": pixels - 1}
+    assert raised.value.extra == {"limit": pixels - 1, "width": size[0], "height": size[1]}
 
 
-def test_pillow_bomb_check_is_too_large() -> None:
+def test_a_huge_header_is_refused_before_any_decoder_runs() -> None:
     png = bytearray(samples.png(0))
     png[16:24] = (100_000).to_bytes(4, "big") * 2
     png[29:33] = zlib.crc32(bytes(png[12:29])).to_bytes(4, "big")
-    with pytest.raises(ImageTooLarge, match="decompression bomb"):
+    with pytest.raises(ImageTooLarge, match="100000x100000"):
         run(bytes(png))
 
 
 @pytest.mark.parametrize(
     ("data", "detail"),
     [
-        (b"\xff\xd8\xff\xe0garbage", "unreadable JPEG header: "),
+        (b"\xff\xd8\xff\xe0garbage", "JPEG without a frame header"),
         (samples.truncated_jpeg(), "corrupt or truncated JPEG: "),
-        (b"\x89PNG\r\n\x1a\n" + b"garbage" * 5, "cannot read png header: "),
+        (b"\x89PNG\r\n\x1a\n" + b"garbage" * 5, "unreadable png header: "),
         (samples.png(0)[:200], "corrupt or truncated png image: "),
     ],
     ids=["jpeg-header", "jpeg-data", "png-header", "png-data"],
@@ -246,7 +248,7 @@ def test_scan_limit_applies_to_progressive_jpegs() -> None:
     options = images.ImageOptions(224, 10**8, 1 << 30, max_scans=3)
     with pytest.raises(InvalidImage) as raised:
         run(data, options)
-    assert raised.value.reason == "progressive JPEG has more than 3 scans"
+    assert raised.value.reason == "JPEG has more than 3 scans"
 
 
 def test_dc_only_option_decides_how_a_progressive_jpeg_is_decoded() -> None:
@@ -273,13 +275,15 @@ def pillow_scaled(data: bytes) -> bytes:
     return samples.encode(image.convert("RGB"), "PNG")
 
 
-def test_cmyk_and_ycck_jpegs_are_converted_by_pillow() -> None:
+def test_cmyk_and_ycck_jpegs_become_rgb_like_pillow_makes_them() -> None:
+    """libjpeg converts them (no Pillow on the JPEG path): within a level of Pillow's way."""
     cmyk = samples.cmyk_jpeg(0)
     adobe = cmyk.index(b"Adobe") + 11  # APP14 transform byte: 0 = CMYK, 2 = YCCK
     ycck = cmyk[:adobe] + b"\x02" + cmyk[adobe + 1 :]
     for data, colorspace in [(cmyk, "CMYK"), (ycck, "YCCK")]:
         assert jpeg.read_header(data).colorspace == colorspace
-        assert np.array_equal(run(data), run(pillow_scaled(data)))
+        difference = np.abs(run(data).astype(int) - run(pillow_scaled(data)))
+        assert difference.mean() < 1.5 and difference.max() <= 16
 
 
 def transposed(a: np.ndarray, method: Image.Transpose | None) -> np.ndarray:

@@ -37,14 +37,19 @@ def test_decode_uses_power_of_two_scales_only(size, expected_shape) -> None:
     assert out.shape == expected_shape  # 341x256 is decoded whole, not at the slow 7/8 scale
 
 
+def summary(layout: jpeg.JpegLayout) -> tuple[bool, int, bytes | None]:
+    return layout.progressive, layout.scans, layout.dc_only
+
+
 def test_baseline_needs_no_cut() -> None:
-    info = jpeg.inspect_scans(samples.compact(0), max_scans=256, want_dc_only=True)
-    assert (info.progressive, info.scans, info.dc_only) == (False, 1, None)
+    layout = jpeg.walk(samples.compact(0), max_scans=256, dc_only_for=1)
+    assert summary(layout) == (False, 1, None)
+    assert (layout.multi_scan, layout.coefficient_bytes) == (False, 0)
 
 
 def test_progressive_cut_keeps_only_dc_scans_and_stays_close() -> None:
     data = samples.progressive_jpeg(3)
-    info = jpeg.inspect_scans(data, max_scans=256, want_dc_only=True)
+    info = jpeg.walk(data, max_scans=256, dc_only_for=224)
     assert info.progressive and info.scans >= 6
     assert info.dc_only is not None and len(info.dc_only) < len(data) / 5
     full = simplejpeg.decode_jpeg(data, min_height=225, min_width=300)
@@ -55,7 +60,7 @@ def test_progressive_cut_keeps_only_dc_scans_and_stays_close() -> None:
 
 def test_scan_limit_refuses_deeply_progressive_files() -> None:
     with pytest.raises(jpeg.JpegError, match="more than 3 scans"):
-        jpeg.inspect_scans(samples.progressive_jpeg(3), max_scans=3, want_dc_only=False)
+        jpeg.walk(samples.progressive_jpeg(3), max_scans=3)
 
 
 def test_unreadable_header() -> None:
@@ -69,7 +74,8 @@ PROGRESSIVE = samples.progressive_jpeg(5, (640, 480))
 def test_stream_cut_inside_a_scan_header() -> None:
     sos = PROGRESSIVE.index(b"\xff\xda")
     for end in range(sos, sos + 16):  # found by the fuzz test below
-        jpeg.inspect_scans(PROGRESSIVE[:end], max_scans=64, want_dc_only=True)
+        with contextlib.suppress(jpeg.JpegError):
+            jpeg.walk(PROGRESSIVE[:end], max_scans=64, dc_only_for=1)
 
 
 @settings(max_examples=300, deadline=None)
@@ -82,7 +88,7 @@ def test_cut_never_crashes_on_damaged_streams(data: st.DataObject) -> None:
         stream[position] = data.draw(st.integers(0, 255))
     stream = stream[: data.draw(st.integers(2, len(stream)))]
     with contextlib.suppress(jpeg.JpegError):
-        jpeg.inspect_scans(bytes(stream), max_scans=64, want_dc_only=True)
+        jpeg.walk(bytes(stream), max_scans=64, dc_only_for=1)
 
 
 def test_exif_segment_found_without_parsing_the_rest() -> None:
@@ -125,40 +131,98 @@ def test_cut_keeps_header_segments_and_dc_scans_byte_for_byte() -> None:
         + b"\xff\x01" + DC_SCAN  # TEM: a marker without a length field
         + AC_SCAN + EOI + b"\x00\x00trailing bytes after EOI are not read"
     )  # fmt: skip
-    info = jpeg.inspect_scans(stream, max_scans=2, want_dc_only=True)
-    assert info == jpeg.ScanInfo(True, 2, SOI + COMMENT + SOF2 + DC_SCAN + EOI)
-    assert jpeg.inspect_scans(stream, max_scans=2, want_dc_only=False) == jpeg.ScanInfo(
-        True, 2, None
-    )
-    with pytest.raises(jpeg.JpegError, match=r"^progressive JPEG has more than 1 scans$"):
-        jpeg.inspect_scans(stream, max_scans=1, want_dc_only=True)
+    layout = jpeg.walk(stream, max_scans=2, dc_only_for=1)
+    assert summary(layout) == (True, 2, SOI + COMMENT + SOF2 + DC_SCAN + EOI)
+    assert (layout.dc_scans, layout.multi_scan) == (1, True)
+    assert summary(jpeg.walk(stream, max_scans=2)) == (True, 2, None)
+    with pytest.raises(jpeg.JpegError, match=r"^JPEG has more than 1 scans$"):
+        jpeg.walk(stream, max_scans=1, dc_only_for=1)
 
 
 def test_cut_keeps_a_segment_that_ends_exactly_at_the_end() -> None:
     empty_comment = segment(0xFE, b"")  # 4 bytes, the last of the data (no EOI)
-    info = jpeg.inspect_scans(SOI + SOF2 + DC_SCAN + empty_comment, max_scans=8, want_dc_only=True)
+    info = jpeg.walk(SOI + SOF2 + DC_SCAN + empty_comment, max_scans=8, dc_only_for=1)
     assert info.dc_only == SOI + SOF2 + DC_SCAN + empty_comment + EOI
 
 
 def test_scan_header_is_read_up_to_its_spectral_start() -> None:
     short = segment(0xDA, bytes([1, 1, 0x00, 0])) + b"\x12\x34"  # ends right after Ss
-    info = jpeg.inspect_scans(SOI + SOF2 + short + AC_SCAN, max_scans=8, want_dc_only=True)
-    assert info == jpeg.ScanInfo(True, 2, SOI + SOF2 + short + EOI)
+    with pytest.raises(jpeg.JpegError, match="malformed JPEG scan header"):
+        jpeg.walk(SOI + SOF2 + short + AC_SCAN, max_scans=8, dc_only_for=1)
 
 
 @pytest.mark.parametrize(
     ("stream", "expected"),
     [
-        (SOI + SOF0 + COMMENT, jpeg.ScanInfo(False, 0, None)),  # baseline, no scan at all
-        (SOI + SOF0 + sos(0) + b"\x00" + AC_SCAN, jpeg.ScanInfo(False, 1, None)),
-        (SOI + SOF2 + b"\xff\xda\x00\x08\x01", jpeg.ScanInfo(True, 1, None)),  # cut in SOS
-        (SOI + SOF2 + DC_SCAN + b"\xff\xfe\x00\x03ab" + AC_SCAN, jpeg.ScanInfo(True, 1, None)),
-        (SOI + SOF2 + b"\x00" + DC_SCAN, jpeg.ScanInfo(True, 0, None)),  # not a marker
+        (SOI + SOF0 + COMMENT, (False, 0, None)),  # baseline, no scan at all
+        (SOI + SOF0 + sos(0) + b"\x00" + AC_SCAN, (False, 1, None)),  # one scan: the end
+        (SOI + SOF2 + b"\xff\xda\x00\x08\x01", (True, 0, None)),  # cut inside the SOS
     ],
-    ids=["header-only", "baseline", "truncated-sos", "bad-length", "no-marker"],
+    ids=["header-only", "baseline", "truncated-sos"],
 )
-def test_walk_ends_without_a_cut(stream: bytes, expected: jpeg.ScanInfo) -> None:
-    assert jpeg.inspect_scans(stream, max_scans=8, want_dc_only=True) == expected
+def test_walk_ends_without_a_cut(stream: bytes, expected: tuple[bool, int, None]) -> None:
+    assert summary(jpeg.walk(stream, max_scans=8, dc_only_for=1)) == expected
+
+
+@pytest.mark.parametrize(
+    "junk", [b"\x00", b"junk between segments", b"\x00" * 5000], ids=["byte", "text", "long"]
+)
+def test_junk_between_segments_is_skipped_as_libjpeg_does(junk: bytes) -> None:
+    """libjpeg resynchronises on the next marker, so scans after junk still count."""
+    stream = SOI + SOF2 + junk + DC_SCAN + junk + AC_SCAN + EOI
+    assert summary(jpeg.walk(stream, max_scans=8)) == (True, 2, None)
+    with pytest.raises(jpeg.JpegError, match="more than 1 scans"):
+        jpeg.walk(stream, max_scans=1)
+
+
+def test_fill_byte_runs_are_skipped_in_one_step() -> None:
+    stream = SOI + b"\xff" * 100_000 + SOF2 + DC_SCAN + EOI
+    assert summary(jpeg.walk(stream, max_scans=8)) == (True, 1, None)
+
+
+def test_sequential_scans_per_component_count_and_buffer() -> None:
+    """A baseline frame whose components come in separate scans: libjpeg buffers the whole
+    image's coefficients, and every scan counts against the limit."""
+    sof = segment(0xC0, b"\x08\x00\x10\x00\x20\x03" + b"\x01\x22\x00\x02\x11\x00\x03\x11\x00")
+    scans = b"".join(segment(0xDA, bytes([1, c, 0x00, 0, 63, 0])) + b"\x12" for c in (1, 2, 3))
+    layout = jpeg.walk(SOI + sof + scans + EOI, max_scans=8)
+    assert (layout.progressive, layout.scans, layout.multi_scan) == (False, 3, True)
+    # 32x16 at 4:2:0: 4x2 luma blocks + 2x1 for each chroma plane, 128 bytes each
+    assert (layout.blocks, layout.coefficient_bytes) == (12, 12 * 128)
+    with pytest.raises(jpeg.JpegError, match="more than 2 scans"):
+        jpeg.walk(SOI + sof + scans + EOI, max_scans=2)
+
+
+def test_too_many_segments_is_refused() -> None:
+    stream = SOI + segment(0xFE, b"x") * (jpeg.MAX_SEGMENTS + 1) + SOF0 + sos(0) + EOI
+    with pytest.raises(jpeg.JpegError, match="segments"):
+        jpeg.walk(stream, max_scans=8)
+
+
+@pytest.mark.parametrize(
+    ("marker", "precision"), [(0xC3, 8), (0xC5, 8), (0xC0, 12)], ids=["lossless", "hier", "12bit"]
+)
+def test_kinds_that_cannot_be_decoded_scaled_are_unsupported(marker: int, precision: int) -> None:
+    sof = segment(marker, bytes([precision]) + b"\x00\x10\x00\x10\x01\x01\x11\x00")
+    with pytest.raises(jpeg.UnsupportedJpeg):
+        jpeg.walk(SOI + sof + sos(0) + EOI, max_scans=8)
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        SOI + sos(0) + EOI,  # a scan before any frame header
+        SOI + COMMENT + EOI,  # no frame header at all
+        SOI + b"\xff\xfe\x00\x01" + SOF0,  # a length below 2
+        SOI + segment(0xC0, b"\x08\x00\x00\x00\x10\x01\x01\x11\x00") + EOI,  # height 0
+        SOI + segment(0xC0, b"\x08\x00\x10\x00\x10\x01\x01\x51\x00") + EOI,  # sampling 5
+        b"\x89PNG not a jpeg",
+    ],
+    ids=["scan-first", "no-frame", "short-length", "empty", "sampling", "not-jpeg"],
+)
+def test_structure_no_decoder_accepts_is_refused(stream: bytes) -> None:
+    with pytest.raises(jpeg.JpegError):
+        jpeg.walk(stream, max_scans=8)
 
 
 def test_exif_segment_is_the_app1_exif_payload_exactly() -> None:
@@ -204,7 +268,7 @@ def decode_at(data: bytes, height: int, width: int) -> np.ndarray:
 
 def test_dc_only_cut_is_decoded_at_one_eighth_only() -> None:
     header = jpeg.read_header(PROGRESSIVE)  # 640x480: 1/8 for a target of 60, 1/4 for 61
-    cut = jpeg.inspect_scans(PROGRESSIVE, max_scans=256, want_dc_only=True).dc_only
+    cut = jpeg.walk(PROGRESSIVE, max_scans=256, dc_only_for=60).dc_only
     assert cut is not None
     full, dc = decode_at(PROGRESSIVE, 60, 80), decode_at(cut, 60, 80)
     assert not np.array_equal(full, dc)  # the two decodes really differ

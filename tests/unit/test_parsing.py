@@ -77,10 +77,12 @@ def test_multipart_malformed() -> None:
 
 
 def test_json_forms() -> None:
-    one = parsing.parse_json(b'{"input": "QUJD"}', 4)
+    one = parsing.parse_json(b'{"input": "QUJD"}', 4, 1000)
     assert one.items == ["QUJD"]
     assert (one.encoding_format, one.normalize, one.model) == ("float", None, None)
-    many = parsing.parse_json(b'{"input": ["a", "b"], "encoding_format": "base64", "user": "u"}', 4)
+    many = parsing.parse_json(
+        b'{"input": ["a", "b"], "encoding_format": "base64", "user": "u"}', 4, 1000
+    )
     assert many.items == ["a", "b"]
     assert many.encoding_format == "base64"
 
@@ -97,7 +99,7 @@ def test_json_forms() -> None:
 )
 def test_json_errors(raw: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
-        parsing.parse_json(raw, 4)
+        parsing.parse_json(raw, 4, 1000)
 
 
 def test_multipart_option_fields_and_images_are_told_apart_by_filename() -> None:
@@ -206,24 +208,24 @@ def test_json_passes_every_option_through() -> None:
         b'{"input": ["a"], "model": "ViT-B-32", "encoding_format": "base64", "normalize": false,'
         b' "skip_invalid": true, "dimensions": 512, "user": "u", "unknown": 1}'
     )
-    parsed = parsing.parse_json(raw, 4)
+    parsed = parsing.parse_json(raw, 4, 1000)
     assert parsed == parsing.ParsedRequest(["a"], "ViT-B-32", "base64", False, True)
 
 
 def test_json_count_limit_is_inclusive() -> None:
-    assert len(parsing.parse_json(b'{"input": ["a","b","c","d"]}', 4).items) == 4
+    assert len(parsing.parse_json(b'{"input": ["a","b","c","d"]}', 4, 1000).items) == 4
     with pytest.raises(LimitExceeded) as raised:
-        parsing.parse_json(b'{"input": ["a","b","c","d","e"]}', 4)
+        parsing.parse_json(b'{"input": ["a","b","c","d","e"]}', 4, 1000)
     assert (raised.value.reason, raised.value.index) == (
-        "5 images in one request; the limit is 4",
+        "more than 4 items in one request; the limit is 4",
         4,
     )
 
 
 def test_json_error_messages() -> None:
     with pytest.raises(MalformedRequest, match=r"^malformed JSON: "):
-        parsing.parse_json(b'{"input": ', 4)
+        parsing.parse_json(b'{"input": ', 4, 1000)
     with pytest.raises(InvalidFields) as raised:
-        parsing.parse_json(b'{"input": "a", "encoding_format": "hex"}', 4)
+        parsing.parse_json(b'{"input": "a", "encoding_format": "hex"}', 4, 1000)
     assert raised.value.reason.startswith("invalid embeddings request: ")
     assert "encoding_format" in raised.value.reason
