@@ -11,6 +11,7 @@ import sys
 
 import uvicorn
 
+from gateway.http.protocol import DeadlineProtocol
 from gateway.observability.logs import configure, logging_config
 from gateway.runtime.plan import usable_cpus, worker_plan
 from gateway.runtime.settings import ServerSettings
@@ -38,6 +39,7 @@ def main() -> int:
         log_level=settings.log_level.lower(),
         access_log=False,
         limit_concurrency=settings.max_connections or None,
+        http=DeadlineProtocol,
         log_config=logging_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=int(settings.drain_s),
     )

@@ -20,12 +20,14 @@ from gateway.backend.protocol import InferenceBackend
 from gateway.errors import EmbeddingError
 from gateway.http import docs, problems
 from gateway.http.auth import load_api_keys, require_api_key
+from gateway.http.protocol import DeadlineProtocol
 from gateway.http.routes import ROUTES
 from gateway.observability.access import ObserveMiddleware
 from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Telemetry, create_telemetry
 from gateway.pipeline.canary import Canary
 from gateway.pipeline.service import EmbeddingService
+from gateway.runtime import memory
 from gateway.runtime.plan import usable_cpus
 from gateway.runtime.processes import exit_with_parent
 from gateway.runtime.settings import ServerSettings
@@ -48,6 +50,7 @@ def create_app(
     settings: ServerSettings | None = None, backend_factory: BackendFactory = triton_backend
 ) -> Litestar:
     settings = settings or ServerSettings()
+    DeadlineProtocol.header_timeout_s = settings.header_timeout_s  # this worker's connections
     telemetry = create_telemetry(settings.tracing)
     metrics = Metrics()
     api_keys = load_api_keys(settings)
@@ -55,6 +58,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         exit_with_parent()  # a uvicorn worker whose manager is killed stops too
+        memory.tune()  # before the decode threads allocate anything
         # Decoding is CPU-bound and releases the GIL: one thread per usable CPU uses them all
         # without oversubscribing; admission control keeps this pool's queue bounded.
         threads = settings.decode_threads or usable_cpus()

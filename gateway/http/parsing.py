@@ -14,7 +14,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
@@ -56,55 +56,97 @@ async def body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
             return
 
 
-async def read_all(chunks: AsyncIterator[bytes]) -> bytes:
-    body = bytearray()
+async def read_all(chunks: AsyncIterator[bytes], size_hint: int | None = None) -> bytearray:
+    """The whole body in one buffer, allocated once when its size is declared (growing a buffer
+    chunk by chunk would peak at twice the body); msgspec decodes it in place."""
+    if not size_hint:
+        body = bytearray()
+        async for chunk in chunks:
+            body += chunk
+        return body
+    body, filled = bytearray(size_hint), 0
+    view = memoryview(body)
     async for chunk in chunks:
-        body += chunk
-    return bytes(body)
+        if filled + len(chunk) > size_hint:
+            raise MalformedRequest("request body longer than its Content-Length")
+        view[filled : filled + len(chunk)] = chunk
+        filled += len(chunk)
+    view.release()
+    del body[filled:]
+    return body
 
 
-#: Characters a base64 string of ``n`` bytes takes, plus room for a ``data:`` URI header.
 def _encoded_chars(max_bytes: int) -> int:
+    """Characters a base64 string of ``max_bytes`` takes, plus room for a ``data:`` header."""
     return 4 * -(-max_bytes // 3) + 256
 
 
 @cache
-def _bounded_request(max_items: int, max_chars: int) -> type[EmbeddingRequest]:
-    """EmbeddingRequest with its limits in the type: msgspec refuses an over-long list or
-    string while decoding, before building it."""
-    item = Annotated[str, msgspec.Meta(max_length=max_chars)]
-    items = Annotated[list[item], msgspec.Meta(max_length=max_items)]
-    fields: list[Any] = [("input", item | items)]
+def _envelope() -> type[EmbeddingRequest]:
+    """EmbeddingRequest with ``input`` left raw: msgspec skips over it (no object is built) so
+    its items can be counted and measured before any is decoded."""
+    fields: list[Any] = [("input", msgspec.Raw)]
     for field in msgspec.structs.fields(EmbeddingRequest)[1:]:
         fields.append((field.name, field.type, field.default))
-    bounded = msgspec.defstruct("EmbeddingRequest", fields, forbid_unknown_fields=False)
-    return bounded  # type: ignore[return-value]
+    envelope = msgspec.defstruct("EmbeddingRequest", fields, forbid_unknown_fields=False)
+    return envelope  # type: ignore[return-value]
 
 
-_AT_INDEX = re.compile(r"\$\.input\[(\d+)\]")
+_INPUT = msgspec.structs.fields(EmbeddingRequest)[0].type
+#: One JSON token: a string (escapes allowed, scanned at C speed), a bracket, a comma or colon,
+#: or a bare scalar.
+_TOKEN = re.compile(rb'\s*("[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]|[^\s\[\]{},:"]+)')
+_OPEN, _CLOSE, _SEPARATORS = frozenset(b"[{"), frozenset(b"]}"), frozenset(b",:")
 
 
-def parse_json(body: bytes, max_images: int, max_image_bytes: int) -> ParsedRequest:
+def _scan_input(raw: memoryview, max_items: int, max_chars: int) -> None:
+    """Refuse too many items or an over-long string in ``input`` from its raw bytes, stopping
+    at the first item over a limit: a few hundred regex steps at most, whatever the body."""
+    kind = bytes(raw[:1])
+    if kind == b'"':
+        if len(raw) - 2 > max_chars:
+            raise LimitExceeded(f"item over {max_chars} characters", index=0)
+        return
+    if kind != b"[":
+        return  # not a string or a list: msgspec reports the type error
+    depth, items, pos = 0, 0, 0
+    for _ in range(16 * (max_items + 2)):
+        token = _TOKEN.match(raw, pos)  # positions only: a token's bytes are never copied
+        if token is None:
+            return  # malformed: msgspec reports it
+        pos, start = token.end(), token.start(1)
+        first = raw[start]
+        if first in _OPEN:
+            depth += 1
+        elif first in _CLOSE:
+            depth -= 1
+            if depth == 0:
+                return
+        elif depth == 1 and first not in _SEPARATORS:
+            items += 1
+            if items > max_items:
+                raise LimitExceeded(
+                    f"more than {max_items} items in one request; the limit is {max_items}",
+                    index=max_items,
+                )
+            if pos - start - 2 > max_chars:
+                raise LimitExceeded(f"item over {max_chars} characters", index=items - 1)
+    raise MalformedRequest("input nests too deep or holds too many tokens")
+
+
+def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -> ParsedRequest:
     max_chars = _encoded_chars(max_image_bytes)
     try:
-        request = msgspec.json.decode(body, type=_bounded_request(max_images, max_chars))
+        request = msgspec.json.decode(body, type=_envelope())
+        _scan_input(memoryview(request.input), max_images, max_chars)  # type: ignore[arg-type]
+        value = msgspec.json.decode(request.input, type=_INPUT)  # type: ignore[arg-type]
     except msgspec.ValidationError as exc:
-        message = str(exc)
-        if "array` of length <=" in message:
-            raise LimitExceeded(
-                f"more than {max_images} items in one request; the limit is {max_images}",
-                index=max_images,
-            ) from exc
-        if "str` of length <=" in message:
-            found = _AT_INDEX.search(message)
-            raise LimitExceeded(
-                f"item over {max_image_bytes} bytes ({max_chars} characters of base64)",
-                index=int(found.group(1)) if found else 0,
-            ) from exc
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise MalformedRequest(f"malformed JSON: {exc}") from exc
-    items: list[ImageItem] = [request.input] if isinstance(request.input, str) else [*request.input]
+    except RecursionError as exc:  # msgspec's own guard against hostile nesting
+        raise MalformedRequest("malformed JSON: nested too deep") from exc
+    items: list[ImageItem] = [value] if isinstance(value, str) else [*value]
     _check_count(len(items), max_images)
     return ParsedRequest(
         items, request.model, request.encoding_format, request.normalize, request.skip_invalid

@@ -55,7 +55,7 @@ async def read_request(
             on_image=reservation.add_image,
         )
     if media_type == JSON:
-        body = await parsing.read_all(chunks)
+        body = await parsing.read_all(chunks, request.content_length)
         parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
         for item in parsed.items:
             reservation.add_image(len(item) * 3 // 4 if isinstance(item, str) else len(item))

@@ -41,12 +41,13 @@ class BatchDecoder:
         pool: Executor,
         tracer: Tracer,
         metrics: Metrics,
-        on_decoded: Callable[[float, int, int], None] | None = None,
+        on_decoded: Callable[[float, int, int, int], None] | None = None,
     ) -> None:
         self._pool = pool
         self._tracer = tracer
         self._metrics = metrics
-        #: told (cpu seconds, encoded bytes, images) after each batch: admission learns from it
+        #: told (cpu seconds, encoded bytes, images, decoded pixels) after each batch: admission
+        #: learns its decode cost from it, the trimmer how much memory was churned
         self._on_decoded = on_decoded
 
     async def decode(
@@ -101,7 +102,8 @@ class BatchDecoder:
         cpu_ms = sum(t.end_ns - t.start_ns for t in timed) / 1e6
         if self._on_decoded is not None:
             encoded = sum(t.decoded.encoded_bytes for t in timed)
-            self._on_decoded(cpu_ms / 1e3, encoded, len(timed))
+            pixels = sum(t.decoded.decoded_pixels for t in timed)
+            self._on_decoded(cpu_ms / 1e3, encoded, len(timed), pixels)
         last_end = max(t.end_ns for t in timed)
         record_span(self._tracer, "decode", first_start, last_end, {"decode.cpu_ms": cpu_ms})
         for t in timed:

@@ -31,6 +31,7 @@ from gateway.observability.metrics import Metrics
 from gateway.pipeline.admission import Admission
 from gateway.pipeline.batching import BatchDecoder
 from gateway.pipeline.items import ImageItem
+from gateway.runtime import memory
 from gateway.runtime.settings import ServerSettings
 
 
@@ -66,9 +67,13 @@ class EmbeddingService:
             infer_s_per_image=settings.admission_infer_s_per_image,
             max_body_bytes_in_flight=settings.max_body_mib_in_flight << 20,
         )
-        self._decoder = BatchDecoder(
-            pool, tracer or NoOpTracer(), self._metrics, self.admission.observe_decode
-        )
+        self._trimmer = memory.Trimmer(pool.submit)
+        self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
+
+    def _decoded(self, cpu_seconds: float, encoded: int, items: int, pixels: int) -> None:
+        self.admission.observe_decode(cpu_seconds, encoded, items)
+        # bodies, decoded images (RGBX) and their resize: what may stay in the allocator
+        self._trimmer.worked(encoded * 2 + pixels * 8)
 
     async def model_info(self) -> ModelInfo:
         return await self._backend.model_info()

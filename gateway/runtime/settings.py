@@ -92,6 +92,10 @@ class ServerSettings(BaseSettings):
     max_body_mib_in_flight: int = Field(256, ge=1)
     #: A request body must arrive within this time (slow-loris bodies get 408).
     body_timeout_s: float = Field(30.0, gt=0)
+    #: A request's line and headers must arrive within this time of the connection opening or
+    #: the request starting (else 408 and the connection is closed): idle or trickling
+    #: connections cannot hold slots new clients need.
+    header_timeout_s: float = Field(10.0, gt=0)
     #: Open connections uvicorn accepts per worker before answering 503 (0 = no limit).
     max_connections: int = Field(2048, ge=0)
     #: On a stop, seconds in-flight requests get to finish (new connections are refused at once).

@@ -1,0 +1,77 @@
+"""Give memory back after bursts: glibc's allocator, told to, and asked to.
+
+By default glibc raises its mmap threshold after every large free (up to 32 MB), so after a burst
+of big decodes later buffers come from arenas that are never returned, one arena per decode
+thread. ``tune`` fixes the threshold (big buffers are mmapped and unmapped when freed) and caps
+the arenas; ``Trimmer`` hands the rest back with ``malloc_trim`` after heavy work, at most once
+per ``interval_s``. Measured on bursts of large and hostile inputs: bench/results (README).
+Elsewhere than glibc these are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import time
+from collections.abc import Callable
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+#: Buffers from this size up are mmapped: every decoded image, resize buffer and batch.
+MMAP_THRESHOLD = 256 << 10
+ARENAS = 2
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.mallopt  # noqa: B018 (glibc only)
+        libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def tune() -> bool:
+    """Call before the threads that allocate start; True when glibc took the settings."""
+    libc = _libc()
+    if libc is None:
+        return False
+    return all(
+        libc.mallopt(option, value) == 1
+        for option, value in (
+            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (_M_ARENA_MAX, ARENAS),
+            (_M_TRIM_THRESHOLD, 4 << 20),
+        )
+    )
+
+
+class Trimmer:
+    """Count heavy work; once it passes ``every_bytes``, trim (in ``run``, e.g. a pool thread)."""
+
+    def __init__(
+        self,
+        run: Callable[[Callable[[], None]], object],
+        every_bytes: int = 64 << 20,
+        interval_s: float = 1.0,
+    ) -> None:
+        self._run = run
+        self._every = every_bytes
+        self._interval = interval_s
+        self._pending = 0
+        self._last = 0.0
+        self._libc = _libc()
+
+    def worked(self, bytes_touched: int) -> None:
+        if self._libc is None:
+            return
+        self._pending += bytes_touched
+        now = time.monotonic()
+        if self._pending >= self._every and now - self._last >= self._interval:
+            self._pending, self._last = 0, now
+            with contextlib.suppress(RuntimeError):  # the pool is shutting down
+                self._run(self._trim)
+
+    def _trim(self) -> None:
+        assert self._libc is not None
+        self._libc.malloc_trim(0)

@@ -1,0 +1,134 @@
+"""Hostile inputs, built by the tests: the smallest bytes that would cost a decoder the most.
+
+Each maker returns bytes of a few KB at most. What they would have cost before the gateway
+bounded its decoders (measured on the 2-core machine, issue 14): the lossless WebP with huge
+declared dimensions grew the process by ~1.5 GB; the EXIF IFD bombs made Pillow's IFD loader
+allocate the same bytes thousands of times (~900 MB for eight PNGs).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable
+
+from tests import samples
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def ifd_bomb(entries: int = 4000, payload: int = 16_000, orientation_last: bool = True) -> bytes:
+    """A TIFF block whose IFD0 has thousands of entries that all point at the same large
+    payload (Pillow's loader reads each one), with the orientation tag last."""
+    count = entries + (1 if orientation_last else 0)
+    data_offset = 8 + 2 + 12 * count + 4
+    ifd = struct.pack("<H", count)
+    for i in range(entries):
+        ifd += struct.pack("<HHII", 0x9000 + i % 0x6000, 7, payload, data_offset)  # UNDEFINED
+    if orientation_last:
+        ifd += struct.pack("<HHIHH", 0x0112, 3, 1, 6, 0)
+    return b"II*\x00" + struct.pack("<I", 8) + ifd + struct.pack("<I", 0) + b"\x00" * payload
+
+
+def png_exif_bomb() -> bytes:
+    png = samples.png(0)
+    iend = png.rindex(b"IEND") - 4
+    return png[:iend] + _chunk(b"eXIf", ifd_bomb()) + png[iend:]
+
+
+def jpeg_exif_bomb() -> bytes:
+    """The same bomb inside a JPEG's APP1 (under its 64 KB segment limit)."""
+    block = b"Exif\x00\x00" + ifd_bomb(entries=4000, payload=12_000)
+    assert len(block) < 65_000
+    jpeg = samples.compact(0)
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(block) + 2) + block + jpeg[2:]
+
+
+def webp_huge_canvas(width: int = 9000, height: int = 9000) -> bytes:
+    """A lossless WebP under 1 KB whose header declares ``width`` x ``height``."""
+    webp = bytearray(samples.encode(samples.small_photo(0, (64, 48)), "WEBP", lossless=True))
+    at = webp.index(b"VP8L") + 8 + 1  # after the chunk header and the 0x2f signature
+    bits = int.from_bytes(webp[at : at + 4], "little")
+    bits = (bits & ~0x0FFFFFFF) | (width - 1) | ((height - 1) << 14)
+    webp[at : at + 4] = bits.to_bytes(4, "little")
+    return bytes(webp)
+
+
+def png_huge(width: int = 9000, height: int = 9000) -> bytes:
+    png = bytearray(samples.png(0))
+    png[16:24] = struct.pack(">II", width, height)
+    png[29:33] = struct.pack(">I", zlib.crc32(bytes(png[12:29])))
+    return bytes(png)
+
+
+def png_many_chunks(chunks: int = 60_000) -> bytes:
+    """Tiny text chunks before the image data: Pillow reads each in Python."""
+    png = samples.png(0)
+    idat = png.index(b"IDAT") - 4
+    return png[:idat] + _chunk(b"tEXt", b"k\x00v") * chunks + png[idat:]
+
+
+def gif_huge_screen() -> bytes:
+    gif = bytearray(samples.gif(0))
+    gif[6:10] = struct.pack("<HH", 9500, 9500)
+    return bytes(gif)
+
+
+def jpeg_progressive_huge(width: int = 9000, height: int = 9000) -> bytes:
+    """A progressive JPEG whose frame header claims ``width`` x ``height`` at 4:4:4: decoding
+    would need the whole image's coefficients (~730 MB) before the first scan."""
+    data = bytearray(samples.progressive_jpeg(0, (640, 480)))
+    sof = data.index(b"\xff\xc2")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
+    for i in range(data[sof + 9]):
+        data[sof + 11 + 3 * i] = 0x11  # every component at full resolution
+    return bytes(data)
+
+
+def jpeg_many_scans(scans: int = 300) -> bytes:
+    data = samples.progressive_jpeg(1, (800, 600))
+    first = data.index(b"\xff\xda")
+    second = data.index(b"\xff\xda", first + 2)
+    return data[:second] + data[first:second] * scans + data[second:]
+
+
+def jpeg_many_segments(segments: int = 20_000) -> bytes:
+    jpeg = samples.compact(0)
+    return jpeg[:2] + b"\xff\xfe\x00\x03x" * segments + jpeg[2:]
+
+
+IMAGES: dict[str, Callable[[], bytes]] = {
+    "webp-huge-canvas": webp_huge_canvas,
+    "png-huge": png_huge,
+    "png-exif-ifd-bomb": png_exif_bomb,
+    "png-many-chunks": png_many_chunks,
+    "gif-huge-screen": gif_huge_screen,
+    "jpeg-exif-ifd-bomb": jpeg_exif_bomb,
+    "jpeg-progressive-huge": jpeg_progressive_huge,
+    "jpeg-many-scans": jpeg_many_scans,
+    "jpeg-many-segments": jpeg_many_segments,
+}
+#: Classes whose bytes are a valid, decodable image once the bomb is defused (the EXIF bombs):
+#: the gateway must embed them (200), ignoring the orientation it will not dig for.
+DECODABLE = {"png-exif-ifd-bomb", "jpeg-exif-ifd-bomb"}
+
+
+def json_many_items(count: int = 2_000_000) -> bytes:
+    return b'{"input": [' + b",".join([b'"QUJD"'] * count) + b"]}"
+
+
+def json_huge_string(chars: int = 60_000_000) -> bytes:
+    return b'{"input": ["' + b"A" * chars + b'"]}'
+
+
+def json_deep(depth: int = 100_000) -> bytes:
+    return b'{"input": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+BODIES: dict[str, Callable[[], bytes]] = {
+    "json-many-items": json_many_items,
+    "json-huge-string": json_huge_string,
+    "json-deep": json_deep,
+}
