@@ -23,7 +23,7 @@ from gateway.http.auth import load_api_keys, require_api_key
 from gateway.http.protocol import DeadlineProtocol
 from gateway.http.routes import ROUTES
 from gateway.observability.access import ObserveMiddleware
-from gateway.observability.metrics import Metrics
+from gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
 from gateway.observability.tracing import Telemetry, create_telemetry
 from gateway.pipeline.canary import Canary
 from gateway.pipeline.service import EmbeddingService
@@ -51,7 +51,9 @@ def create_app(
 ) -> Litestar:
     settings = settings or ServerSettings()
     DeadlineProtocol.header_timeout_s = settings.header_timeout_s  # this worker's connections
-    telemetry = create_telemetry(settings.tracing)
+    telemetry = create_telemetry(
+        settings.tracing, settings.trace_sample_ratio, settings.trace_trust_upstream
+    )
     metrics = Metrics()
     api_keys = load_api_keys(settings)
 
@@ -59,6 +61,8 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         exit_with_parent()  # a uvicorn worker whose manager is killed stops too
         memory.tune()  # before the decode threads allocate anything
+        if directory := multiprocess_dir():
+            forget_dead_workers(directory)  # this worker may be replacing one that died
         # Decoding is CPU-bound and releases the GIL: one thread per usable CPU uses them all
         # without oversubscribing; admission control keeps this pool's queue bounded.
         threads = settings.decode_threads or usable_cpus()

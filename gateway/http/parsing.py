@@ -96,7 +96,7 @@ _INPUT = msgspec.structs.fields(EmbeddingRequest)[0].type
 #: One JSON token: a string (escapes allowed, scanned at C speed), a bracket, a comma or colon,
 #: or a bare scalar.
 _TOKEN = re.compile(rb'\s*("[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]|[^\s\[\]{},:"]+)')
-_OPEN, _CLOSE, _SEPARATORS = frozenset(b"[{"), frozenset(b"]}"), frozenset(b",:")
+_OPEN, _CLOSE, _SEPARATORS, _QUOTE = frozenset(b"[{"), frozenset(b"]}"), frozenset(b",:"), 34
 
 
 def _scan_input(raw: memoryview, max_items: int, max_chars: int) -> None:
@@ -115,22 +115,23 @@ def _scan_input(raw: memoryview, max_items: int, max_chars: int) -> None:
         if token is None:
             return  # malformed: msgspec reports it
         pos, start = token.end(), token.start(1)
-        first = raw[start]
-        if first in _OPEN:
+        lead = raw[start]
+        if lead in _OPEN:
             depth += 1
-        elif first in _CLOSE:
+            items += depth == 2  # an object or list item starts
+        elif lead in _CLOSE:
             depth -= 1
             if depth == 0:
                 return
-        elif depth == 1 and first not in _SEPARATORS:
-            items += 1
-            if items > max_items:
-                raise LimitExceeded(
-                    f"more than {max_items} items in one request; the limit is {max_items}",
-                    index=max_items,
-                )
-            if pos - start - 2 > max_chars:
-                raise LimitExceeded(f"item over {max_chars} characters", index=items - 1)
+        elif lead not in _SEPARATORS:
+            items += depth == 1  # a scalar item
+            if lead == _QUOTE and pos - start - 2 > max_chars:  # any string inside an item
+                raise LimitExceeded(f"item over {max_chars} characters", index=max(items - 1, 0))
+        if items > max_items:
+            raise LimitExceeded(
+                f"more than {max_items} items in one request; the limit is {max_items}",
+                index=max_items,
+            )
     raise MalformedRequest("input nests too deep or holds too many tokens")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,8 +22,24 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def multiprocess_dir() -> str | None:
-    """Set (by ``python -m gateway`` or the entrypoint) when uvicorn workers share /metrics."""
+    """Set (by the supervisor) when uvicorn workers share /metrics through files."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+
+def forget_dead_workers(directory: str) -> list[int]:
+    """Remove the live gauges (in-flight images, backlog) of workers that died without
+    stopping, so a replaced worker's last values are not summed for ever; their counters stay.
+    Returns the process ids forgotten."""
+    from gateway.backend.shm import alive
+
+    dead = set()
+    for path in Path(directory).glob("gauge_live*_*.db"):
+        owner = path.stem.rsplit("_", 1)[-1]
+        if owner.isdigit() and int(owner) != os.getpid() and not alive(int(owner)):
+            dead.add(int(owner))
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+    return sorted(dead)
 
 
 class Metrics:

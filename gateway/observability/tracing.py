@@ -3,8 +3,8 @@
 Off (no OTLP endpoint configured, ``OTEL_SDK_DISABLED=true`` or ``GATEWAY_TRACING=off``) the app
 gets no tracing middleware at all and every span below is the API's non-recording span, so the
 request path pays a few attribute-less calls. On, the SDK reads the usual variables itself:
-``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT``, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
-``OTEL_TRACES_SAMPLER``/``_ARG`` (default parent-based always-on).
+``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT``, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``;
+sampling is the gateway's own (``GATEWAY_TRACE_SAMPLE_RATIO``, ``GATEWAY_TRACE_TRUST_UPSTREAM``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,11 @@ def tracing_wanted(mode: str, environ: Mapping[str, str] = os.environ) -> bool:
     )
 
 
-def create_telemetry(mode: str) -> Telemetry:
+def create_telemetry(mode: str, ratio: float = 1.0, trust_upstream: bool = False) -> Telemetry:
+    """The app's tracer provider. Sampling is decided here, at the edge: a fraction ``ratio`` of
+    requests. An incoming traceparent keeps its trace id either way, and one marked not sampled
+    is respected (less work); one marked sampled is obeyed only with ``trust_upstream`` —
+    otherwise any client could make the server trace (and Triton trace) every request."""
     if not tracing_wanted(mode):
         return Telemetry(NoOpTracerProvider(), enabled=False)
     # Imported only when tracing is on: the SDK and exporter are not on the hot path otherwise.
@@ -58,9 +62,21 @@ def create_telemetry(mode: str) -> Telemetry:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import (
+        ALWAYS_OFF,
+        ALWAYS_ON,
+        ParentBased,
+        TraceIdRatioBased,
+    )
 
+    own = TraceIdRatioBased(ratio)
+    sampler = ParentBased(
+        root=own,
+        remote_parent_sampled=ALWAYS_ON if trust_upstream else own,
+        remote_parent_not_sampled=ALWAYS_OFF,
+    )
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", SERVICE_NAME)})
-    provider = SdkTracerProvider(resource=resource)
+    provider = SdkTracerProvider(resource=resource, sampler=sampler)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return Telemetry(provider, enabled=True)
 

@@ -103,6 +103,9 @@ class ReservedPort:
 def reserve_port(host: str = "127.0.0.1") -> ReservedPort:
     locks = Path(tempfile.gettempdir()) / f"clip-gateway-ports-{os.getuid()}"
     locks.mkdir(mode=0o700, exist_ok=True)
+    owner = locks.stat()
+    if owner.st_uid != os.getuid() or owner.st_mode & 0o077:  # made by someone else: not ours
+        raise RuntimeError(f"{locks} is not a private directory of this user; remove it")
     low, _high = _ephemeral_range()
     chooser = random.SystemRandom()
     for _ in range(500):

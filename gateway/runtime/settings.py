@@ -119,6 +119,11 @@ class ServerSettings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     #: ``auto``: on when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) is set.
     tracing: Literal["auto", "on", "off"] = "auto"
+    #: Fraction of requests traced (decided at the edge; Triton traces exactly those).
+    trace_sample_ratio: float = Field(1.0, ge=0, le=1)
+    #: Obey an incoming traceparent's "sampled" flag. Off by default: a client could otherwise
+    #: make the server (and Triton) trace every request whatever the ratio.
+    trace_trust_upstream: bool = False
 
     @model_validator(mode="after")
     def _horizon_within_the_deadline(self) -> ServerSettings:

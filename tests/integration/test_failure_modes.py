@@ -179,3 +179,34 @@ def test_probes_stay_cheap_under_rejections(gateway: GatewayProcess, path: str) 
     for _ in range(20):
         httpx.post(f"{gateway.url}/v1/embeddings", files=files(b"junk"))
     assert httpx.get(f"{gateway.url}{path}").status_code == 200
+
+
+def test_idle_and_trickling_connections_cannot_hold_slots(triton, start_gateway) -> None:
+    """With every slot taken by connections that never finish a request head, new clients are
+    refused (503) only until the head deadline closes them (408); then service resumes."""
+    gateway = start_gateway(
+        triton.grpc_url,
+        GATEWAY_HEADER_TIMEOUT_S="1",
+        GATEWAY_MAX_CONNECTIONS="4",
+        GATEWAY_CANARY_INTERVAL_S="0",
+    )
+    hogs = [socket.create_connection((gateway.host, gateway.port), timeout=30) for _ in range(4)]
+    try:
+        hogs[2].sendall(b"POST /v1/embeddings HTTP/1.1\r\nHo")  # a head that never ends
+        hogs[3].sendall(b"GET /hea")
+        wait_until(
+            lambda: httpx.get(f"{gateway.url}/healthz").status_code == 503,
+            "the slots are taken",
+        )
+        replies = []
+        for sock in hogs:
+            reply = b""
+            while chunk := sock.recv(4096):  # the server answers and closes
+                reply += chunk
+            replies.append(reply)
+    finally:
+        for sock in hogs:
+            sock.close()
+    assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies
+    assert all(b"application/problem+json" in r for r in replies)
+    wait_until(lambda: httpx.get(f"{gateway.url}/healthz").status_code == 200, "slots freed")

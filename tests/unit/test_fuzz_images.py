@@ -26,6 +26,7 @@ SEEDS = {
     "jpeg-exif": samples.oriented_jpeg(6),
     "png": samples.png(5),
     "webp": samples.webp(6),
+    "gif": samples.gif(7),
 }
 
 

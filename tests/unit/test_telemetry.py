@@ -140,3 +140,65 @@ def test_json_logs_carry_extras(capsys: pytest.CaptureFixture[str]) -> None:
 def test_shared_memory_only_where_triton_shares_the_host(mode: str, url: str, regions: int) -> None:
     settings = ServerSettings(triton_shared_memory=mode, triton_url=url)
     assert settings.shared_memory_regions == regions
+
+
+def _decision(ratio: float, trust: bool, flags: str) -> bool:
+    """Does the gateway sample a request arriving with a traceparent carrying ``flags``?"""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    provider = telemetry.create_telemetry("on", ratio, trust).provider
+    try:
+        parent = TraceContextTextMapPropagator().extract(
+            {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}"}
+        )
+        span = provider.get_tracer("t").start_span("request", context=parent)
+        sampled = span.get_span_context().trace_flags.sampled
+        assert span.get_span_context().trace_id == int("ab" * 16, 16)  # same trace either way
+        span.end()
+        return bool(sampled)
+    finally:
+        provider.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("ratio", "trust", "flags", "sampled"),
+    [
+        (0.0, False, "01", False),  # a client cannot force tracing
+        (0.0, True, "01", True),  # unless the operator trusts upstream sampling
+        (1.0, False, "01", True),
+        (1.0, False, "00", False),  # a "not sampled" upstream is always respected
+        (1.0, True, "00", False),
+    ],
+)
+def test_sampling_is_decided_at_the_edge(
+    monkeypatch: pytest.MonkeyPatch, ratio: float, trust: bool, flags: str, sampled: bool
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # never reached
+    assert _decision(ratio, trust, flags) is sampled
+
+
+def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    from gateway.observability.metrics import Metrics, forget_dead_workers
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    # a worker that counted a request and held 7 images in flight, then died without stopping
+    script = (
+        "from gateway.observability.metrics import Metrics; m = Metrics(); "
+        "m.inflight.inc(7); m.images.labels('jpeg').inc(3)"
+    )
+    dead = subprocess.run(
+        [sys.executable, "-c", script], env={**__import__("os").environ}, check=True
+    )
+    assert dead.returncode == 0
+    before = Metrics().render(False)[0].decode()
+    assert "gateway_inflight_images 7.0" in before
+    forgotten = forget_dead_workers(str(tmp_path))
+    assert len(forgotten) == 1
+    after = Metrics().render(False)[0].decode()
+    assert "gateway_inflight_images 7.0" not in after  # no live worker holds those images
+    assert 'gateway_images_total{format="jpeg"} 3.0' in after
