@@ -13,14 +13,14 @@ import uvicorn
 
 from gateway.http.protocol import DeadlineProtocol
 from gateway.observability.logs import configure, logging_config
-from gateway.runtime.plan import usable_cpus, worker_plan
+from gateway.runtime.plan import plan_for
 from gateway.runtime.settings import ServerSettings
 
 
 def main() -> int:
     settings = ServerSettings()
     configure(settings.log_level, settings.log_format)
-    planned = worker_plan(usable_cpus(), settings.workers, settings.decode_threads)
+    planned = plan_for(settings.workers, settings.decode_threads, settings.max_decode_mib)
     # uvicorn's workers build their settings from the environment: make the plan theirs
     os.environ["GATEWAY_WORKERS"] = str(planned.workers)
     os.environ["GATEWAY_DECODE_THREADS"] = str(planned.decode_threads)

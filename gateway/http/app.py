@@ -28,7 +28,7 @@ from gateway.observability.tracing import Telemetry, create_telemetry
 from gateway.pipeline.canary import Canary
 from gateway.pipeline.service import EmbeddingService
 from gateway.runtime import memory
-from gateway.runtime.plan import usable_cpus
+from gateway.runtime.plan import plan_for
 from gateway.runtime.processes import exit_with_parent
 from gateway.runtime.settings import ServerSettings
 
@@ -65,7 +65,7 @@ def create_app(
             forget_dead_workers(directory)  # this worker may be replacing one that died
         # Decoding is CPU-bound and releases the GIL: one thread per usable CPU uses them all
         # without oversubscribing; admission control keeps this pool's queue bounded.
-        threads = settings.decode_threads or usable_cpus()
+        threads = settings.decode_threads or plan_for(0, 0, settings.max_decode_mib).decode_threads
         pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
         backend = backend_factory(settings, telemetry.tracer)
         app.state.service = EmbeddingService(

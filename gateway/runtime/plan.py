@@ -1,9 +1,11 @@
-"""How many uvicorn workers and decode threads, from the CPUs this process may really use.
+"""How many uvicorn workers and decode threads, from the CPUs and memory this process may use.
 
-In a container the host's core count is the wrong number: a pod limited to 2 CPUs on a 64-core
-node that starts 16 workers x 4 threads spends its quota on contention. The usable count is the
-smallest of the affinity mask, the cgroup CPU quota (v2 ``cpu.max``, v1 ``cfs_quota_us``) and
-the host's cores.
+In a container the host's numbers are the wrong ones: a pod limited to 2 CPUs on a 64-core node
+that starts 16 workers x 4 threads spends its quota on contention, and one limited to 4 GB that
+lets every thread decode a 256 MiB image at once is killed. The usable CPUs are the smallest of
+the affinity mask, the cgroup CPU quota (v2 ``cpu.max``, v1 ``cfs_quota_us``) and the host's
+cores; the memory limit (v2 ``memory.max``, v1 ``limit_in_bytes``) caps how many decodes may run
+at once.
 """
 
 from __future__ import annotations
@@ -64,14 +66,42 @@ class WorkerPlan:
     decode_threads: int
 
 
-def worker_plan(cpus: int, workers: int = 0, threads: int = 0) -> WorkerPlan:
+#: What one worker holds besides its decodes (interpreter, app, pools, shm regions): measured
+#: ~110 MB warm (bench/results/footprint), with room.
+WORKER_BASE_BYTES = 192 << 20
+
+
+def worker_plan(
+    cpus: int,
+    workers: int = 0,
+    threads: int = 0,
+    *,
+    memory_bytes: int | None = None,
+    decode_bytes: int = 256 << 20,
+) -> WorkerPlan:
     """Workers and decode threads per worker for ``cpus`` CPUs, where not set (0).
 
     HTTP parsing, multipart and the gRPC client run on each worker's event loop and hold about
     one core at full load, while decoding releases the GIL and scales with threads. One worker
     per four CPUs (at most 8) with threads filling the rest keeps every CPU busy without
-    oversubscribing: 16 CPUs -> 4 workers x 4 threads; 2 CPUs -> 1 x 2.
+    oversubscribing: 16 CPUs -> 4 workers x 4 threads; 2 CPUs -> 1 x 2. With a memory limit,
+    at most half of it goes to the gateway (Triton and the model need the rest): threads are
+    cut until every worker's base plus one worst-case decode per thread fits.
     """
     workers = workers or max(1, min(8, cpus // 4))
     threads = threads or max(1, cpus // workers)
+    if memory_bytes:
+        share = memory_bytes // 2 // workers - WORKER_BASE_BYTES
+        threads = max(1, min(threads, share // decode_bytes))
     return WorkerPlan(workers, threads)
+
+
+def plan_for(workers: int, threads: int, decode_mib: int, root: Path = CGROUP) -> WorkerPlan:
+    """The plan for this container: its CPU quota and memory limit, the settings' overrides."""
+    return worker_plan(
+        usable_cpus(root),
+        workers,
+        threads,
+        memory_bytes=cgroup_memory_limit(root),
+        decode_bytes=decode_mib << 20,
+    )

@@ -191,7 +191,7 @@ class Supervisor:
     def gateway_process(self) -> GatewayProcess:
         assert self.triton is not None and self.scratch is not None
         server, launch = self.settings.server, self.settings.launch
-        workers = plan.worker_plan(plan.usable_cpus(), server.workers, server.decode_threads)
+        workers = plan.plan_for(server.workers, server.decode_threads, server.max_decode_mib)
         env = {
             "GATEWAY_WORKERS": str(workers.workers),
             "GATEWAY_DECODE_THREADS": str(workers.decode_threads),

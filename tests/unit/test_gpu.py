@@ -117,3 +117,24 @@ def test_auto_is_resolved_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_
     assert render_config(chosen, 224, 512).backend == "onnxruntime"
     with pytest.raises(ValueError, match="auto"):
         render_config(RepositorySettings(), 224, 512)
+
+
+@pytest.mark.parametrize(("memory_gib", "threads"), [(None, 8), (64, 8), (4, 3), (2, 1), (1, 1)])
+def test_a_memory_limit_caps_the_decode_threads(memory_gib: int | None, threads: int) -> None:
+    """8 CPUs: 2 workers x 4 threads; half the limit for the gateway, where each worker's base
+    and one 256 MiB decode per thread must fit."""
+    memory = memory_gib << 30 if memory_gib else None
+    assert worker_plan(8, memory_bytes=memory).decode_threads == threads
+
+
+def test_the_container_limits_are_read_from_cgroup_files(tmp_path: Path) -> None:
+    from gateway.runtime.plan import cgroup_cpu_quota, cgroup_memory_limit, plan_for
+
+    (tmp_path / "cpu.max").write_text("250000 100000\n")  # 2.5 CPUs
+    (tmp_path / "memory.max").write_text(str(3 << 30))
+    assert cgroup_cpu_quota(tmp_path) == 2.5
+    assert cgroup_memory_limit(tmp_path) == 3 << 30
+    assert plan_for(0, 0, 256, tmp_path) == WorkerPlan(1, 2)
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "memory.max").write_text("max\n")
+    assert cgroup_cpu_quota(tmp_path) is None and cgroup_memory_limit(tmp_path) is None
