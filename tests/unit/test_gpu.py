@@ -119,7 +119,7 @@ def test_auto_is_resolved_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_
         render_config(RepositorySettings(), 224, 512)
 
 
-@pytest.mark.parametrize(("memory_gib", "threads"), [(None, 8), (64, 8), (4, 3), (2, 1), (1, 1)])
+@pytest.mark.parametrize(("memory_gib", "threads"), [(None, 4), (64, 4), (4, 3), (2, 1), (1, 1)])
 def test_a_memory_limit_caps_the_decode_threads(memory_gib: int | None, threads: int) -> None:
     """8 CPUs: 2 workers x 4 threads; half the limit for the gateway, where each worker's base
     and one 256 MiB decode per thread must fit."""
