@@ -40,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--minutes", type=float, default=default_minutes)
         command.add_argument("--smoke", action="store_true", help="seconds, for CI")
         command.add_argument("--out", type=Path, default=None)
+        if name == "overload":
+            command.add_argument(
+                "--photos", choices=("compact", "camera"), default="compact",
+                help="compact JPEGs, one per request, or 8-24 MP camera photos, four",
+            )  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "run":
         from bench import runner
@@ -51,8 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     modules = {"overload": overload, "soak": soak, "tracing": tracing_cost, "footprint": footprint}
     module = modules[args.command]
     suffix = "-smoke" if args.smoke else ""
-    results = module.run(args.minutes, args.out or RESULTS / f"{args.command}{suffix}", args.smoke)
-    print((args.out or RESULTS / f"{args.command}{suffix}"), flush=True)
+    extra = {}
+    if args.command == "overload":
+        extra["photos"] = args.photos
+        suffix = ("-camera" if args.photos == "camera" else "") + suffix
+    out = args.out or RESULTS / f"{args.command}{suffix}"
+    results = module.run(args.minutes, out, args.smoke, **extra)
+    print(out, flush=True)
     return 1 if results.get("wrong") or results.get("unexpected_5xx") else 0
 
 

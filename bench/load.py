@@ -135,5 +135,6 @@ def summarize(records: list[Record], *, elapsed: float | None = None) -> dict[st
         summary["sent_bytes_per_image"] = round(float(np.mean(sent)), 1) if sent else None
     rejected = [r.latency * 1000 for r in records if r.reply.status not in (200, 0)]
     if rejected:
+        summary["rejected_latency_ms_p95"] = round(float(np.percentile(rejected, 95)), 2)
         summary["rejected_latency_ms_p99"] = round(float(np.percentile(rejected, 99)), 2)
     return summary

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.clients import Batches, GatewayClient
-from bench.photos import compact_jpeg
+from bench.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
 from export.build import ensure_exported
 from export.spec import Weights
 from gateway.backend.local import LocalTriton
@@ -45,11 +45,20 @@ def running(gateway_env: dict[str, str] | None = None) -> Iterator[Stack]:
                 yield Stack(triton, gateway, work)
 
 
-def reference_batches(url: str, images: int, batch: int) -> Batches:
-    """Distinct compact JPEGs and, for each batch, the embeddings the gateway gives unloaded:
-    under load every answer is checked against them, so a mixed-up response cannot hide."""
-    pool = [compact_jpeg(1000 + i) for i in range(images)]
-    batches = [[pool[(i * batch + j) % images] for j in range(batch)] for i in range(images)]
+def camera_photos(count: int) -> list[bytes]:
+    """Full-size camera JPEGs, 8-24 MP, every other one progressive (what phones upload)."""
+    sizes = [CAMERA_SIZES[mp] for mp in (8, 12, 16, 24)]
+    return [jpeg(photo(*sizes[i % 4], seed=2000 + i), progressive=i % 2 == 1) for i in range(count)]
+
+
+def reference_batches(
+    url: str, images: int, batch: int, pool: list[bytes] | None = None
+) -> Batches:
+    """Distinct JPEGs (compact ones unless ``pool`` is given) and, for each batch, the
+    embeddings the gateway gives unloaded: under load every answer is checked against them, so
+    a mixed-up response cannot hide."""
+    pool = pool or [compact_jpeg(1000 + i) for i in range(images)]
+    batches = [[pool[(i * batch + j) % len(pool)] for j in range(batch)] for i in range(images)]
     plain = Batches(batches)
 
     async def collect() -> list[np.ndarray]:

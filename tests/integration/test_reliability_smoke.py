@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,8 +22,9 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_overload_smoke(tmp_path: Path) -> None:
-    done = bench("overload", "--smoke", "--out", str(tmp_path))
+@pytest.mark.parametrize("photos", ["compact", "camera"])
+def test_overload_smoke(tmp_path: Path, photos: str) -> None:
+    done = bench("overload", "--smoke", "--photos", photos, "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
     results = json.loads((tmp_path / "overload.json").read_text())
     assert results["wrong"] == 0  # every answer was the right image's embedding
@@ -29,11 +32,13 @@ def test_overload_smoke(tmp_path: Path) -> None:
     at_1x, at_2x = results["at_1x"], results["at_2x"]
     assert at_1x["ok"] > 0 and at_2x["ok"] > 0
     assert set(at_2x["statuses"]) <= {"200", "429", "503"}
-    # twice the measured capacity for 6 s fills the 24-image budget many times over: the gateway
-    # itself must refuse the excess (429), not leave it to time out or to Triton's queue
+    # twice the measured capacity for 6 s overfills the 2 s admission horizon (4 s deadline in
+    # the smoke run): the gateway itself must refuse the excess (429), and no accepted request
+    # may run out its deadline (no 504: unexpected_5xx above)
     assert at_2x["statuses"].get("429", 0) > 0
     assert results["rejected_by_reason"].get("overloaded", 0) >= at_2x["statuses"]["429"]
-    assert (tmp_path / "overload.md").exists()
+    assert (tmp_path / "overload.md").exists() and (tmp_path / "overload.png").exists()
+    assert results["photos"] == photos
 
 
 def test_soak_smoke(tmp_path: Path) -> None:
