@@ -173,7 +173,7 @@ def embed(directory: Path, out: Path, url: str, api_key: str | None, **options: 
 @click.option(
     "--image",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Search by example: the photos most like this one (instead of QUERY).",
+    help="Search by example: the photos most like this one (instead of QUERY).  [default: none]",
 )
 @click.option("--top", type=click.IntRange(1), default=10, help="Number of results.")
 @click.option(

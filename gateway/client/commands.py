@@ -95,6 +95,7 @@ def run_search(
     library = load_library(library_path)
     url = options["url"]
     with Client(url, api_key=options["api_key"]) as client:
+        client.model_info()  # fails at once when unreachable or the key is refused
         if query is not None:
             click.echo(f"embedding the query at {url}", err=True)
             try:
