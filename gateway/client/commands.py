@@ -15,7 +15,14 @@ from typing import Any
 import click
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from gateway.client.cli import Exit
 from gateway.client.compact import CompactOptions
@@ -51,16 +58,23 @@ def progress_bar() -> Iterator[Callable[[int, int], None]]:
         TextColumn("{task.fields[rate]} img/s"),
         TimeRemainingColumn(),
     )
+    bar = Progress(*columns, console=Console(stderr=True))
+    tasks: list[TaskID] = []  # the bar appears with the first photo to embed
     started = time.monotonic()
-    with Progress(*columns, console=Console(stderr=True)) as bar:
-        task = bar.add_task("embedding", total=None, rate="-")
 
-        def update(done: int, total: int) -> None:
-            elapsed = time.monotonic() - started
-            rate = f"{done / elapsed:.1f}" if done and elapsed else "-"
-            bar.update(task, completed=done, total=total, rate=rate)
+    def update(done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+            tasks.append(bar.add_task("embedding", total=total, rate="-"))
+        elapsed = time.monotonic() - started
+        rate = f"{done / elapsed:.1f}" if done and elapsed else "-"
+        bar.update(tasks[0], completed=done, total=total, rate=rate)
 
+    try:
         yield update
+    finally:
+        if tasks:
+            bar.stop()
 
 
 def run_embed(
@@ -75,6 +89,7 @@ def run_embed(
         compact=CompactOptions(enabled=not options["no_shrink"]),
     )
     run = Options(options["checkpoint_every"], options["retry_failed"], options["hidden"])
+    click.echo(f"looking for photos in {directory}", err=True)
     try:
         with client, progress_bar() as update:
             library, report = embed_folder(directory, out, client, run, update)

@@ -67,14 +67,14 @@ def embed_folder(
     root = root.absolute()
     todo = _triage(root, library, report, options)
     _prune(root, library, report)
-    progress(0, len(todo))
-    if todo:
+    if todo:  # one quick request first: unreachable or refused says so before any work
         served = str(client.model_info().get("id", ""))
         if library.model and served and library.model != served:
             raise ModelMismatch(
                 f"{out} holds {library.model} embeddings; the gateway serves {served}"
             )
         library.model = library.model or served
+        progress(0, len(todo))
     with ThreadPoolExecutor(4, thread_name_prefix="clip-hash") as hashing:
         for start in range(0, len(todo), options.checkpoint_every):
             chunk = todo[start : start + options.checkpoint_every]
