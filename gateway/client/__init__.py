@@ -8,7 +8,17 @@ numpy out. Importing it pulls in none of the server's dependencies.
 
 from gateway.client.aio import AsyncClient
 from gateway.client.compact import CompactOptions, compact
-from gateway.client.core import ClientError
+from gateway.client.core import ClientError, Embedded, ItemError
+from gateway.client.formats import UnreadableImage
 from gateway.client.sync import Client
 
-__all__ = ["AsyncClient", "Client", "ClientError", "CompactOptions", "compact"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ClientError",
+    "CompactOptions",
+    "Embedded",
+    "ItemError",
+    "UnreadableImage",
+    "compact",
+]

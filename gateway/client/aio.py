@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from types import TracebackType
+from typing import Any
 
 import httpx
 import numpy as np
 
 from gateway.client.compact import CompactOptions, ImageLike, compact
-from gateway.client.core import Settings, chunks, embed_request, outcome, should_retry
+from gateway.client.core import (
+    ClientError,
+    Embedded,
+    ItemError,
+    Settings,
+    T,
+    chunks,
+    embed_request,
+    merge,
+    outcome,
+    parse,
+    parse_json,
+    prepare,
+    problem,
+    should_retry,
+    skip_invalid_request,
+    text_request,
+)
 
 
 class AsyncClient:
@@ -48,9 +67,54 @@ class AsyncClient:
         results = await asyncio.gather(*(self.embed_bytes(batch) for batch in batches))
         return np.concatenate(results) if results else np.empty((0, 0), np.float32)
 
+    async def embed_valid(self, images: Sequence[ImageLike]) -> Embedded:
+        """What can be embedded, and why the rest could not (``Client.embed_valid``)."""
+        prepared = await asyncio.gather(
+            *(asyncio.to_thread(prepare, i, image, self.compact) for i, image in enumerate(images))
+        )
+        local = [item for item in prepared if isinstance(item, ItemError)]
+        good = [(i, item) for i, item in enumerate(prepared) if isinstance(item, bytes)]
+        batches = chunks(good, self.settings.batch_size)
+        parts = await asyncio.gather(*(self._embed_valid(batch) for batch in batches))
+        return merge([*parts, Embedded(np.empty((0, 0), np.float32), [], local)])
+
+    async def _embed_valid(self, batch: list[tuple[int, bytes]]) -> Embedded:
+        positions = [i for i, _ in batch]
+        request = skip_invalid_request([data for _, data in batch], self.settings)
+        try:
+            answer = await self._send(request, parse_json)
+        except ClientError as exc:
+            if exc.status != 413:
+                raise
+            if len(batch) == 1:
+                error = ItemError(0, "too large", str(exc.problem.get("detail", "")), 413)
+                return Embedded(np.empty((0, 0), np.float32), [], [error]).at(positions)
+            half = len(batch) // 2
+            halves = await asyncio.gather(
+                self._embed_valid(batch[:half]), self._embed_valid(batch[half:])
+            )
+            return merge(halves)
+        return answer.at(positions)
+
+    async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 ``[len(texts), D]``: the texts in the model's shared image-text space."""
+        return (await self._send(text_request(texts, self.settings), parse_json)).vectors
+
     async def embed_bytes(self, batch: list[bytes]) -> np.ndarray:
         """One request for already-prepared image bytes, retried on 429/5xx."""
-        request = embed_request(batch, self.settings)
+        read = partial(parse, dtype=self.settings.dtype)
+        return await self._send(embed_request(batch, self.settings), read)
+
+    async def model_info(self) -> dict[str, Any]:
+        """The served model (``GET /v1/models``), asked once without retries."""
+        headers = {**self.settings.request_headers(), "Accept": "application/json"}
+        response = await self._http.get("/v1/models", headers=headers)
+        if response.status_code != 200:
+            raise ClientError(response.status_code, problem(response))
+        models: list[dict[str, Any]] = response.json()["data"]
+        return models[0]
+
+    async def _send(self, request: dict[str, Any], read: Callable[[httpx.Response], T]) -> T:
         attempt = 0
         while True:
             attempt += 1
@@ -63,8 +127,8 @@ class AsyncClient:
                     if not should_retry(None, attempt, self.settings):
                         raise
                     response = None
-            result = outcome(response, attempt, self.settings)
-            if isinstance(result, np.ndarray):
+            result = outcome(response, attempt, self.settings, read)
+            if not isinstance(result, float):
                 return result
             await self._sleep(result)
 

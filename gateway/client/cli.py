@@ -1,135 +1,265 @@
-"""``clip-gateway``: a photo library in three commands: ``serve``, ``embed DIR``, ``dupes``."""
+"""``clip-gateway``: embed a photo folder into a library file, search it with words or a photo,
+review its near-duplicates; ``serve`` runs the gateway itself (the server extra).
+
+Results go to stdout, progress and notes to stderr. The exit codes (``Exit``) are the same in
+every command and listed in ``--help``; no command ever ends in a traceback
+(``CLIP_GATEWAY_DEBUG=1`` shows one for an unexpected error).
+"""
 
 from __future__ import annotations
 
-import argparse
+import functools
+import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import traceback
+from collections.abc import Callable
+from enum import IntEnum
+from importlib import metadata
 from pathlib import Path
+from typing import Any, TypeVar
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
+import click
+import httpx
+
+from gateway.client.core import ClientError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Exit(IntEnum):
+    OK = 0
+    ERROR = 1  # something unexpected; the message says what
+    USAGE = 2  # a bad option or argument, a file that is not a library
+    INCOMPLETE = 3  # embed: some files could not be embedded (each is named)
+    UNREACHABLE = 4  # the gateway could not be reached
+    REFUSED = 5  # the gateway refused the request (API key, model, a server error)
+    INTERRUPTED = 130  # Ctrl-C; embed keeps its last checkpoint
+
+
+EXIT_CODES = (
+    "\b\nExit codes:\n"
+    "  0  done (embed: every readable photo is in the library)\n"
+    "  1  unexpected error (CLIP_GATEWAY_DEBUG=1 shows the traceback)\n"
+    "  2  bad option or argument, or a LIBRARY that is not one\n"
+    "  3  embed: some files could not be embedded; each is named and recorded\n"
+    "  4  the gateway could not be reached\n"
+    "  5  the gateway refused the request (API key, model, server error)\n"
+    "  130  interrupted (embed resumes from its last checkpoint)"
 )
-
-from gateway.client import Client, CompactOptions
-from gateway.client.dupes import groups
-from gateway.client.library import Library, photos, sha256
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="clip-gateway", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    embed = commands.add_parser("embed", help="embed every JPEG/PNG/WebP under DIR (resumable)")
-    embed.add_argument("directory", type=Path)
-    embed.add_argument("--out", type=Path, required=True, help="the .npz to create or extend")
-    embed.add_argument("--url", default="http://127.0.0.1:8000")
-    embed.add_argument("--api-key", default=None)
-    embed.add_argument("--batch-size", type=int, default=32)
-    embed.add_argument("--concurrency", type=int, default=4)
-    embed.add_argument("--no-shrink", action="store_true", help="upload originals")
-    embed.add_argument(
-        "--checkpoint-every", type=int, default=512, help="images between saves of --out"
-    )
-    dupes = commands.add_parser("dupes", help="group near-duplicates in an embeddings file")
-    dupes.add_argument("file", type=Path)
-    dupes.add_argument("--threshold", type=float, default=0.95)
-    dupes.add_argument("--html", type=Path, default=None, help="write a review page")
-    dupes.add_argument("--block", type=int, default=4096, help="rows per similarity tile")
-    commands.add_parser(
-        "serve",
-        help="what `make serve` runs: export if needed, Triton + gateway (see serve --help); "
-        "needs the server extra",
-    )
-    return parser.parse_args(argv)
+def _version() -> str:
+    try:
+        return metadata.version("clip-gateway")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:
-        return serve(argv[1:])
-    args = parse_args(argv)
-    if args.command == "embed":
-        return embed(args)
-    return find_dupes(args)
+def url_option(command: F) -> F:
+    return click.option(
+        "--url",
+        envvar="CLIP_GATEWAY_URL",
+        show_envvar=True,
+        default=DEFAULT_URL,
+        help="The gateway's base URL.",
+    )(command)
 
 
-def serve(argv: list[str]) -> int:
+def api_key_option(command: F) -> F:
+    return click.option(
+        "--api-key",
+        envvar="CLIP_GATEWAY_API_KEY",
+        show_envvar=True,
+        default=None,
+        help="Bearer key, for a gateway that requires one.  [default: none]",
+    )(command)
+
+
+def library_argument(command: F) -> F:
+    kind = click.Path(exists=True, dir_okay=False, path_type=Path)
+    return click.argument("library", type=kind)(command)
+
+
+def guarded(command: F) -> F:
+    """Turn what can go wrong talking to the gateway into a message and an exit code."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> int:
+        url = kwargs.get("url", DEFAULT_URL)
+        try:
+            return int(command(*args, **kwargs))
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            _error(f"could not reach the gateway at {url}: {reason}; is it running?")
+            return Exit.UNREACHABLE
+        except ClientError as exc:
+            hint = " (--api-key or CLIP_GATEWAY_API_KEY)" if exc.status == 401 else ""
+            _error(f"the gateway at {url} refused the request: {exc}{hint}")
+            return Exit.REFUSED
+        except KeyboardInterrupt:
+            _error("interrupted")
+            return Exit.INTERRUPTED
+
+    return run  # type: ignore[return-value]
+
+
+def _error(message: str) -> None:
+    click.echo(f"clip-gateway: {message}", err=True)
+
+
+@click.group(context_settings=CONTEXT, epilog=EXIT_CODES)
+@click.version_option(_version(), "--version", prog_name="clip-gateway")
+def cli() -> None:
+    """Embed a photo folder through a clip-gateway, search it with words or a photo, and
+    review its near-duplicates."""
+
+
+@cli.command(epilog=EXIT_CODES)
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The library file (.npz) to create, or to bring up to date.",
+)
+@url_option
+@api_key_option
+@click.option("--batch-size", type=click.IntRange(1, 256), default=32, help="Photos per request.")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, help="Requests at once.")
+@click.option(
+    "--no-shrink",
+    is_flag=True,
+    show_default="off",
+    help="Upload the original files instead of compact 256-px JPEGs (HEIC, AVIF and GIF are "
+    "converted to JPEG either way: the gateway does not read them).",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(1),
+    default=512,
+    help="Files between saves of --out (Ctrl-C keeps the last save).",
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    show_default="off",
+    help="Try again the files that failed before, even when unchanged.",
+)
+@click.option(
+    "--hidden",
+    is_flag=True,
+    show_default="off",
+    help="Include hidden files and folders (names with a leading dot).",
+)
+@guarded
+def embed(directory: Path, out: Path, url: str, api_key: str | None, **options: Any) -> int:
+    """Embed every photo under DIRECTORY into a library file, resumably.
+
+    Photos are found by content (JPEG, PNG, WebP, GIF, HEIC/HEIF, AVIF), in every subfolder.
+    A file whose path, size and time are unchanged is not read again; one whose content is
+    already in the library (a copy, a rename) reuses its embedding. A file that cannot be
+    embedded is named with the reason, recorded, and not tried again while unchanged.
+    """
+    from gateway.client.commands import run_embed
+
+    return run_embed(directory, out, url, api_key, options)
+
+
+@cli.command(epilog=EXIT_CODES)
+@library_argument
+@click.argument("query", required=False)
+@click.option(
+    "--image",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Search by example: the photos most like this one (instead of QUERY).  [default: none]",
+)
+@click.option("--top", type=click.IntRange(1), default=10, help="Number of results.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    show_default="off",
+    help="Print JSON for scripts (rank, score, path per result) instead of lines.",
+)
+@click.option(
+    "--html",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a page of the results' thumbnails with scores.  [default: none]",
+)
+@url_option
+@api_key_option
+@guarded
+def search(library: Path, query: str | None, image: Path | None, **options: Any) -> int:
+    """Rank the photos of LIBRARY by how well they match QUERY (words, embedded by the gateway)
+    or --image; print rank, score (cosine similarity) and path, best first."""
+    from gateway.client.commands import run_search
+
+    if (query is None) == (image is None):
+        raise click.UsageError("give either QUERY or --image PATH")
+    return run_search(library, query, image, options)
+
+
+@cli.command()
+@library_argument
+@click.option(
+    "--threshold",
+    type=click.FloatRange(-1.0, 1.0),
+    default=0.95,
+    help="Cosine similarity from which two photos count as near-duplicates.",
+)
+@click.option(
+    "--html",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a review page: thumbnails, size, date, the one to keep.  [default: none]",
+)
+@click.option(
+    "--block", type=click.IntRange(1), default=4096, help="Rows per similarity tile (memory)."
+)
+def dupes(library: Path, threshold: float, html: Path | None, block: int) -> int:
+    """Group the near-duplicate photos of LIBRARY and mark the one to keep in each group."""
+    from gateway.client.commands import run_dupes
+
+    return run_dupes(library, threshold, html, block)
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def serve(args: tuple[str, ...]) -> int:
+    """Run the gateway: what `make serve` runs (needs the server extra; see serve --help)."""
     try:
         from gateway.runtime.supervisor import serve as run
     except ImportError as exc:
-        print(
-            f"clip-gateway serve needs the server extra ({exc.name} is missing): "
-            "pip install 'clip-gateway[server]'",
-            file=sys.stderr,
+        _error(
+            f"serve needs the server extra ({exc.name} is missing): "
+            "pip install 'clip-gateway[server]'"
         )
-        return 2
-    return run(argv)
+        return Exit.USAGE
+    return run(list(args))
 
 
-def embed(args: argparse.Namespace) -> int:
-    library = Library.load(args.out)
-    known, recorded = library.known(), set(library.paths)
-    files = [p for p in photos(args.directory) if str(p) not in recorded]
-    print(f"{len(recorded)} already in {args.out}; {len(files)} files to look at", flush=True)
-    client = Client(
-        args.url,
-        api_key=args.api_key,
-        batch_size=args.batch_size,
-        concurrency=args.concurrency,
-        compact=CompactOptions(enabled=not args.no_shrink),
-    )
-    new = reused = 0
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]} img/s"),
-        TimeRemainingColumn(),
-    )
+def main(argv: list[str] | None = None) -> int:
+    """The ``clip-gateway`` command: its exit code, never a traceback."""
     try:
-        with client, ThreadPoolExecutor(4) as hashing, Progress(*columns) as progress:
-            task = progress.add_task("embedding", total=len(files), rate="-")
-            for start in range(0, len(files), args.checkpoint_every):
-                chunk = files[start : start + args.checkpoint_every]
-                digests = list(hashing.map(sha256, chunk))
-                todo = {d: p for p, d in zip(chunk, digests, strict=True) if d not in known}
-                if todo:
-                    vectors = client.embed(list(todo.values()))
-                    known.update(zip(todo, vectors, strict=True))
-                for path, digest in zip(chunk, digests, strict=True):
-                    library.add(str(path), digest, known[digest])
-                new, reused = new + len(todo), reused + len(chunk) - len(todo)
-                library.save(args.out)  # checkpoint: an interrupted run keeps all of this
-                progress.update(task, advance=len(chunk))
-                speed = progress.tasks[task].speed
-                progress.update(task, rate=f"{speed:.1f}" if speed else "-")
-    except KeyboardInterrupt:
-        print(f"interrupted: {len(library.paths)} saved in {args.out}; run again to resume")
-        return 130
-    print(f"embedded {new} new, reused {reused} (same content), {len(library.paths)} in {args.out}")
-    return 0
-
-
-def find_dupes(args: argparse.Namespace) -> int:
-    library = Library.load(args.file)
-    vectors = library.embeddings()
-    found = groups(vectors, args.threshold, args.block) if len(vectors) else []
-    for number, members in enumerate(found, 1):
-        print(f"group {number} ({len(members)}):")
-        for index in members:
-            print(f"  {library.paths[index]}")
-    print(f"{len(found)} groups of near-duplicates among {len(vectors)} photos "
-          f"(cosine >= {args.threshold})")  # fmt: skip
-    if args.html:
-        from gateway.client.report import write
-
-        write(found, library.paths, vectors, args.html)
-        print(f"review page: {args.html}")
-    return 0
+        result = cli.main(argv, prog_name="clip-gateway", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:  # --help, --version
+        return int(exc.exit_code)
+    except click.Abort:
+        _error("interrupted")
+        return Exit.INTERRUPTED
+    except Exception as exc:
+        if os.environ.get("CLIP_GATEWAY_DEBUG"):
+            traceback.print_exc()
+        _error(f"unexpected error: {type(exc).__name__}: {exc}")
+        return Exit.ERROR
+    return int(result or 0)
 
 
 if __name__ == "__main__":

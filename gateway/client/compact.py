@@ -6,6 +6,10 @@ EXIF; imaging/orientation.py, the gateway's own reader), resized so the short si
 and re-encoded at quality 85. Measured against
 sending the original 8-24 MP photo to the same gateway: cosine >= 0.9997, 10 KB instead of
 4.4 MB (README, "Client"). Small images are sent as they are.
+
+Formats the gateway does not decode (HEIC/HEIF, AVIF, GIF: formats.py) are always converted to
+a JPEG here, shrunk like the others (at their own size when shrinking is off); a file that
+cannot be read raises ``UnreadableImage``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from gateway.client import formats
 from gateway.imaging import jpeg, orientation
 
 ImageLike = str | Path | bytes | Image.Image
@@ -46,11 +51,23 @@ def compact(image: ImageLike, options: CompactOptions | None = None) -> bytes:
     if isinstance(source, Image.Image):
         turn = int(source.getexif().get(orientation.TAG, 1))  # parsed by Pillow already
         return _encode(_shrink(upright(source.convert("RGB"), turn), options), options)
+    kind = formats.identify(source[: formats.HEAD_BYTES])
+    if kind is not None and kind not in formats.GATEWAY_FORMATS:
+        return _convert(source, kind, options)
     if not options.enabled:
         return source
-    if source.startswith(b"\xff\xd8\xff"):
+    if kind == "jpeg":
         return _compact_jpeg(source, options)
     return _compact_other(source, options)
+
+
+def _convert(data: bytes, kind: str, options: CompactOptions) -> bytes:
+    """A JPEG the gateway accepts, from a format it does not (the first frame of a GIF)."""
+    with formats.open_image(data, kind) as opened:
+        # pillow-heif has already applied HEIF's own rotation and reset the EXIF tag to 1.
+        turn = int(opened.getexif().get(orientation.TAG, 1))
+        image = upright(opened.convert("RGB"), turn)
+    return _encode(_shrink(image, options) if options.enabled else image, options)
 
 
 def _compact_jpeg(data: bytes, options: CompactOptions) -> bytes:

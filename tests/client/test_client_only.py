@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,14 +22,61 @@ def test_no_server_or_export_dependency_is_installed(module: str) -> None:
     assert importlib.util.find_spec(module) is None
 
 
-def test_the_cli_answers_help() -> None:
-    done = subprocess.run(["clip-gateway", "--help"], capture_output=True, text=True, check=False)
+def clip_gateway(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["clip-gateway", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300, check=False)  # fmt: skip
+
+
+def test_the_cli_answers_help_with_defaults() -> None:
+    done = clip_gateway("--help")
     assert done.returncode == 0, done.stderr
-    assert "embed" in done.stdout and "dupes" in done.stdout
+    assert all(command in done.stdout for command in ("embed", "search", "dupes", "serve"))
+    embed = " ".join(clip_gateway("embed", "--help").stdout.split())
+    assert "default: 32" in embed and "env var: CLIP_GATEWAY_URL" in embed
+    assert clip_gateway("--version").stdout.startswith("clip-gateway, version ")
+
+
+def test_phone_formats_are_readable_in_a_plain_install() -> None:
+    from PIL import features
+
+    assert features.check("avif")  # Pillow's own wheels decode AVIF
+    assert importlib.util.find_spec("pillow_heif") is not None  # HEIC
+
+
+def test_the_cli_on_a_messy_folder(url: str, tmp_path: Path) -> None:
+    from messy import build  # type: ignore[import-not-found]
+
+    folder = build(tmp_path / "Pictures", locked=False)
+    out = tmp_path / "pictures.npz"
+    done = clip_gateway("embed", str(folder.root), "--out", str(out), CLIP_GATEWAY_URL=url)
+    assert done.returncode == 3, done.stdout + done.stderr  # some files could not be read
+    assert "Traceback" not in done.stdout + done.stderr
+    with np.load(out) as library:
+        assert set(library["paths"]) == {str(p) for p in folder.photos}
+        assert set(library["failed_paths"]) == {str(p) for p in folder.failed}
+    for path, reason in folder.failed.items():
+        assert f"  {path}: {reason}" in done.stdout
+    query = next(p for p in folder.photos if p.suffix == ".HEIC")
+    found = clip_gateway("search", str(out), "--image", str(query), "--top", "2",
+                         CLIP_GATEWAY_URL=url)  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.splitlines()[0].split()[::2] == ["1", str(query)]
+
+
+def test_an_unreachable_gateway_has_its_own_exit_code(tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        done = clip_gateway("embed", str(tmp_path), "--out", str(tmp_path / "x.npz"), "--url", url)
+    assert done.returncode == 4
+    assert "could not reach the gateway" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_serve_says_which_extra_it_needs() -> None:
-    done = subprocess.run(["clip-gateway", "serve"], capture_output=True, text=True, check=False)
+    done = clip_gateway("serve")
     assert done.returncode == 2
     assert "clip-gateway[server]" in done.stderr
     assert "Traceback" not in done.stderr

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -140,7 +143,8 @@ def test_async_client_retries_too() -> None:
 
 def test_importing_the_client_pulls_in_no_server_dependency() -> None:
     code = (
-        "import sys, gateway.client, gateway.client.dupes, gateway.client.library;"
+        "import sys, gateway.client, gateway.client.dupes, gateway.client.library,"
+        " gateway.client.cli, gateway.client.commands, gateway.client.report;"
         "server = {'litestar', 'uvicorn', 'tritonclient', 'msgspec', 'grpc', 'opentelemetry',"
         " 'prometheus_client', 'torch', 'onnxruntime'};"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in server))"
@@ -153,3 +157,88 @@ def test_pil_image_input_round_trips() -> None:
     image = Image.new("RGB", (300, 400), (10, 200, 30))
     data = compact(image)
     assert size(data) == (256, 341)
+
+
+def json_answer(rows: dict[int, float], errors: dict[int, str]) -> httpx.Response:
+    """An OpenAI-shaped skip_invalid answer: base64 rows at their request positions."""
+    data = [
+        {"object": "embedding", "index": i, "embedding": base64.b64encode(
+            np.full(4, value, "<f4").tobytes()).decode()}
+        for i, value in rows.items()
+    ]  # fmt: skip
+    problems = [
+        {"index": i, "status": 422, "type": "t", "title": "Invalid image", "detail": detail}
+        for i, detail in errors.items()
+    ]
+    return httpx.Response(200, json={"object": "list", "data": data, "errors": problems})
+
+
+def test_embed_valid_keeps_the_good_and_names_the_bad() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["accept"] == "application/json"
+        assert b'name="skip_invalid"\r\n\r\ntrue' in request.content
+        parts = request.content.split(b'name="image"')[1:]
+        rows = {i: float(p.split(b"__n", 1)[1][:4]) for i, p in enumerate(parts) if b"__n" in p}
+        bad = {i: "not an image" for i, p in enumerate(parts) if b"__n" not in p}
+        return json_answer(rows, bad)
+
+    images = [b"__n0000", b"junk", b"__n0002", b"__n0003", b"more junk"]
+    with Client("http://gw", transport=httpx.MockTransport(handler), batch_size=2,
+                compact=CompactOptions(enabled=False)) as client:  # fmt: skip
+        answer = client.embed_valid([*images, Path("/nonexistent/photo.jpg")])
+    assert answer.indices == [0, 2, 3]
+    assert answer.vectors[:, 0].tolist() == [0, 2, 3]
+    assert [(e.index, str(e)) for e in answer.errors] == [
+        (1, "invalid image: not an image"),
+        (4, "invalid image: not an image"),
+        (5, "cannot read: No such file or directory"),
+    ]
+
+
+def test_embed_valid_splits_a_request_too_large_as_a_whole() -> None:
+    sizes: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        parts = request.content.split(b'name="image"')[1:]
+        sizes.append(len(parts))
+        if any(b"huge" in p for p in parts):
+            too_large = {"status": 413, "title": "Request too large", "detail": "body too large"}
+            return httpx.Response(413, json=too_large)
+        return json_answer({i: float(i) for i in range(len(parts))}, {})
+
+    images = [b"a", b"b", b"huge", b"d"]
+    with Client("http://gw", transport=httpx.MockTransport(handler),
+                compact=CompactOptions(enabled=False)) as client:  # fmt: skip
+        answer = client.embed_valid(images)
+    assert answer.indices == [0, 1, 3]
+    assert [(e.index, e.status, str(e)) for e in answer.errors] == [
+        (2, 413, "too large: body too large")
+    ]
+    assert sizes == [4, 2, 2, 1, 1]  # halves, then the half holding the huge one
+
+
+def test_embed_valid_raises_for_the_request_as_a_whole() -> None:
+    transport, _ = answers(httpx.Response(401, json={"status": 401, "detail": "no key"}))
+    with Client("http://gw", transport=transport) as client, pytest.raises(ClientError) as raised:
+        client.embed_valid([samples.compact(0)])
+    assert raised.value.status == 401
+
+
+def test_texts_go_as_json_with_the_text_modality() -> None:
+    seen: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return json_answer({0: 1.0, 1: 2.0}, {})
+
+    with Client("http://gw", transport=httpx.MockTransport(handler)) as client:
+        vectors = client.embed_texts(["a cat", "a dog"])
+    assert vectors.shape == (2, 4) and vectors[:, 0].tolist() == [1.0, 2.0]
+    assert seen[0]["input"] == ["a cat", "a dog"] and seen[0]["modality"] == "text"
+
+
+def test_model_info_asks_once() -> None:
+    transport, seen = answers(httpx.Response(200, json={"data": [{"id": "ViT-B-32"}]}))
+    with Client("http://gw", transport=transport, api_key="k") as client:
+        assert client.model_info()["id"] == "ViT-B-32"
+    assert seen[0].url.path == "/v1/models" and seen[0].headers["authorization"] == "Bearer k"
