@@ -167,14 +167,17 @@ class _Walk:
 
     def _next_marker(self) -> int | None:
         """Move to the next marker (past junk and fill bytes, as libjpeg does); its code."""
-        if self.pos < self.end and self.data[self.pos] != 0xFF:
-            found = _NEXT_MARKER.search(self.data, self.pos)
-            self.pos = found.start() if found else self.end
-        fill = _FILL.match(self.data, self.pos)
+        data, pos = self.data, self.pos
+        if pos + 1 < self.end and data[pos] == 0xFF and data[pos + 1] != 0xFF:
+            return data[pos + 1]  # the common case: a marker right here
+        if pos < self.end and data[pos] != 0xFF:
+            found = _NEXT_MARKER.search(data, pos)
+            pos = found.start() if found else self.end
+        fill = _FILL.match(data, pos)
         if fill is None or fill.end() >= self.end:
             return None
         self.pos = fill.end() - 1  # the last ff of a fill run
-        return self.data[self.pos + 1]
+        return data[self.pos + 1]
 
     def _segment(self, marker: int, segment_end: int) -> None:
         data, pos = self.data, self.pos
@@ -251,11 +254,11 @@ def _frame(
         raise JpegError("JPEG frame header declares an empty image")
     if count not in (1, 3, 4) or end < pos + 10 + 3 * count:
         raise JpegError(f"JPEG frame header with {count} components")
-    sampling = tuple(
-        (data[pos + 11 + 3 * i] >> 4, data[pos + 11 + 3 * i] & 0x0F) for i in range(count)
-    )
-    if any(not (1 <= h <= 4 and 1 <= v <= 4) for h, v in sampling):
-        raise JpegError("JPEG frame header with impossible sampling factors")
+    factors = data[pos + 11 : pos + 11 + 3 * count : 3]
+    sampling = tuple((f >> 4, f & 0x0F) for f in factors)
+    for h, v in sampling:
+        if not (1 <= h <= 4 and 1 <= v <= 4):
+            raise JpegError("JPEG frame header with impossible sampling factors")
     return width, height, sampling, marker in _PROGRESSIVE
 
 
@@ -270,20 +273,22 @@ def exif_segment(data: bytes) -> tuple[int, int] | None:
     return walker.exif
 
 
-def decode(data: bytes, layout: JpegLayout, target: int) -> np.ndarray:
-    """RGB uint8 ``[h, w, 3]`` at the power-of-two scale whose short side is still >= target
-    (from the DC-only stream when the walk made one). CMYK and YCCK become RGB in libjpeg."""
+def decode(data: bytes, layout: JpegLayout, target: int, *, rgbx: bool = False) -> np.ndarray:
+    """RGB uint8 ``[h, w, 3]`` (``[h, w, 4]`` RGBX with ``rgbx``, the layout Pillow keeps RGB
+    in, so it can use the array without a copy) at the power-of-two scale whose short side is
+    still >= target (from the DC-only stream when the walk made one). CMYK and YCCK become RGB."""
     divisor = scale_divisor(layout.width, layout.height, target)
     # Asking for ceil(size/divisor) makes libjpeg pick exactly 1/divisor: the next smaller n/8
     # falls short of it.
     min_height, min_width = -(-layout.height // divisor), -(-layout.width // divisor)
+    colorspace = "RGBX" if rgbx else "RGB"
     if layout.dc_only is not None:
         try:
-            return _decode(layout.dc_only, min_height, min_width)
+            return _decode(layout.dc_only, min_height, min_width, colorspace)
         except ValueError:
             pass  # something our cut could not express: let the full stream decide
     try:
-        return _decode(data, min_height, min_width)
+        return _decode(data, min_height, min_width, colorspace)
     except ValueError as exc:
         raise JpegError(f"corrupt or truncated JPEG: {exc}") from exc
 
@@ -296,7 +301,7 @@ def decode_scaled(
     return decode(data, layout, target)
 
 
-def _decode(data: bytes, min_height: int, min_width: int) -> np.ndarray:
+def _decode(data: bytes, min_height: int, min_width: int, colorspace: str = "RGB") -> np.ndarray:
     return simplejpeg.decode_jpeg(  # type: ignore[no-any-return]
-        data, colorspace="RGB", min_height=min_height, min_width=min_width
+        data, colorspace=colorspace, min_height=min_height, min_width=min_width
     )

@@ -104,8 +104,10 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
         )
     kind = sniff(data)
     image, turn, info = _jpeg(data, options) if kind == "jpeg" else _pillow(data, kind, options)
-    square = np.asarray(_resize_centre(image, options.size))
-    out[...] = orientation.upright(square, turn)
+    square = _resize_centre(image, options.size)
+    # RGBX or RGB in, packed RGB out, in one copy
+    pixels = np.frombuffer(square.tobytes("raw", "RGB"), np.uint8)
+    out[...] = orientation.upright(pixels.reshape(options.size, options.size, 3), turn)
     return info
 
 
@@ -144,10 +146,11 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
     width, height = layout.width, layout.height
     divisor = jpeg.scale_divisor(width, height, options.size)
     scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
-    # the coefficient buffer, the decoded RGB array and Pillow's RGBX copy of it
-    _check_cost(width, height, layout.coefficient_bytes + scaled * 7, options)
+    # the coefficient buffer and the decoded RGBX array (Pillow maps it without a copy)
+    _check_cost(width, height, layout.coefficient_bytes + scaled * 4, options)
     decoded_scans = layout.dc_scans if layout.dc_only is not None else layout.scans
-    if layout.blocks * decoded_scans > MAX_BLOCK_VISITS:
+    # one scan visits each block once: within the pixel limit that is always far below the cap
+    if decoded_scans > 1 and layout.blocks * decoded_scans > MAX_BLOCK_VISITS:
         raise ImageTooLarge(
             f"image is {width}x{height} with {layout.scans} scans: decoding it would visit "
             f"{layout.blocks * decoded_scans} blocks, over the limit of {MAX_BLOCK_VISITS}",
@@ -155,12 +158,14 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
             height=height,
         )
     try:
-        rgb = jpeg.decode(data, layout, options.size)
+        rgbx = jpeg.decode(data, layout, options.size, rgbx=True)
     except jpeg.JpegError as exc:
         raise InvalidImage(str(exc)) from exc
     turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
-    info = Decoded("jpeg", width, height, rgb.shape[0] * rgb.shape[1], len(data))
-    return Image.fromarray(rgb), turn, info
+    height, width = rgbx.shape[:2]
+    info = Decoded("jpeg", layout.width, layout.height, width * height, len(data))
+    # RGBX is Pillow's own layout for RGB: the image maps the decoded array, no copy
+    return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1), turn, info
 
 
 _CONTAINERS = {"png": containers.png, "webp": containers.webp, "gif": containers.gif}
