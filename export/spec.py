@@ -72,6 +72,7 @@ FP16_FILE = "model_fp16.onnx"
 _VERSIONED_SOURCES = (
     "export/model.py",
     "export/onnx_export.py",
+    "export/graph.py",
     "gateway/backend/contract.py",
 )
 
