@@ -50,7 +50,7 @@ def render_config(
         "trt_opt_batch": max(settings.preferred),
     }
     config = mc.ModelConfig()
-    for part in ("base.pbtxt", f"profiles/{settings.profile}.pbtxt"):
+    for part in ("base.pbtxt", f"profiles/{_profile_template(settings)}.pbtxt"):
         text = Template((templates / part).read_text()).substitute(values)
         text_format.Merge(text, config)
     for batch in settings.warmup:
@@ -60,6 +60,12 @@ def render_config(
         tensor.dims.extend([image_size, image_size, 3])
         tensor.random_data = True
     return config
+
+
+def _profile_template(settings: RepositorySettings) -> str:
+    if settings.profile == "cpu" and settings.cpu_backend == "onnxruntime":
+        return "cpu_onnxruntime"
+    return settings.profile
 
 
 def _onnx_file(settings: RepositorySettings) -> str:
@@ -100,7 +106,7 @@ def render(
         (version_dir / onnx_name).symlink_to(source.resolve())
     else:
         shutil.copy2(source, version_dir / onnx_name)
-    if settings.profile == "cpu":
+    if config.backend == "python":
         shutil.copy2(templates / "python" / "model.py", version_dir / "model.py")
     return out_dir
 
