@@ -29,7 +29,7 @@ def render_config(
 ) -> mc.ModelConfig:
     if settings.profile == "auto":
         raise ValueError("profile 'auto' must be resolved (runtime/profiles.py) before rendering")
-    templates = templates or default_templates()
+    templates = templates or settings.templates_dir or default_templates()
     values = {
         "model_name": TRITON_MODEL_NAME,
         "input_name": INPUT_NAME,
@@ -87,7 +87,7 @@ def render(
     ``export_dir`` is a directory written by ``python -m export``. Large ONNX files are symlinked
     (``link=True``) or copied (for images and volumes that must not point elsewhere).
     """
-    templates = templates or default_templates()
+    templates = templates or settings.templates_dir or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
     config = render_config(settings, manifest["image_size"], manifest["embed_dim"], templates)
     if canary := manifest.get("canary_embedding"):

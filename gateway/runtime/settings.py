@@ -164,6 +164,9 @@ class RepositorySettings(BaseSettings):
     #: subdirectory per GPU model and model identity (weights + export code, runtime/engines.py).
     trt_cache_path: str = "/var/cache/clip-gateway/trt"
     trt_workspace_bytes: int = Field(4 << 30, ge=1 << 26)
+    #: Model-repository templates (base.pbtxt, profiles/, python/) to render instead of the
+    #: shipped ``triton/``: site-specific configs, and the tests' slow-loading model.
+    templates_dir: Path | None = None
     #: Batch sizes run through the model before it turns READY (default: 1, preferred sizes and
     #: max for GPU profiles; 1 for ``cpu``).
     warmup_batch_sizes: tuple[int, ...] | None = None
