@@ -32,13 +32,8 @@ GATEWAY_EXIT_S = 5.0
 TRITON_STARTUP_GRACE_S = 3.0
 #: Kept between our worst case and the orchestrator's kill: scheduling, a slow node, logs.
 HEADROOM_S = 10.0
-#: Probe cadence: readiness notices a failing canary within ~2 periods; liveness restarts a
-#: wedged process within ~30 s; the startup probe checks every 10 s.
-READINESS_PERIOD_S, READINESS_FAILURES = 5, 2
-LIVENESS_PERIOD_S, LIVENESS_TIMEOUT_S, LIVENESS_FAILURES = 10, 3, 3
+#: The startup probe's period: its failure threshold is derived from the start-up budget.
 STARTUP_PERIOD_S = 10
-#: Docker's HEALTHCHECK (on /healthz, which never calls Triton).
-HEALTHCHECK_INTERVAL_S, HEALTHCHECK_TIMEOUT_S, HEALTHCHECK_RETRIES = 15, 3, 3
 
 
 @dataclass(frozen=True)
