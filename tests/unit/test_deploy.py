@@ -432,3 +432,44 @@ def test_nginx_retries_what_is_safe_and_mirrors_the_gateway() -> None:
     assert seconds(directives["proxy_read_timeout"][0]) > server.request_timeout_s
     # below uvicorn's idle keep-alive (its default, 5 s): never reuse a closing connection
     assert seconds(directives["keepalive_timeout"][0]) < 5
+
+
+# --- the README's table --------------------------------------------------------------------
+
+
+def readme_timings() -> dict[str, list[str]]:
+    """The README's Timings table: row name → cells (make serve, compose, Kubernetes)."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("### Timings", 1)[1].split("\n\n")[2]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    return {row[0]: row[2:] for row in rows}
+
+
+def test_the_readme_timings_table_is_what_each_deployment_derives(
+    pod: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (gateway, *_) = [s for n, s in compose()["services"].items() if n.startswith("gateway-")]
+    environments = [
+        {},  # make serve: the defaults
+        {k: str(v) for k, v in gateway["environment"].items() if k.startswith("GATEWAY_")},
+        container_env(pod),
+    ]
+    rows = {
+        "stop delay": "stop_delay_s",
+        "drain": "drain_s",
+        "gateway exit deadline": "gateway_stop_s",
+        "Triton grace": "triton_grace_s",
+        "worst-case stop": "stop_s",
+        "orchestrator's kill": "kill_after_s",
+        "start-up budget": "startup_timeout_s",
+        "start-up allowance": "healthcheck_start_period_s",
+        "`/readyz` probe timeout": "readiness_timeout_s",
+    }
+    table = readme_timings()
+    assert set(table) == set(rows)
+    for column, env in enumerate(environments):
+        derived = timings.derive(settings_under(env, monkeypatch))
+        for row, field in rows.items():
+            cell = table[row][column]
+            if cell != "–":
+                assert float(cell.split()[0]) == getattr(derived, field), (row, column)
