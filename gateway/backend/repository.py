@@ -111,6 +111,12 @@ def render(
     return out_dir
 
 
+def rendered_config(repository: Path) -> mc.ModelConfig:
+    """The config ``render`` wrote into ``repository``, parsed."""
+    text = (repository / TRITON_MODEL_NAME / "config.pbtxt").read_text()
+    return text_format.Parse(text, mc.ModelConfig())
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m gateway.backend.repository EXPORT_DIR OUT_DIR`` (``GATEWAY_TRITON_*``)."""
     import argparse

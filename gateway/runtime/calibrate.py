@@ -174,6 +174,12 @@ def measure(
             export_dir,
             Path(scratch) / "model_repository",
         )
-        triton = LocalTriton(repository, inherit_output=True, stop_requested=stop)
-        with triton.start(timeout=budget_s):
+        log_file = settings.launch.log_file  # where serving's Triton logs go too
+        triton = LocalTriton(repository, inherit_output=log_file is None, log_path=log_file,
+                             stop_requested=stop)  # fmt: skip
+        try:  # a start that fails or is interrupted leaves a process to stop too
+            triton.start(timeout=budget_s)
             return asyncio.run(rounds(triton.grpc_url))
+        finally:
+            triton.stop()
+            triton.release_ports()

@@ -33,9 +33,8 @@ from pathlib import Path
 from types import FrameType
 
 from export.spec import model_identity
-from gateway.backend.contract import TRITON_MODEL_NAME
 from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
-from gateway.backend.repository import render
+from gateway.backend.repository import render, rendered_config
 from gateway.observability.logs import configure
 from gateway.runtime import calibrate, engines, plan, profiles, timings
 from gateway.runtime.processes import GatewayProcess, Interrupted, ProcessStartError
@@ -108,19 +107,7 @@ class Supervisor:
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
         profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
-        while True:
-            try:
-                self.start_triton(repository.model_copy(update={"profile": profile}),
-                                  export_dir, deadline)  # fmt: skip
-                break
-            except ProcessStartError as exc:
-                fallback = profiles.FALLBACK.get(profile) if base.profile == "auto" else None
-                if fallback is None or time.monotonic() >= deadline:
-                    raise
-                why = str(exc).splitlines()[0]
-                log.error("the %s profile did not load (%s); falling back to %s; the Triton log "
-                          "above says why", profile, why, fallback)  # fmt: skip
-                profile, reason = fallback, f"{profile} did not load: {why}"
+        profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
         assert self.triton is not None
         self.progress(
             f"Triton {profile} profile ({reason}) READY in {self.triton.ready_seconds:.1f} s"
@@ -134,6 +121,31 @@ class Supervisor:
             "API docs at /docs"
         )
 
+    def start_model(
+        self,
+        repository: RepositorySettings,
+        export_dir: Path,
+        profile: Profile,
+        reason: str,
+        deadline: float,
+    ) -> tuple[Profile, str]:
+        """Triton READY on ``profile``, or on its fallback when the profile was chosen
+        automatically and does not load; the profile that runs, and why."""
+        while True:
+            try:
+                self.start_triton(repository.model_copy(update={"profile": profile}),
+                                  export_dir, deadline)  # fmt: skip
+                return profile, reason
+            except ProcessStartError as exc:
+                automatic = self.settings.repository.profile == "auto"
+                fallback = profiles.FALLBACK.get(profile) if automatic else None
+                if fallback is None or time.monotonic() >= deadline:
+                    raise
+                why = str(exc).splitlines()[0]
+                log.error("the %s profile did not load (%s); falling back to %s; the Triton log "
+                          "above says why", profile, why, fallback)  # fmt: skip
+                profile, reason = fallback, f"{profile} did not load: {why}"
+
     def start_triton(
         self, repository: RepositorySettings, export_dir: Path, deadline: float
     ) -> None:
@@ -143,8 +155,7 @@ class Supervisor:
         launch = self.settings.launch
         install = TritonInstall.discover()
         rendered = render(repository, export_dir, self.scratch / "model_repository")
-        config = (rendered / TRITON_MODEL_NAME / "config.pbtxt").read_text()
-        backend = "onnxruntime" if 'backend: "onnxruntime"' in config else "python"
+        backend = rendered_config(rendered).backend
         if not (install.backend_dir / backend).is_dir():
             raise LaunchError(
                 f"the {repository.profile} profile needs Triton's {backend} backend, which "

@@ -307,3 +307,27 @@ def test_stop_delay_keeps_serving_and_a_second_signal_ends_it(starting: Starting
     assert starting.process.wait(120) == 0, starting.log.read_text()[-3000:]
     wait_until(lambda: not [p for p in tree if alive(p)], "every process of the tree exited")
     assert not shm_of(tree)
+
+
+def test_a_profile_whose_backend_triton_lacks_is_refused_with_the_reason(
+    exported, tmp_path: Path
+) -> None:
+    """The PyPI tritonserver has no onnxruntime backend: the cpu profile on it is a
+    configuration error (exit 2) named before Triton starts, not a crash loop."""
+    port = reserve_port()
+    try:
+        env = {
+            "GATEWAY_MODEL_DIR": str(exported.directory),
+            "GATEWAY_TRITON_PROFILE": "cpu",
+            "GATEWAY_TRITON_CPU_BACKEND": "onnxruntime",
+            "GATEWAY_SCRATCH_DIR": str(tmp_path),
+            "GATEWAY_PORT": str(port.port),
+        }
+        process = launch([sys.executable, "-m", "gateway.runtime.supervisor"], env, tmp_path,
+                         port.port)  # fmt: skip
+        assert process.wait(120) == 2
+        log = (tmp_path / "launch.log").read_text()
+        assert "needs Triton's onnxruntime backend" in log
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith("clip-gateway-")]
+    finally:
+        port.release()
