@@ -23,7 +23,6 @@ import json
 import logging
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,8 +35,13 @@ from export.spec import model_identity
 from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from gateway.backend.repository import render, rendered_config
 from gateway.observability.logs import configure
-from gateway.runtime import calibrate, engines, plan, profiles, timings
-from gateway.runtime.processes import GatewayProcess, Interrupted, ProcessStartError
+from gateway.runtime import calibrate, engines, exports, plan, profiles, timings
+from gateway.runtime.processes import (
+    GatewayProcess,
+    Interrupted,
+    LaunchError,
+    ProcessStartError,
+)
 from gateway.runtime.settings import PROFILES, Profile, RepositorySettings, Settings
 
 log = logging.getLogger("gateway.supervisor")
@@ -45,10 +49,6 @@ log = logging.getLogger("gateway.supervisor")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Exit codes: stopped on request, a child failed, the configuration cannot work.
 OK, FAILED, MISCONFIGURED = 0, 1, 2
-
-
-class LaunchError(RuntimeError):
-    """Start-up cannot go on (missing weights, no export tooling); the message says why."""
 
 
 class Supervisor:
@@ -96,7 +96,7 @@ class Supervisor:
         deadline = time.monotonic() + launch.startup_timeout_s
         for problem in self.timings.problems():
             log.warning("%s", problem)
-        export_dir = self.model_directory()
+        export_dir = exports.find_or_export(launch, self.progress, self.stop_requested)
         identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
         gpu = profiles.detect() if self.settings.repository.profile == "auto" else None
         if gpu is not None:
@@ -191,59 +191,6 @@ class Supervisor:
         finally:
             if lock is not None:
                 lock.release(completed=self.triton_ready)
-
-    def model_directory(self) -> Path:
-        """The export to serve: the configured directory, or the cache entry for model +
-        weights, exported first if missing (in a child process: it imports torch)."""
-        launch = self.settings.launch
-        if launch.model_dir is not None:
-            if not (launch.model_dir / "manifest.json").is_file():
-                raise LaunchError(f"{launch.model_dir} is not an export (no manifest.json)")
-            return launch.model_dir
-        from export.spec import (
-            WeightsUnavailableError,
-            cache_entry,
-            default_cache_dir,
-            weights_from_spec,
-        )
-
-        cache = launch.cache_dir or default_cache_dir()
-        try:
-            weights = weights_from_spec(launch.weights)
-            entry = cache_entry(launch.model, weights, cache)
-        except WeightsUnavailableError as exc:
-            raise LaunchError(str(exc)) from exc
-        if (entry / "manifest.json").is_file():
-            self.progress(f"model {launch.model} ({weights.describe()}) from {entry}")
-            return entry
-        self.progress(f"exporting {launch.model} ({weights.describe()}) to ONNX, once...")
-        started = time.monotonic()
-        self._export(cache)
-        self.progress(f"exported in {time.monotonic() - started:.0f} s into {entry}")
-        return entry
-
-    def _export(self, cache: Path) -> None:
-        launch = self.settings.launch
-        command = [sys.executable, "-m", "export", "--model", launch.model, "--weights",
-                   launch.weights, "--cache-dir", str(cache), "--print-dir"]  # fmt: skip
-        # the exporter's chatter (hundreds of lines) goes to a file, never to the terminal
-        with tempfile.TemporaryFile() as output:
-            child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-            while child.poll() is None:
-                if self.stop_requested.wait(0.2):
-                    child.terminate()
-                    child.wait()
-                    raise Interrupted("stop requested during the export")
-            output.seek(0)
-            text = output.read().decode(errors="replace")
-        if launch.log_file is not None:
-            with open(launch.log_file, "a") as log_file:
-                log_file.write(text)
-        if child.returncode != 0:
-            detail = text.strip().splitlines()[-12:] or ["(no output)"]
-            if "No module named" in text:
-                detail.append("the exporter needs: pip install 'clip-gateway[export]'")
-            raise LaunchError("the model export failed:\n  " + "\n  ".join(detail))
 
     def choose_profile(
         self,
