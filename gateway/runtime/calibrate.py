@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.backend.contract import TRITON_MODEL_NAME
+from gateway.runtime import engines
 from gateway.runtime.processes import Interrupted
 from gateway.runtime.settings import Profile, Settings
 
@@ -177,9 +178,16 @@ def measure(
         log_file = settings.launch.log_file  # where serving's Triton logs go too
         triton = LocalTriton(repository, inherit_output=log_file is None, log_path=log_file,
                              stop_requested=stop)  # fmt: skip
+        # the engines it builds are serving's (same cache directory): built under the same lock
+        lock = engines.BuildLock(Path(settings.repository.trt_cache_path), stop)
+        if profile == "tensorrt":
+            lock.acquire(timeout=budget_s)
+        built = False
         try:  # a start that fails or is interrupted leaves a process to stop too
-            triton.start(timeout=budget_s)
+            triton.start(timeout=deadline - time.monotonic())
+            built = True
             return asyncio.run(rounds(triton.grpc_url))
         finally:
             triton.stop()
             triton.release_ports()
+            lock.release(completed=built)
