@@ -1,64 +1,94 @@
-# clip-gateway: one container per GPU — Triton (onnxruntime backend, CUDA + TensorRT EPs) and the
-# gateway, started and supervised by gateway/runtime/supervisor.py. Only the gateway port is
-# published.
+# clip-gateway: one container per GPU — Triton (onnxruntime backend: CUDA and TensorRT EPs, and
+# its CPU EP when no GPU is found) and the gateway, started and supervised by
+# gateway/runtime/supervisor.py under tini. Only the gateway port is published.
 #
 #   docker build -t clip-gateway:0.1.0 .                                   # pretrained weights
 #   docker build -t clip-gateway:0.1.0 --build-arg CLIP_WEIGHTS=random .   # tests/benchmarks
-#   docker run --gpus '"device=0"' --shm-size=1g -p 8000:8000 \
-#       -v clip-engines-gpu0:/var/cache/clip-gateway clip-gateway:0.1.0
+#   docker run --gpus '"device=0"' --shm-size=1g -p 8000:8000 --stop-timeout 70 \
+#       -v clip-engines:/var/cache/clip-gateway clip-gateway:0.1.0
 #
-# The model is baked in at build time (stage `export`): the image is then self-contained and
-# every container starts from identical bytes, with no hub access or torch at run time. Only
-# the TensorRT engines, which depend on the GPU, are built at first start into the volume.
-
-# ---- stage 0: the sources both stages install (one list, in one place) ----
-FROM scratch AS source
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY requirements/ requirements/
-COPY gateway/ gateway/
-COPY export/ export/
-COPY triton/ triton/
+# The model is baked in at build time (stage `export`): every container starts from identical
+# bytes, with no hub access or torch at run time. Only the TensorRT engines, which depend on the
+# GPU, are built at first start, into the volume.
+#
+# Layers go from what changes least to what changes most, so an edit to the README or the
+# gateway's code rebuilds neither the model export nor pillow-simd: each stage installs its
+# dependencies before it copies a single source file, and copies only the sources it needs.
+#
+# Base images: the tags below are the ones tested; for reproducible builds pin them by digest
+# (resolve with `docker buildx imagetools inspect <image>`; this repository's CI has no registry
+# access to do it) and pass them in: --build-arg TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-py3@sha256:…
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-py3
+ARG EXPORT_IMAGE=python:3.12-slim-bookworm
 
 # ---- stage 1: export OpenCLIP to ONNX (CPU torch; nothing of it reaches the final image) ----
-FROM python:3.12-slim-bookworm AS export
-ARG CLIP_WEIGHTS=laion2b_s34b_b79k
+FROM ${EXPORT_IMAGE} AS export
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 torchvision==0.24.1
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 torchvision==0.24.1 \
+ && pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23"
 WORKDIR /src
-COPY --from=source /src/ ./
-RUN pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23" . \
- && python -m export --weights "$CLIP_WEIGHTS" --cache-dir /build/cache --print-dir > /build/dir \
+# exactly what `python -m export` imports (export/spec.py lists what decides its output)
+COPY export/ export/
+COPY gateway/__init__.py gateway/
+COPY gateway/backend/__init__.py gateway/backend/contract.py gateway/backend/
+ARG CLIP_WEIGHTS=laion2b_s34b_b79k
+RUN python -m export --weights "$CLIP_WEIGHTS" --cache-dir /build/cache --print-dir > /build/dir \
  && mkdir -p /models && cp -r "$(cat /build/dir)" /models/export
 
-# ---- stage 2: the runtime ----
-FROM nvcr.io/nvidia/tritonserver:25.01-py3
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+# ---- stage 2: the gateway's virtualenv, built with compilers that never reach the runtime ----
+FROM ${TRITON_IMAGE} AS venv
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3-venv python3-dev build-essential \
       libjpeg-dev zlib1g-dev libwebp-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/clip-gateway
-COPY --from=source /src/ ./
-# Runtime dependencies only (no torch), then pillow-simd in Pillow's place (SIMD resize; AVX2
-# is on every GPU server this image targets).
+# Dependencies first, from pyproject.toml alone (the client + [server] extra, pinned by the
+# lock): this layer survives every source edit.
+COPY pyproject.toml ./
+COPY requirements/lock.txt requirements/
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install -c requirements/lock.txt ".[server]" \
+ && python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["server"]))' > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install -c requirements/lock.txt -r /tmp/requirements.txt \
  && /opt/venv/bin/pip uninstall -y pillow \
- && CC="cc -mavx2" /opt/venv/bin/pip install --no-deps --no-binary pillow-simd pillow-simd==12.1.1.post0 \
- && apt-get purge -y build-essential python3-dev && apt-get autoremove -y
+ && CC="cc -mavx2" /opt/venv/bin/pip install --no-deps --no-binary pillow-simd pillow-simd==12.1.1.post0
+# pillow-simd: Pillow's API with SIMD resampling (AVX2 is on every GPU server this targets).
+COPY README.md ./
+COPY gateway/ gateway/
+COPY export/ export/
+COPY triton/ triton/
+RUN /opt/venv/bin/pip install --no-deps .
+
+# ---- stage 3: the runtime ----
+FROM ${TRITON_IMAGE}
+ENV PYTHONUNBUFFERED=1
+# Shared libraries pillow-simd was built against, and tini: the supervisor is not an init, so
+# tini (PID 1) reaps whatever a crashed child leaves orphaned and passes signals on.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libjpeg-turbo8 libwebp7 libwebpdemux2 libwebpmux3 \
+      zlib1g tini \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=venv /opt/venv /opt/venv
 COPY --from=export /models/export /models/export
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin clip \
  && mkdir -p /var/cache/clip-gateway/trt && chown -R clip:clip /var/cache/clip-gateway
+# GATEWAY_WORKERS=0: the worker plan comes from the CPUs the container may use (cgroup quota,
+# gateway/runtime/plan.py). CPU_BACKEND: without a GPU, `auto` chooses the cpu profile, which
+# here runs on Triton's onnxruntime backend (the image's Python backend has no ONNX Runtime).
 ENV PATH=/opt/venv/bin:$PATH \
     GATEWAY_MODEL_DIR=/models/export \
     GATEWAY_TRITON_PROFILE=auto \
+    GATEWAY_TRITON_CPU_BACKEND=onnxruntime \
+    GATEWAY_WORKERS=0 \
     GATEWAY_TRITON_TRT_CACHE_PATH=/var/cache/clip-gateway/trt \
     GATEWAY_PORT=8000
 VOLUME ["/var/cache/clip-gateway"]
-USER clip
+USER 10001:10001
 EXPOSE 8000
-# start-period: the first start builds TensorRT engines (minutes); /readyz tells when it is done.
-HEALTHCHECK --interval=15s --timeout=3s --start-period=900s --retries=3 \
+# /healthz answers once the supervisor has started the gateway, i.e. after Triton is READY (TensorRT
+# engines built). start-period: GATEWAY_STARTUP_TIMEOUT_S (1800) + headroom, from
+# gateway/runtime/timings.py, so a first start's engine build never reads as unhealthy.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=1810s --retries=3 \
   CMD ["/opt/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
-ENTRYPOINT ["/opt/venv/bin/clip-gateway-entrypoint"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/venv/bin/clip-gateway-entrypoint"]

@@ -1,10 +1,10 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
-``footprint``.
+``footprint`` · ``stops``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
 measures what OpenTelemetry costs at 0% and 100% sampling; ``footprint`` reads the memory of
-every process the real launch path starts.
+every process the real launch path starts; ``stops`` times SIGTERM → exit in every phase.
 """
 
 from __future__ import annotations
@@ -45,7 +45,15 @@ def main(argv: list[str] | None = None) -> int:
                 "--photos", choices=("compact", "camera"), default="compact",
                 help="compact JPEGs, one per request, or 8-24 MP camera photos, four",
             )  # fmt: skip
+    stops = commands.add_parser("stops", help="bench/stops.py")
+    stops.add_argument("--rounds", type=int, default=3)
+    stops.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.command == "stops":
+        from bench import stops as stop_times
+
+        stop_times.run(args.rounds, args.out or RESULTS / "stops")
+        return 0
     if args.command == "run":
         from bench import runner
 

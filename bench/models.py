@@ -32,12 +32,20 @@ def extract_raw(source: Path, target: Path) -> None:
     conv = next(node for node in model.graph.node if node.op_type == "Conv")
     cut = conv.input[0]
     nodes = list(model.graph.node)
-    # Shape(pixels)[0:1] is the batch size, which the cut tensor has too: re-point those Shape
-    # nodes at it (moved after its producer, keeping the graph sorted); the rest of the
-    # preprocessing prefix is dropped by the extraction below.
-    moved = [n for n in nodes if n.op_type == "Shape" and INPUT_NAME in n.input]
+    # The preprocessing prefix: every tensor computed before the cut (uint8 input, its Cast,
+    # the transpose, the normalisation).
+    prefix = {INPUT_NAME}
+    for node in nodes[: next(i for i, n in enumerate(nodes) if cut in n.output)]:
+        prefix.update(node.output)
+    # Shape(<prefix tensor>)[0:1] is the batch size, which the cut tensor has too: re-point
+    # those Shape nodes at it (moved after its producer, keeping the graph sorted); the rest of
+    # the prefix is dropped by the extraction below.
+    moved = [n for n in nodes if n.op_type == "Shape" and set(n.input) & (prefix - {cut})]
     for node in moved:
-        node.input[:] = [cut if name == INPUT_NAME else name for name in node.input]
+        bounds = {a.name: a.i for a in node.attribute}
+        assert bounds == {"start": 0, "end": 1}, f"{node.name} reads more than the batch size"
+    for node in moved:
+        node.input[:] = [cut if name in prefix else name for name in node.input]
         nodes.remove(node)
     producer = next(i for i, n in enumerate(nodes) if cut in n.output)
     nodes[producer + 1 : producer + 1] = moved

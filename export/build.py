@@ -56,10 +56,12 @@ def ensure_exported(
 def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool) -> dict[str, Any]:
     # torch and open_clip are imported here, not at module level, so that a cache hit (e.g. from
     # `make serve`) costs milliseconds rather than a torch import.
+    import onnx
     import open_clip
     import torch
 
     from export import onnx_export, parity
+    from export.graph import tensorrt_blockers
     from export.model import load
 
     started = time.perf_counter()
@@ -76,6 +78,15 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
     if not report.ok:
         raise RuntimeError(f"exported graph failed its parity check: {report.as_dict()}")
     files = {p.name: p.stat().st_size for p in sorted(directory.glob("*.onnx"))}
+    # what would keep TensorRT from building one engine of the whole graph (export/graph.py);
+    # recorded rather than fatal: the cpu and cuda profiles serve such a graph fine
+    blockers = {
+        p.name: tensorrt_blockers(onnx.load(str(p), load_external_data=False))
+        for p in sorted(directory.glob("*.onnx"))
+    }
+    for name, found in blockers.items():
+        for blocker in found:
+            log.warning("%s: TensorRT cannot take the whole graph: %s", name, blocker)
     canary = parity.session(directory / FP32_FILE).run(
         None, {INPUT_NAME: canary_pixels(loaded.image_size)}
     )[0][0]
@@ -93,6 +104,7 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
         "nodes": len(fp32_model.graph.node),
         "export_seconds": {"fp32": round(fp32_seconds, 2), "total": round(export_seconds, 2)},
         "parity": report.as_dict(),
+        "tensorrt_blockers": blockers,
         # what /readyz's canary must keep getting back (gateway/pipeline/canary.py)
         "canary_embedding": encode_reference(canary),
         "versions": {

@@ -36,7 +36,10 @@ class PixelEncoder(nn.Module):
     shift: torch.Tensor
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = pixels.permute(0, 3, 1, 2).to(torch.float32)
+        # Cast first, then permute: TensorRT takes uint8 only as a network input feeding a Cast
+        # (onnx-tensorrt rejects any other uint8 tensor), so a Transpose on uint8 would fall off
+        # the TensorRT subgraph and leave it with a dynamic input it has no profile for.
+        x = pixels.to(torch.float32).permute(0, 3, 1, 2)
         x = x * self.scale - self.shift
         return self.visual(x)  # type: ignore[no-any-return]
 

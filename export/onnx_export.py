@@ -7,6 +7,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from export.graph import uint8_only_into_cast
 from export.model import PixelEncoder
 from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME
 
@@ -32,8 +33,10 @@ def export_fp32(encoder: PixelEncoder, image_size: int, path: Path) -> onnx.Mode
         dynamo=True,
         external_data=False,
     )
-    model = onnx.load(str(path))
+    # TensorRT takes the uint8 input only into a Cast (export/graph.py)
+    model = uint8_only_into_cast(onnx.load(str(path)))
     onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
     return model
 
 

@@ -72,6 +72,7 @@ FP16_FILE = "model_fp16.onnx"
 _VERSIONED_SOURCES = (
     "export/model.py",
     "export/onnx_export.py",
+    "export/graph.py",
     "gateway/backend/contract.py",
 )
 
@@ -110,6 +111,18 @@ class ExportedModel:
     @classmethod
     def open(cls, directory: Path) -> ExportedModel:
         return cls(directory, json.loads((directory / MANIFEST).read_text()))
+
+
+def model_identity(manifest: dict[str, Any]) -> str:
+    """What decides the served graph's values, from an export's manifest: the model, the
+    weights' identity (tag, checkpoint content hash or seed) and the export code version.
+    Keys what is built from the graph at run time (TensorRT engines, calibration), because ONNX
+    Runtime names cached engines by the graph's structure and names, never its weights."""
+    material = json.dumps(
+        [manifest["model"], manifest["weights"]["id"], manifest["export_code_version"]],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
 def cache_key(model_name: str, weights: Weights, fp16: bool) -> str:

@@ -29,7 +29,7 @@ def render_config(
 ) -> mc.ModelConfig:
     if settings.profile == "auto":
         raise ValueError("profile 'auto' must be resolved (runtime/profiles.py) before rendering")
-    templates = templates or default_templates()
+    templates = templates or settings.templates_dir or default_templates()
     values = {
         "model_name": TRITON_MODEL_NAME,
         "input_name": INPUT_NAME,
@@ -50,7 +50,7 @@ def render_config(
         "trt_opt_batch": max(settings.preferred),
     }
     config = mc.ModelConfig()
-    for part in ("base.pbtxt", f"profiles/{settings.profile}.pbtxt"):
+    for part in ("base.pbtxt", f"profiles/{_profile_template(settings)}.pbtxt"):
         text = Template((templates / part).read_text()).substitute(values)
         text_format.Merge(text, config)
     for batch in settings.warmup:
@@ -60,6 +60,12 @@ def render_config(
         tensor.dims.extend([image_size, image_size, 3])
         tensor.random_data = True
     return config
+
+
+def _profile_template(settings: RepositorySettings) -> str:
+    if settings.profile == "cpu" and settings.cpu_backend == "onnxruntime":
+        return "cpu_onnxruntime"
+    return settings.profile
 
 
 def _onnx_file(settings: RepositorySettings) -> str:
@@ -81,7 +87,7 @@ def render(
     ``export_dir`` is a directory written by ``python -m export``. Large ONNX files are symlinked
     (``link=True``) or copied (for images and volumes that must not point elsewhere).
     """
-    templates = templates or default_templates()
+    templates = templates or settings.templates_dir or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
     config = render_config(settings, manifest["image_size"], manifest["embed_dim"], templates)
     if canary := manifest.get("canary_embedding"):
@@ -100,9 +106,15 @@ def render(
         (version_dir / onnx_name).symlink_to(source.resolve())
     else:
         shutil.copy2(source, version_dir / onnx_name)
-    if settings.profile == "cpu":
+    if config.backend == "python":
         shutil.copy2(templates / "python" / "model.py", version_dir / "model.py")
     return out_dir
+
+
+def rendered_config(repository: Path) -> mc.ModelConfig:
+    """The config ``render`` wrote into ``repository``, parsed."""
+    text = (repository / TRITON_MODEL_NAME / "config.pbtxt").read_text()
+    return text_format.Parse(text, mc.ModelConfig())
 
 
 def main(argv: list[str] | None = None) -> int:

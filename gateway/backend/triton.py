@@ -29,6 +29,7 @@ from gateway.backend.contract import CANARY_PARAMETER, INPUT_NAME, OUTPUT_NAME, 
 from gateway.backend.protocol import ModelInfo
 from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable, EmbeddingError
 from gateway.observability.tracing import client_span, trace_headers
+from gateway.runtime.timings import READY_CHECK_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class TritonBackend:
         url: str,
         model_name: str,
         *,
-        info_timeout: float = 5.0,
+        info_timeout: float = READY_CHECK_TIMEOUT_S,
         tracer: Tracer | None = None,
         shared_memory_regions: int = 0,
     ) -> None:

@@ -33,6 +33,11 @@ class ProcessStartError(RuntimeError):
     """The process exited or did not answer in time; carries the tail of its log."""
 
 
+class LaunchError(RuntimeError):
+    """Start-up cannot go on (missing weights, no export tooling, a backend Triton lacks); the
+    message says why."""
+
+
 class Interrupted(RuntimeError):
     """A stop was requested (a signal) while waiting for a child to start."""
 

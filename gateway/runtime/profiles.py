@@ -8,6 +8,7 @@ the best execution provider depends on the GPU, by a lot, in both directions.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,22 +27,55 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class Measured:
-    """A row of the profile table: what was measured where, and what that chooses."""
+    """A row of the profile table: what was measured on which GPUs, and what that chooses."""
 
-    name_contains: str
+    #: NVML's names of the cards the measurement stands for, matched exactly (substrings are
+    #: not safe: "A100" is in "NVIDIA RTX A1000", "4080" in "RTX 4080 SUPER").
+    names: frozenset[str]
     profile: Profile
     evidence: str
 
 
 #: Background reports (`../shared/seeds/`): GPU latency of the two GPU profiles.
 TABLE: tuple[Measured, ...] = (
-    Measured("A100", "cuda", "A100: ONNX CUDA EP 4.4 ms vs TensorRT EP 29.1 ms"),
-    Measured("4080", "tensorrt", "RTX 4080: TensorRT EP 2.0 ms vs CUDA EP 5.7 ms"),
-    Measured("A4000", "tensorrt", "RTX A4000: TensorRT EP 4.7 ms vs CUDA EP 31.1 ms"),
+    Measured(
+        frozenset(
+            {
+                "NVIDIA A100-SXM4-40GB",
+                "NVIDIA A100-SXM4-80GB",
+                "NVIDIA A100-PCIE-40GB",
+                "NVIDIA A100 80GB PCIe",
+            }
+        ),
+        "cuda",
+        "A100: ONNX CUDA EP 4.4 ms vs TensorRT EP 29.1 ms",
+    ),
+    Measured(
+        frozenset({"NVIDIA GeForce RTX 4080"}),
+        "tensorrt",
+        "RTX 4080: TensorRT EP 2.0 ms vs CUDA EP 5.7 ms",
+    ),
+    Measured(
+        frozenset({"NVIDIA RTX A4000"}),
+        "tensorrt",
+        "RTX A4000: TensorRT EP 4.7 ms vs CUDA EP 31.1 ms",
+    ),
 )
 #: Unmeasured GPUs: TensorRT won on 2 of the 3 measured GPUs, and needs tensor cores (7.0+) for
-#: FP16; older GPUs get the CUDA EP. `calibrate` replaces this guess with a measurement.
+#: FP16; older GPUs get the CUDA EP. `calibrate` replaces this guess with a measurement, and a
+#: TensorRT profile that does not load falls back to the CUDA EP (runtime/supervisor.py).
 DEFAULT_REASON = "unmeasured GPU: TensorRT EP (won on 2 of 3 measured GPUs); run calibrate"
+
+
+def same_gpu(a: str, b: str) -> bool:
+    """One GPU model: equal names, ignoring case, spacing and the "NVIDIA " prefix that older
+    drivers leave out."""
+
+    def canonical(name: str) -> str:
+        words = name.casefold().split()
+        return " ".join(words[1:] if words[:1] == ["nvidia"] else words)
+
+    return canonical(a) == canonical(b)
 
 
 def detect() -> GpuInfo | None:
@@ -74,7 +108,7 @@ def from_table(gpu: GpuInfo | None) -> tuple[Profile, str]:
     if gpu is None:
         return "cpu", "no GPU"
     for row in TABLE:
-        if row.name_contains.lower() in gpu.name.lower():
+        if any(same_gpu(gpu.name, name) for name in row.names):
             return row.profile, row.evidence
     if gpu.compute_capability < (7, 0):
         return "cuda", "no tensor cores (compute capability < 7.0): CUDA EP"
@@ -89,15 +123,34 @@ def choose(
     record: Path,
     calibrate_now: bool = False,
     timer: calibrate.Timer | None = None,
+    deadline: float = math.inf,
 ) -> tuple[Profile, str]:
-    """Operator override > recorded calibration > fresh calibration (opt-in) > the table."""
+    """Operator override > recorded calibration > fresh calibration (opt-in) > the table.
+
+    ``model`` is the model's identity (export.spec.model_identity): a calibration holds only for
+    the GPU model and the weights it measured. A calibration that measures nothing falls back
+    to the table, saying why.
+    """
     if override != "auto":
         return override, "as configured"  # type: ignore[return-value]
     if gpu is None:
         return "cpu", "no GPU"
     if (previous := calibrate.recorded(record, gpu.name, model)) is not None:
-        return previous.winner, f"calibrated on this GPU earlier ({record})"
+        return previous.winner, f"calibrated on this GPU earlier: {previous.reason}"
+    table_choice, table_reason = from_table(gpu)
     if calibrate_now and timer is not None:
-        result = calibrate.calibrate(gpu.name, model, timer, record)
-        return result.winner, f"calibrated now: {result.per_image_ms}"
-    return from_table(gpu)
+        try:
+            result = calibrate.calibrate(
+                gpu.name, model, timer, record, default=table_choice, deadline=deadline
+            )
+        except calibrate.CalibrationFailed as exc:
+            log.error("calibration measured no profile (%s); using the table", exc)
+            return table_choice, f"{table_reason}; calibration failed: {exc}"
+        return result.winner, f"calibrated now: {result.reason}"
+    return table_choice, table_reason
+
+
+#: When an automatically chosen profile does not load (an engine build failing, an unsupported
+#: op): what to try next, within the same start-up budget. The CUDA EP runs any graph ONNX
+#: Runtime can; an operator's explicit choice never falls back.
+FALLBACK: dict[Profile, Profile] = {"tensorrt": "cuda"}

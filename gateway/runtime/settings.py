@@ -98,7 +98,9 @@ class ServerSettings(BaseSettings):
     header_timeout_s: float = Field(10.0, gt=0)
     #: Open connections uvicorn accepts per worker before answering 503 (0 = no limit).
     max_connections: int = Field(2048, ge=0)
-    #: On a stop, seconds in-flight requests get to finish (new connections are refused at once).
+    #: On a stop, seconds in-flight requests get to finish once new connections are refused
+    #: (after ``GATEWAY_STOP_DELAY_S``); at least the request timeout. runtime/timings.py
+    #: derives the orchestrator's kill deadline from it.
     drain_s: float = Field(30.0, gt=0)
 
     # --- readiness canary -------------------------------------------------------------------
@@ -174,11 +176,21 @@ class RepositorySettings(BaseSettings):
     cpu_threads: int = Field(0, ge=0)
     #: Graph precision for the ``cuda`` profile (``tensorrt`` always builds FP16 engines).
     cuda_precision: Literal["fp16", "fp32"] = "fp16"
-    #: CUDA graphs: only valid when every batch has the same shape (see triton/README.md).
+    #: ONNX Runtime CUDA graphs: refused (true is an error). A graph is captured for one set of
+    #: input shapes and buffer addresses, and the dynamic batcher, which every rendered config
+    #: has, varies both from one execution to the next (triton/README.md).
     cuda_graph: bool = False
-    #: Where TensorRT engines and timing caches live; mount a volume here.
+    #: Backend of the ``cpu`` profile: ``python`` (triton/python/model.py running ONNX Runtime;
+    #: the PyPI tritonserver has no onnxruntime backend) or ``onnxruntime`` (Triton's native
+    #: backend, KIND_CPU: the container image, whose Python backend has no ONNX Runtime).
+    cpu_backend: Literal["python", "onnxruntime"] = "python"
+    #: Where TensorRT engines and timing caches live; mount a volume here. The launcher uses a
+    #: subdirectory per GPU model and model identity (weights + export code, runtime/engines.py).
     trt_cache_path: str = "/var/cache/clip-gateway/trt"
     trt_workspace_bytes: int = Field(4 << 30, ge=1 << 26)
+    #: Model-repository templates (base.pbtxt, profiles/, python/) to render instead of the
+    #: shipped ``triton/``: site-specific configs, and the tests' slow-loading model.
+    templates_dir: Path | None = None
     #: Batch sizes run through the model before it turns READY (default: 1, preferred sizes and
     #: max for GPU profiles; 1 for ``cpu``).
     warmup_batch_sizes: tuple[int, ...] | None = None
@@ -188,6 +200,12 @@ class RepositorySettings(BaseSettings):
         too_big = [b for b in self.warmup_batch_sizes or () if b > self.max_batch_size]
         if too_big:
             raise ValueError(f"warmup batch sizes {too_big} exceed max_batch_size")
+        if self.cuda_graph:
+            raise ValueError(
+                "cuda_graph is refused: every rendered config batches dynamically, so shapes "
+                "and buffers change per execution, and ONNX Runtime replays a CUDA graph only "
+                "for the fixed shapes and addresses it captured"
+            )
         return self
 
     @property
@@ -225,10 +243,17 @@ class LaunchSettings(BaseSettings):
     triton_grpc_port: int = Field(0, ge=0, le=65535)
     triton_http_port: int = Field(0, ge=0, le=65535)
     triton_metrics_port: int = Field(0, ge=0, le=65535)
+    #: After SIGTERM, keep serving this long before the drain starts: Kubernetes removes a
+    #: terminating pod from its endpoints while the SIGTERM is on its way, and kube-proxy,
+    #: ingresses and load balancers take seconds to follow; what a preStop sleep does, but
+    #: under any orchestrator and without a shell in the image. A second signal skips it.
+    stop_delay_s: float = Field(0.0, ge=0)
     #: Seconds Triton gets to exit after the gateway has stopped.
     triton_grace_s: float = Field(15.0, gt=0)
-    #: Longest start-up (export, Triton READY incl. TensorRT engine builds, gateway ready).
-    startup_timeout_s: float = Field(3600.0, gt=0)
+    #: Longest start-up (export, Triton READY incl. TensorRT engine builds and calibration,
+    #: gateway ready); the probes and HEALTHCHECK in deploy/ allow a little more
+    #: (runtime/timings.py), so this gives up first and says why.
+    startup_timeout_s: float = Field(1800.0, gt=0)
     #: Where Triton's and the gateway's own logs go; unset: this process's stdout/stderr (a
     #: container's log). ``clip-gateway serve`` defaults to a file and prints progress only.
     log_file: Path | None = None

@@ -5,19 +5,24 @@
 2. the Triton profile: named, or chosen for the GPU found (runtime/profiles.py);
 3. the model repository, rendered into a private scratch directory;
 4. tritonserver on loopback, READY (TensorRT engine builds included) within the start-up budget;
+   an automatically chosen profile that does not load falls back (tensorrt → cuda);
 5. the gateway's HTTP process on the public socket, bound here, with the worker plan;
-6. supervision: SIGTERM, SIGINT or SIGHUP, or either child dying, ends it: the gateway stops
-   accepting and drains, then Triton stops, then the scratch directory goes. A signal during
-   start-up stops at once. Children get SIGTERM by themselves if this process is killed.
+6. supervision: SIGTERM, SIGINT or SIGHUP, or either child dying, ends it: after the stop delay
+   (still serving, while endpoints and load balancers let go) the gateway stops accepting and
+   drains, then Triton stops, then the scratch directory goes. A signal during start-up stops
+   at once: nothing is in flight, so a model load or engine build is abandoned (Triton gets a
+   short grace, then SIGKILL) and half-built engines are removed. A second signal skips the
+   stop delay. Children get SIGTERM by themselves if this process is killed.
+Every bound comes from runtime/timings.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -26,12 +31,18 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from gateway.backend.local import LocalTriton, otel_trace_args, otlp_traces_url
-from gateway.backend.repository import render
+from export.spec import model_identity
+from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
+from gateway.backend.repository import render, rendered_config
 from gateway.observability.logs import configure
-from gateway.runtime import calibrate, plan, profiles
-from gateway.runtime.processes import GatewayProcess, Interrupted, ProcessStartError
-from gateway.runtime.settings import PROFILES, Profile, Settings
+from gateway.runtime import calibrate, engines, exports, plan, profiles, timings
+from gateway.runtime.processes import (
+    GatewayProcess,
+    Interrupted,
+    LaunchError,
+    ProcessStartError,
+)
+from gateway.runtime.settings import PROFILES, Profile, RepositorySettings, Settings
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -40,22 +51,24 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 OK, FAILED, MISCONFIGURED = 0, 1, 2
 
 
-class LaunchError(RuntimeError):
-    """Start-up cannot go on (missing weights, no export tooling); the message says why."""
-
-
 class Supervisor:
     def __init__(self, settings: Settings, progress: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self.progress = progress or (lambda line: log.info("%s", line))
+        self.timings = timings.derive(settings)
         self.stop_requested = threading.Event()
+        #: a second stop signal: skip the stop delay
+        self.hurry = threading.Event()
         self.stop_signal: int | None = None
         self.triton: LocalTriton | None = None
+        self.triton_ready = False
         self.gateway: GatewayProcess | None = None
         self.scratch: Path | None = None
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         # only flags here: printing from a signal handler can re-enter a stream's write
+        if self.stop_requested.is_set():
+            self.hurry.set()
         self.stop_signal = self.stop_signal or signum
         self.stop_requested.set()
 
@@ -80,18 +93,87 @@ class Supervisor:
 
     def start(self) -> None:
         launch = self.settings.launch
-        started = time.monotonic()
-        export_dir = self.model_directory()
-        profile, reason = self.choose_profile(export_dir)
+        deadline = time.monotonic() + launch.startup_timeout_s
+        for problem in self.timings.problems():
+            log.warning("%s", problem)
+        export_dir = exports.find_or_export(launch, self.progress, self.stop_requested)
+        identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
+        gpu = profiles.detect() if self.settings.repository.profile == "auto" else None
+        if gpu is not None:
+            log.info("GPU: %s, compute capability %s, %.0f GiB", gpu.name,
+                     gpu.compute_capability, gpu.memory_gib)  # fmt: skip
+        base = self.settings.repository
+        engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity)
+        repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
+        profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
-        repository = render(
-            self.settings.repository.model_copy(update={"profile": profile}),
-            export_dir,
-            self.scratch / "model_repository",
+        profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
+        assert self.triton is not None
+        self.progress(
+            f"Triton {profile} profile ({reason}) READY in {self.triton.ready_seconds:.1f} s"
         )
+        self.gateway = gateway = self.gateway_process()
+        gateway.start(timeout=deadline - time.monotonic())
+        gateway.wait_ready(timeout=deadline - time.monotonic())
+        workers, threads = gateway.env["GATEWAY_WORKERS"], gateway.env["GATEWAY_DECODE_THREADS"]
+        self.progress(
+            f"ready on {gateway.url} ({workers} worker(s) x {threads} decode threads); "
+            "API docs at /docs"
+        )
+
+    def start_model(
+        self,
+        repository: RepositorySettings,
+        export_dir: Path,
+        profile: Profile,
+        reason: str,
+        deadline: float,
+    ) -> tuple[Profile, str]:
+        """Triton READY on ``profile``, or on its fallback when the profile was chosen
+        automatically and does not load; the profile that runs, and why."""
+        while True:
+            try:
+                self.start_triton(repository.model_copy(update={"profile": profile}),
+                                  export_dir, deadline)  # fmt: skip
+                return profile, reason
+            except ProcessStartError as exc:
+                automatic = self.settings.repository.profile == "auto"
+                fallback = profiles.FALLBACK.get(profile) if automatic else None
+                if fallback is None or time.monotonic() >= deadline:
+                    raise
+                why = str(exc).splitlines()[0]
+                log.error("the %s profile did not load (%s); falling back to %s; the Triton log "
+                          "above says why", profile, why, fallback)  # fmt: skip
+                profile, reason = fallback, f"{profile} did not load: {why}"
+
+    def start_triton(
+        self, repository: RepositorySettings, export_dir: Path, deadline: float
+    ) -> None:
+        """Render ``repository.profile`` and start Triton on it, READY before ``deadline``.
+        A TensorRT start holds the engine build lock while it may be building."""
+        assert self.scratch is not None
+        launch = self.settings.launch
+        install = TritonInstall.discover()
+        rendered = render(repository, export_dir, self.scratch / "model_repository")
+        backend = rendered_config(rendered).backend
+        if not (install.backend_dir / backend).is_dir():
+            raise LaunchError(
+                f"the {repository.profile} profile needs Triton's {backend} backend, which "
+                f"{install.backend_dir} lacks (GATEWAY_TRITON_CPU_BACKEND chooses the cpu "
+                "profile's; GPU profiles need the NGC image)"
+            )
+        lock = None
+        if repository.profile == "tensorrt":
+            lock = engines.BuildLock(Path(repository.trt_cache_path), self.stop_requested)
+            try:
+                lock.acquire(timeout=deadline - time.monotonic())
+            except TimeoutError as exc:
+                raise ProcessStartError(str(exc)) from exc
         traces = otlp_traces_url()
+        self.triton_ready = False
         self.triton = LocalTriton(
-            repository,
+            rendered,
+            install=install,
             grpc_port=launch.triton_grpc_port,
             http_port=launch.triton_http_port,
             metrics_port=launch.triton_metrics_port,
@@ -100,92 +182,44 @@ class Supervisor:
             log_path=launch.log_file,
             stop_requested=self.stop_requested,
         )
-        budget = launch.startup_timeout_s - (time.monotonic() - started)
-        self.triton.start(timeout=budget)
-        self.progress(
-            f"Triton {profile} profile ({reason}) READY in {self.triton.ready_seconds:.1f} s"
-        )
-        self.gateway = gateway = self.gateway_process()
-        budget = launch.startup_timeout_s - (time.monotonic() - started)
-        gateway.start(timeout=budget)
-        gateway.wait_ready(timeout=budget)
-        workers, threads = gateway.env["GATEWAY_WORKERS"], gateway.env["GATEWAY_DECODE_THREADS"]
-        self.progress(
-            f"ready on {gateway.url} ({workers} worker(s) x {threads} decode threads); "
-            "API docs at /docs"
-        )
-
-    def model_directory(self) -> Path:
-        """The export to serve: the configured directory, or the cache entry for model +
-        weights, exported first if missing (in a child process: it imports torch)."""
-        launch = self.settings.launch
-        if launch.model_dir is not None:
-            if not (launch.model_dir / "manifest.json").is_file():
-                raise LaunchError(f"{launch.model_dir} is not an export (no manifest.json)")
-            return launch.model_dir
-        from export.spec import (
-            WeightsUnavailableError,
-            cache_entry,
-            default_cache_dir,
-            weights_from_spec,
-        )
-
-        cache = launch.cache_dir or default_cache_dir()
         try:
-            weights = weights_from_spec(launch.weights)
-            entry = cache_entry(launch.model, weights, cache)
-        except WeightsUnavailableError as exc:
-            raise LaunchError(str(exc)) from exc
-        if (entry / "manifest.json").is_file():
-            self.progress(f"model {launch.model} ({weights.describe()}) from {entry}")
-            return entry
-        self.progress(f"exporting {launch.model} ({weights.describe()}) to ONNX, once...")
-        started = time.monotonic()
-        self._export(cache)
-        self.progress(f"exported in {time.monotonic() - started:.0f} s into {entry}")
-        return entry
+            self.triton.start(timeout=deadline - time.monotonic())
+            self.triton_ready = True
+        except BaseException:
+            self.stop_triton()  # before the lock goes: it may still be writing engines
+            raise
+        finally:
+            if lock is not None:
+                lock.release(completed=self.triton_ready)
 
-    def _export(self, cache: Path) -> None:
-        launch = self.settings.launch
-        command = [sys.executable, "-m", "export", "--model", launch.model, "--weights",
-                   launch.weights, "--cache-dir", str(cache), "--print-dir"]  # fmt: skip
-        # the exporter's chatter (hundreds of lines) goes to a file, never to the terminal
-        with tempfile.TemporaryFile() as output:
-            child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-            while child.poll() is None:
-                if self.stop_requested.wait(0.2):
-                    child.terminate()
-                    child.wait()
-                    raise Interrupted("stop requested during the export")
-            output.seek(0)
-            text = output.read().decode(errors="replace")
-        if launch.log_file is not None:
-            with open(launch.log_file, "a") as log_file:
-                log_file.write(text)
-        if child.returncode != 0:
-            detail = text.strip().splitlines()[-12:] or ["(no output)"]
-            if "No module named" in text:
-                detail.append("the exporter needs: pip install 'clip-gateway[export]'")
-            raise LaunchError("the model export failed:\n  " + "\n  ".join(detail))
+    def choose_profile(
+        self,
+        export_dir: Path,
+        gpu: profiles.GpuInfo | None,
+        identity: str,
+        repository: RepositorySettings,
+        deadline: float,
+    ) -> tuple[Profile, str]:
+        """The profile to serve, and why; calibration (opt-in) measures within the start-up
+        budget with the engine cache serving will use, so its TensorRT build is not wasted."""
+        settings = Settings(self.settings.server, repository, self.settings.launch)
+        server = self.settings.server
+        workers = plan.worker_plan(plan.usable_cpus(), server.workers, server.decode_threads)
+        # several requests in flight per worker, as under load
+        callers = max(4, 4 * workers.workers)
 
-    def choose_profile(self, export_dir: Path) -> tuple[Profile, str]:
-        repository = self.settings.repository
-        found = profiles.detect() if repository.profile == "auto" else None
-        if found is not None:
-            log.info("GPU: %s, compute capability %s, %.0f GiB", found.name,
-                     found.compute_capability, found.memory_gib)  # fmt: skip
-        record = Path(repository.trt_cache_path) / "calibration.json"
-
-        def timer(profile: Profile) -> dict[str, float]:
-            return calibrate.measure(profile, export_dir, self.settings, self.stop_requested)
+        def timer(profile: Profile, budget: float) -> list[float]:
+            return calibrate.measure(profile, export_dir, settings, self.stop_requested,
+                                     budget_s=budget, callers=callers)  # fmt: skip
 
         return profiles.choose(
             repository.profile,
-            found,
-            model=export_dir.resolve().name,
-            record=record,
+            gpu,
+            model=identity,
+            record=Path(repository.trt_cache_path) / engines.CALIBRATION_NAME,
             calibrate_now=self.settings.launch.calibrate,
             timer=timer,
+            deadline=deadline,
         )
 
     def gateway_process(self) -> GatewayProcess:
@@ -215,30 +249,53 @@ class Supervisor:
     def supervise(self) -> int:
         """Wait for a stop signal (OK) or for either child to exit (FAILED)."""
         while not self.stop_requested.wait(0.5):
-            for name, child in (("tritonserver", self.triton), ("gateway", self.gateway)):
-                process = child.process if child is not None else None
-                if process is None or process.poll() is not None:
-                    code = None if process is None else process.returncode
-                    log.error("%s exited (code %s); stopping the other", name, code)
+            if self._a_child_died():
+                return FAILED
+        delay = self.settings.launch.stop_delay_s
+        if delay > 0 and not self.hurry.is_set():
+            self._stopping(f"still serving for {delay:g} s while endpoints let go; again: now")
+            until = time.monotonic() + delay
+            while not self.hurry.wait(max(0.0, min(0.5, until - time.monotonic()))):
+                if self._a_child_died():
                     return FAILED
+                if time.monotonic() >= until:
+                    break
         self._stopping("draining in-flight requests, then stopping Triton")
         return OK
+
+    def _a_child_died(self) -> bool:
+        for name, child in (("tritonserver", self.triton), ("gateway", self.gateway)):
+            process = child.process if child is not None else None
+            if process is None or process.poll() is not None:
+                code = None if process is None else process.returncode
+                log.error("%s exited (code %s); stopping the other", name, code)
+                return True
+        return False
 
     def _stopping(self, what: str) -> None:
         name = signal.Signals(self.stop_signal).name if self.stop_signal else "stop"
         self.progress(f"{name}: stopping ({what})")
 
+    def stop_triton(self) -> None:
+        """READY: Triton gets its grace to finish and unload. Not READY: nothing is in flight
+        and a model load or engine build is not worth waiting for (timings.py)."""
+        if self.triton is None:
+            return
+        ready = self.triton_ready
+        self.triton.stop(
+            grace=self.settings.launch.triton_grace_s if ready else timings.TRITON_STARTUP_GRACE_S
+        )
+        self.triton.release_ports()
+        self.triton = None
+        self.triton_ready = False
+
     def shutdown(self) -> None:
         """Gateway first (it stops accepting and drains its in-flight requests, then removes
         its shared-memory regions), then Triton (and its backend stubs), then scratch."""
-        server, launch = self.settings.server, self.settings.launch
         if self.gateway is not None:
-            self.gateway.stop(grace=server.drain_s + 5)
+            self.gateway.stop(grace=self.timings.gateway_stop_s)
             self.gateway = None
-        if self.triton is not None:
-            self.triton.stop(grace=launch.triton_grace_s)
-            self.triton.release_ports()
-            self.triton = None
+        self.stop_triton()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from export import parity
 from export.build import ensure_exported
+from export.graph import tensorrt_blockers
 from export.model import load
 from export.spec import Weights
 from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME
@@ -45,6 +46,17 @@ def test_graph_contract(exported, variant: str) -> None:
     batch, *rest = dims(inp)
     assert isinstance(batch, str) and rest == [224, 224, 3]  # symbolic batch axis
     assert dims(out)[1:] == [512]
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+def test_tensorrt_can_take_the_whole_graph(exported, variant: str) -> None:
+    """No uint8 tensor but the input, which feeds only its Cast; every node an op TensorRT's
+    ONNX parser takes, for the types it has (export/graph.py walks the inferred graph)."""
+    path = exported.fp32 if variant == "fp32" else exported.fp16
+    model = onnx.load(str(path))
+    assert [n.op_type for n in model.graph.node if INPUT_NAME in n.input] == ["Cast"]
+    assert tensorrt_blockers(model) == []
+    assert exported.manifest["tensorrt_blockers"][path.name] == []
 
 
 def test_rendered_configs_agree_with_the_graph(exported, tmp_path: Path) -> None:

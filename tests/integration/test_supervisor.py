@@ -9,10 +9,12 @@ directory behind and exit 0; a killed supervisor's children must stop by themsel
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +128,8 @@ def launched(request, exported, tmp_path: Path) -> Iterator[Launched]:
 
     def ready() -> bool:
         assert process.poll() is None, log.read_text()[-3000:]
+        if "ready on http" not in log.read_text():  # the supervisor's start-up is over
+            return False
         try:
             return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
@@ -207,3 +211,123 @@ def test_a_dead_triton_stops_the_service_with_an_error(launched: Launched) -> No
     os.kill(launched.find("tritonserver"), signal.SIGKILL)
     assert launched.process.wait(120) == 1
     assert "tritonserver exited" in launched.log.read_text()
+
+
+@dataclass
+class Starting:
+    """The container entrypoint held in Triton's model load (tests/models/slow_start.py)."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    scratch: Path
+    hold: Path
+    url: str
+
+    def tree(self) -> set[int]:
+        return descendants(self.process.pid)
+
+
+def slow_templates(tmp_path: Path, hold: Path) -> Path:
+    """triton/ with the cpu profile's model held in ``initialize`` until ``hold/release``."""
+    templates = tmp_path / "templates"
+    shutil.copytree(ROOT / "triton", templates)
+    real = (ROOT / "triton" / "python" / "model.py").read_text()
+    suffix = (ROOT / "tests" / "models" / "slow_start.py").read_text()
+    (templates / "python" / "model.py").write_text(
+        real + "\n" + suffix.replace("HOLD_DIR", str(hold))
+    )
+    return templates
+
+
+@pytest.fixture
+def starting(exported, tmp_path: Path) -> Iterator[Starting]:
+    ports = [reserve_port() for _ in range(4)]
+    scratch, hold = tmp_path / "scratch", tmp_path / "hold"
+    scratch.mkdir()
+    hold.mkdir()
+    env = {
+        "GATEWAY_SCRATCH_DIR": str(scratch),
+        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
+        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
+        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
+        "GATEWAY_MODEL_DIR": str(exported.directory),
+        "GATEWAY_TRITON_PROFILE": "cpu",
+        "GATEWAY_TRITON_TEMPLATES_DIR": str(slow_templates(tmp_path, hold)),
+        "GATEWAY_HOST": "127.0.0.1",
+        "GATEWAY_PORT": str(ports[0].port),
+        "GATEWAY_STOP_DELAY_S": "600",  # serving only: a stop during start-up has no delay
+    }
+    command = [sys.executable, "-m", "gateway.runtime.supervisor"]
+    process = launch(command, env, tmp_path, ports[0].port)
+    try:
+        yield Starting(process, tmp_path / "launch.log", scratch, hold,
+                       f"http://127.0.0.1:{ports[0].port}")  # fmt: skip
+    finally:
+        (hold / "release").touch()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for reserved in ports:
+            reserved.release()
+
+
+def test_sigterm_while_triton_loads_the_model_stops_everything_at_once(
+    starting: Starting,
+) -> None:
+    """A stop before Triton is READY (a long model load, a TensorRT engine build) is not
+    waited out: no start-up budget, no Triton grace for a load nobody will use."""
+    wait_until(lambda: (starting.hold / "initializing").exists(), "the model is loading", 180)
+    tree = starting.tree()
+    assert any("tritonserver" in cmdline(p) for p in tree)
+    started = time.monotonic()
+    starting.process.send_signal(signal.SIGTERM)
+    assert starting.process.wait(120) == 0, starting.log.read_text()[-3000:]
+    print(f"\nSIGTERM during the model load: exited in {time.monotonic() - started:.2f} s")
+    assert "SIGTERM: stopping (during start-up)" in starting.log.read_text()
+    wait_until(lambda: not [p for p in tree if alive(p)], "every process of the tree exited")
+    assert not list(starting.scratch.iterdir()), "scratch directory left behind"
+
+
+def test_stop_delay_keeps_serving_and_a_second_signal_ends_it(starting: Starting) -> None:
+    """After the first SIGTERM the gateway still answers (endpoints are letting go); a second
+    signal skips the rest of the delay and drains."""
+    (starting.hold / "release").touch()
+
+    def started() -> bool:
+        assert starting.process.poll() is None, starting.log.read_text()[-3000:]
+        return "ready on http" in starting.log.read_text()  # the supervisor's start-up is over
+
+    wait_until(started, "the supervisor has started everything", timeout=180, every=0.2)
+    tree = starting.tree()
+    starting.process.send_signal(signal.SIGTERM)
+    wait_until(lambda: "still serving for 600 s" in starting.log.read_text(), "delay started")
+    assert embed(starting.url).status_code == 200  # new requests are still served
+    assert starting.process.poll() is None
+    starting.process.send_signal(signal.SIGTERM)
+    assert starting.process.wait(120) == 0, starting.log.read_text()[-3000:]
+    wait_until(lambda: not [p for p in tree if alive(p)], "every process of the tree exited")
+    assert not shm_of(tree)
+
+
+def test_a_profile_whose_backend_triton_lacks_is_refused_with_the_reason(
+    exported, tmp_path: Path
+) -> None:
+    """The PyPI tritonserver has no onnxruntime backend: the cpu profile on it is a
+    configuration error (exit 2) named before Triton starts, not a crash loop."""
+    port = reserve_port()
+    try:
+        env = {
+            "GATEWAY_MODEL_DIR": str(exported.directory),
+            "GATEWAY_TRITON_PROFILE": "cpu",
+            "GATEWAY_TRITON_CPU_BACKEND": "onnxruntime",
+            "GATEWAY_SCRATCH_DIR": str(tmp_path),
+            "GATEWAY_PORT": str(port.port),
+        }
+        process = launch([sys.executable, "-m", "gateway.runtime.supervisor"], env, tmp_path,
+                         port.port)  # fmt: skip
+        assert process.wait(120) == 2
+        log = (tmp_path / "launch.log").read_text()
+        assert "needs Triton's onnxruntime backend" in log
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith("clip-gateway-")]
+    finally:
+        port.release()

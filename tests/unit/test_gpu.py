@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ def card(name: str, cc: tuple[int, int] = (8, 6)) -> gpu.GpuInfo:
     ("name", "cc", "profile"),
     [
         ("NVIDIA A100-SXM4-80GB", (8, 0), "cuda"),
+        ("NVIDIA A100 80GB PCIe", (8, 0), "cuda"),
+        ("A100-SXM4-40GB", (8, 0), "cuda"),  # older drivers leave out "NVIDIA "
         ("NVIDIA GeForce RTX 4080", (8, 9), "tensorrt"),
         ("NVIDIA RTX A4000", (8, 6), "tensorrt"),
         ("NVIDIA H100 80GB HBM3", (9, 0), "tensorrt"),  # unmeasured: the documented default
@@ -30,6 +34,18 @@ def test_table(name: str, cc: tuple[int, int], profile: str) -> None:
     chosen, reason = gpu.from_table(card(name, cc))
     assert chosen == profile
     assert reason
+
+
+@pytest.mark.parametrize(
+    ("name", "not_like"),
+    [("NVIDIA RTX A1000", "A100"), ("NVIDIA RTX A1000 6GB Laptop GPU", "A100"),
+     ("NVIDIA GeForce RTX 4080 SUPER", "RTX 4080"), ("NVIDIA RTX A4000 Laptop GPU", "A4000")],
+)  # fmt: skip
+def test_names_match_exactly_not_as_substrings(name: str, not_like: str) -> None:
+    """A measurement holds for the card it was made on: "A100" is inside "RTX A1000"."""
+    chosen, reason = gpu.from_table(card(name, (8, 6)))
+    assert (chosen, reason) == ("tensorrt", gpu.DEFAULT_REASON)
+    assert not any(gpu.same_gpu(name, known) for row in gpu.TABLE for known in row.names)
 
 
 def test_no_gpu_is_cpu(tmp_path: Path) -> None:
@@ -43,46 +59,113 @@ def test_detect_answers_on_any_host() -> None:
     assert found is None or (found.name and found.memory_gib > 0)
 
 
-def fake_timer(cuda_max: float, trt_max: float) -> calibrate.Timer:
-    calls: list[str] = []
+def fake_timer(cuda: list[float] | Exception, trt: list[float] | Exception) -> calibrate.Timer:
+    """Images per second per round for each profile, or the error measuring it raises."""
+    calls: list[tuple[str, float]] = []
 
-    def timer(profile: gpu.Profile) -> dict[str, float]:
-        calls.append(profile)
-        return {"1": 5.0, "max": cuda_max if profile == "cuda" else trt_max}
+    def timer(profile: gpu.Profile, budget: float) -> list[float]:
+        calls.append((profile, budget))
+        result = cuda if profile == "cuda" else trt
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     timer.calls = calls  # type: ignore[attr-defined]
     return timer
 
 
+def choose_now(timer: calibrate.Timer, record: Path, name: str = "NVIDIA RTX A4000",
+               deadline: float = math.inf) -> tuple[str, str]:  # fmt: skip
+    return gpu.choose("auto", card(name), model="id-1", record=record, calibrate_now=True,
+                      timer=timer, deadline=deadline)  # fmt: skip
+
+
 def test_override_wins_over_everything(tmp_path: Path) -> None:
-    record = tmp_path / "calibration.json"
-    timer = fake_timer(1.0, 2.0)
-    chosen = gpu.choose("tensorrt", card("NVIDIA A100"), model="m", record=record,
-                        calibrate_now=True, timer=timer)  # fmt: skip
+    timer = fake_timer([100.0], [200.0])
+    chosen = gpu.choose("tensorrt", card("NVIDIA A100-SXM4-80GB"), model="m",
+                        record=tmp_path / "c.json", calibrate_now=True, timer=timer)  # fmt: skip
     assert chosen == ("tensorrt", "as configured")
     assert timer.calls == []  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(("cuda", "trt", "winner"), [(0.4, 0.9, "cuda"), (0.9, 0.4, "tensorrt")])
+@pytest.mark.parametrize(
+    ("cuda", "trt", "winner"),
+    [([900.0, 910, 905], [400.0, 401, 399], "cuda"), ([400.0, 401, 399], [900.0, 910, 905],
+      "tensorrt")],
+)  # fmt: skip
 def test_calibration_measures_once_then_is_reused(
-    tmp_path: Path, cuda: float, trt: float, winner: str
+    tmp_path: Path, cuda: list[float], trt: list[float], winner: str
 ) -> None:
     record = tmp_path / "engines" / "calibration.json"
-    a4000 = card("NVIDIA RTX A4000")
     timer = fake_timer(cuda, trt)
-    first = gpu.choose("auto", a4000, model="m", record=record, calibrate_now=True, timer=timer)
-    assert first[0] == winner
-    assert timer.calls == ["cuda", "tensorrt"]  # type: ignore[attr-defined]
-    again = gpu.choose("auto", a4000, model="m", record=record, calibrate_now=True, timer=timer)
+    first = choose_now(timer, record)
+    assert first[0] == winner and "calibrated now" in first[1]
+    assert [p for p, _ in timer.calls] == ["cuda", "tensorrt"]  # type: ignore[attr-defined]
+    again = choose_now(timer, record)
     assert again[0] == winner and "earlier" in again[1]
-    assert timer.calls == ["cuda", "tensorrt"]  # type: ignore[attr-defined]  # not re-measured
-    # another model file or another GPU: the record does not apply
-    assert calibrate.recorded(record, a4000.name, "other-model") is None
-    assert calibrate.recorded(record, "NVIDIA A100", "m") is None
+    assert len(timer.calls) == 2  # type: ignore[attr-defined]  # not re-measured
+    # another model (weights, export code) or another GPU model: the record does not apply
+    assert calibrate.recorded(record, "NVIDIA RTX A4000", "id-2") is None
+    assert calibrate.recorded(record, "NVIDIA RTX A4500", "id-1") is None
+    assert calibrate.recorded(record, "RTX A4000", "id-1") is not None  # same card, old driver
+
+
+def test_a_difference_within_the_margin_keeps_the_table_choice(tmp_path: Path) -> None:
+    # 5 % apart: less than MARGIN, so not worth overriding the table's measured evidence
+    timer = fake_timer([1000.0, 1000, 1000], [950.0, 950, 950])
+    chosen, reason = choose_now(timer, tmp_path / "c.json")
+    assert chosen == "tensorrt" and "keeping tensorrt" in reason
+
+
+def test_noisy_rounds_need_a_bigger_difference(tmp_path: Path) -> None:
+    # 20 % apart on medians, but cuda's own rounds spread 30 %: not a result
+    timer = fake_timer([1200.0, 900, 1300], [1000.0, 1000, 1000])
+    assert choose_now(timer, tmp_path / "c.json")[0] == "tensorrt"
+    steady = fake_timer([1200.0, 1200, 1210], [1000.0, 1000, 1000])
+    assert choose_now(steady, tmp_path / "d.json")[0] == "cuda"
+
+
+def test_a_profile_that_fails_loses_with_its_reason(tmp_path: Path) -> None:
+    record = tmp_path / "c.json"
+    timer = fake_timer([500.0, 500, 500], RuntimeError("tritonserver model READY: exited"))
+    chosen, reason = choose_now(timer, record)
+    assert chosen == "cuda"
+    assert "tensorrt failed (tritonserver model READY: exited)" in reason
+    saved = calibrate.recorded(record, "NVIDIA RTX A4000", "id-1")
+    assert saved is not None and "tensorrt" in saved.failures
+
+
+def test_when_nothing_can_be_measured_the_table_decides(tmp_path: Path) -> None:
+    record = tmp_path / "c.json"
+    timer = fake_timer(RuntimeError("no CUDA"), RuntimeError("no TensorRT"))
+    chosen, reason = choose_now(timer, record)
+    assert chosen == "tensorrt" and "calibration failed" in reason and "no CUDA" in reason
+    assert not record.exists()  # nothing learnt, nothing kept: the next start measures again
+
+
+def test_calibration_measures_within_the_start_up_budget(tmp_path: Path) -> None:
+    timer = fake_timer([500.0], [600.0])
+    deadline = time.monotonic() + 100
+    choose_now(timer, tmp_path / "c.json", deadline=deadline)
+    budgets = [budget for _, budget in timer.calls]  # type: ignore[attr-defined]
+    assert all(0 < b <= 100 for b in budgets)
+    spent = fake_timer([500.0], [600.0])
+    chosen, reason = choose_now(spent, tmp_path / "d.json", deadline=time.monotonic() - 1)
+    assert spent.calls == []  # type: ignore[attr-defined]
+    assert "no start-up budget left" in reason and chosen == "tensorrt"
+
+
+def test_calibration_workload_mixes_every_batch_size() -> None:
+    rounds = calibrate.workload((1, 4, 8, 16, 32), callers=4)
+    assert len(rounds) == 4
+    assert all(set(r) == {1, 4, 8, 16, 32} for r in rounds)
+    assert len({r[0] for r in rounds}) == 4  # callers start at different sizes
 
 
 def test_without_calibration_the_table_decides(tmp_path: Path) -> None:
-    chosen = gpu.choose("auto", card("NVIDIA A100"), model="m", record=tmp_path / "none.json")
+    chosen = gpu.choose(
+        "auto", card("NVIDIA A100-SXM4-80GB"), model="m", record=tmp_path / "none.json"
+    )
     assert chosen[0] == "cuda"
 
 

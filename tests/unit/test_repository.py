@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.backend.repository import render_config
+from gateway.backend.repository import render, render_config
 from gateway.runtime.settings import PROFILES, RepositorySettings
 
 # The TensorRT-accelerator keys the onnxruntime backend understands (README "Parameter mapping"
@@ -21,6 +21,17 @@ ORT_BACKEND_TRT_KEYS = {
     "trt_cuda_graph_enable", "trt_layer_norm_fp32_fallback", "trt_engine_cache_prefix",
     "trt_builder_optimization_level", "trt_max_partition_iterations", "trt_min_subgraph_size",
 }  # fmt: skip
+
+
+@pytest.fixture
+def exported_stub(tmp_path: Path) -> Path:
+    """An export directory's shape (manifest + ONNX files) without exporting anything."""
+    directory = tmp_path / "export"
+    directory.mkdir()
+    (directory / "manifest.json").write_text('{"image_size": 224, "embed_dim": 512}')
+    for name in ("model.onnx", "model_fp16.onnx"):
+        (directory / name).write_bytes(b"onnx")
+    return directory
 
 
 def parse(config: mc.ModelConfig) -> mc.ModelConfig:
@@ -71,6 +82,50 @@ def test_cpu_profile_is_python_backend_with_ort() -> None:
     assert [w.batch_size for w in config.model_warmup] == [1]
 
 
+def test_cpu_profile_on_the_native_onnxruntime_backend() -> None:
+    """What the container runs without a GPU: its Python backend has no ONNX Runtime."""
+    settings = RepositorySettings(profile="cpu", cpu_backend="onnxruntime", cpu_threads=3)
+    config = parse(render_config(settings, 224, 512))
+    assert config.backend == "onnxruntime"
+    assert config.default_model_filename == "model.onnx"
+    assert [g.kind for g in config.instance_group] == [mc.ModelInstanceGroup.KIND_CPU]
+    assert not config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert config.parameters["intra_op_thread_count"].string_value == "3"  # the backend's key
+    assert "onnx_file" not in config.parameters  # the Python model's keys are not rendered
+
+
+def test_cpu_onnxruntime_repository_carries_no_python_model(
+    exported_stub: Path, tmp_path: Path
+) -> None:
+    settings = RepositorySettings(profile="cpu", cpu_backend="onnxruntime")
+    model_dir = render(settings, exported_stub, tmp_path / "repo") / TRITON_MODEL_NAME
+    assert sorted(p.name for p in (model_dir / "1").iterdir()) == ["model.onnx"]
+    python = render(RepositorySettings(profile="cpu"), exported_stub, tmp_path / "py")
+    assert (python / TRITON_MODEL_NAME / "1" / "model.py").exists()
+
+
+@pytest.mark.parametrize("profile", ["cuda", "tensorrt"])
+def test_cudnn_search_is_where_the_backend_reads_it(profile: str) -> None:
+    """The r25.01 onnxruntime backend reads cudnn_conv_algo_search from the top-level
+    parameters (0 EXHAUSTIVE, 1 HEURISTIC) and, when that block exists without it, forces
+    EXHAUSTIVE over whatever the accelerator says; the block always exists (the canary)."""
+    config = parse(render_config(RepositorySettings(profile=profile), 224, 512))
+    assert config.parameters["cudnn_conv_algo_search"].string_value == "1"
+    for accel in config.optimization.execution_accelerators.gpu_execution_accelerator:
+        assert "cudnn_conv_algo_search" not in accel.parameters
+
+
+def test_cuda_graphs_are_refused_with_dynamic_batching() -> None:
+    with pytest.raises(ValueError, match="cuda_graph is refused"):
+        RepositorySettings(profile="cuda", cuda_graph=True)
+    for profile in ("cuda", "tensorrt"):
+        config = parse(render_config(RepositorySettings(profile=profile), 224, 512))
+        assert config.HasField("dynamic_batching")
+        (accel,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+        graphs = {k: v for k, v in accel.parameters.items() if "cuda_graph" in k}
+        assert graphs and set(graphs.values()) == {"0"}
+
+
 def test_cuda_profile_uses_fp16_graph_and_cuda_ep() -> None:
     config = parse(render_config(RepositorySettings(profile="cuda"), 224, 512))
     assert config.backend == "onnxruntime"
@@ -78,7 +133,6 @@ def test_cuda_profile_uses_fp16_graph_and_cuda_ep() -> None:
     assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
     (accel,) = config.optimization.execution_accelerators.gpu_execution_accelerator
     assert accel.name == "cuda"
-    assert accel.parameters["enable_cuda_graph"] == "0"
     fp32 = parse(render_config(RepositorySettings(profile="cuda", cuda_precision="fp32"), 224, 512))
     assert fp32.default_model_filename == "model.onnx"
 

@@ -1,0 +1,241 @@
+"""``python -m bench stops``: how long the container entrypoint takes to stop on SIGTERM, in
+every phase of its life, as an orchestrator would see it (SIGTERM sent → process exited).
+
+The phases: exporting the model (a child process running torch); Triton loading the model
+(``tests/models/slow_start.py`` holds it in ``initialize``, as a long load or a TensorRT engine
+build would); serving, idle; serving with a batch-32 request in flight (it must come back 200);
+serving with a stop delay. The tree's leftovers are the integration tests' business
+(tests/integration/test_supervisor.py); this measures time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.photos import compact_jpeg
+from gateway.runtime.processes import reserve_port
+
+ROOT = Path(__file__).resolve().parents[1]
+STOP_DELAY_S = 5.0
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.02)
+
+
+def slow_templates(work: Path, hold: Path) -> Path:
+    templates = work / "templates"
+    shutil.copytree(ROOT / "triton", templates)
+    real = (ROOT / "triton" / "python" / "model.py").read_text()
+    suffix = (ROOT / "tests" / "models" / "slow_start.py").read_text()
+    (templates / "python" / "model.py").write_text(
+        real + "\n" + suffix.replace("HOLD_DIR", str(hold))
+    )
+    return templates
+
+
+class Entrypoint:
+    """The container entrypoint on loopback, its output in a log file."""
+
+    def __init__(self, work: Path, env: dict[str, str]) -> None:
+        self.ports = [reserve_port() for _ in range(4)]
+        self.url = f"http://127.0.0.1:{self.ports[0].port}"
+        self.log = work / "entrypoint.log"
+        scratch = work / "scratch"
+        scratch.mkdir(exist_ok=True)
+        full = {
+            **os.environ,
+            "GATEWAY_SCRATCH_DIR": str(scratch),
+            "GATEWAY_HOST": "127.0.0.1",
+            "GATEWAY_PORT": str(self.ports[0].port),
+            "GATEWAY_TRITON_GRPC_PORT": str(self.ports[1].port),
+            "GATEWAY_TRITON_HTTP_PORT": str(self.ports[2].port),
+            "GATEWAY_TRITON_METRICS_PORT": str(self.ports[3].port),
+            "GATEWAY_TRITON_PROFILE": "cpu",
+            "GATEWAY_LOG_FORMAT": "text",
+            **env,
+        }
+        with open(self.log, "wb") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway.runtime.supervisor"],
+                env=full, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def says(self, text: str) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the entrypoint exited:\n{self.log.read_text()[-3000:]}")
+        return text in self.log.read_text(errors="replace")
+
+    def stop(self, *, second_signal: bool = False) -> float:
+        """SIGTERM (twice: skip the stop delay) → exit; seconds, and the exit code checked."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        if second_signal:
+            wait_for(lambda: "still serving" in self.log.read_text(), "the stop delay began")
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(300)
+        elapsed = time.monotonic() - started
+        if code != 0:
+            raise RuntimeError(f"exit code {code}:\n{self.log.read_text()[-3000:]}")
+        return elapsed
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for reserved in self.ports:
+            reserved.release()
+
+
+def phase_export(work: Path, model_dir: Path) -> float:
+    """A cache miss: the export child (torch) is running when SIGTERM comes."""
+    entry = Entrypoint(work, {"GATEWAY_WEIGHTS": "random:7", "GATEWAY_CACHE_DIR": str(work)})
+    try:
+        wait_for(lambda: entry.says("exporting"), "the export started")
+        wait_for(lambda: any(p for p in Path("/proc").glob("*/cmdline")
+                             if b"-mexport" in _read(p)), "the exporter runs")  # fmt: skip
+        return entry.stop()
+    finally:
+        entry.close()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes().replace(b"\0", b"")
+    except OSError:
+        return b""
+
+
+def phase_model_load(work: Path, model_dir: Path) -> float:
+    hold = work / "hold"
+    hold.mkdir()
+    templates = slow_templates(work, hold)
+    entry = Entrypoint(work, {"GATEWAY_MODEL_DIR": str(model_dir),
+                              "GATEWAY_TRITON_TEMPLATES_DIR": str(templates)})  # fmt: skip
+    try:
+        wait_for(lambda: (hold / "initializing").exists(), "Triton is loading the model")
+        return entry.stop()
+    finally:
+        (hold / "release").touch()
+        entry.close()
+
+
+def serving(work: Path, model_dir: Path, **env: str) -> Entrypoint:
+    entry = Entrypoint(work, {"GATEWAY_MODEL_DIR": str(model_dir), **env})
+    wait_for(lambda: entry.says("ready on http"), "the entrypoint is serving")
+    return entry
+
+
+def embed(url: str, count: int) -> httpx.Response:
+    files = [("image", (f"{i}.jpg", compact_jpeg(i), "image/jpeg")) for i in range(count)]
+    return httpx.post(f"{url}/v1/embeddings", files=files, timeout=120)
+
+
+def phase_idle(work: Path, model_dir: Path) -> float:
+    entry = serving(work, model_dir)
+    try:
+        assert embed(entry.url, 1).status_code == 200
+        return entry.stop()
+    finally:
+        entry.close()
+
+
+def phase_in_flight(work: Path, model_dir: Path) -> float:
+    entry = serving(work, model_dir)
+    try:
+        answer: dict[str, httpx.Response] = {}
+        thread = threading.Thread(target=lambda: answer.update(r=embed(entry.url, 32)))
+        thread.start()
+
+        def in_flight() -> bool:
+            text = httpx.get(f"{entry.url}/metrics", timeout=5).text
+            return "gateway_inflight_images 32.0" in text
+
+        wait_for(in_flight, "the request is in flight")
+        elapsed = entry.stop()
+        thread.join(120)
+        if answer["r"].status_code != 200:
+            raise RuntimeError(f"the in-flight request got {answer['r'].status_code}")
+        return elapsed
+    finally:
+        entry.close()
+
+
+def phase_stop_delay(work: Path, model_dir: Path) -> float:
+    entry = serving(work, model_dir, GATEWAY_STOP_DELAY_S=str(STOP_DELAY_S))
+    try:
+        return entry.stop()
+    finally:
+        entry.close()
+
+
+def phase_stop_delay_second_signal(work: Path, model_dir: Path) -> float:
+    entry = serving(work, model_dir, GATEWAY_STOP_DELAY_S="600")
+    try:
+        return entry.stop(second_signal=True)
+    finally:
+        entry.close()
+
+
+PHASES: dict[str, Callable[[Path, Path], float]] = {
+    "exporting the model (child process)": phase_export,
+    "Triton loading the model (not READY)": phase_model_load,
+    "serving, idle": phase_idle,
+    "serving, a batch-32 request in flight (answered 200)": phase_in_flight,
+    f"serving, GATEWAY_STOP_DELAY_S={STOP_DELAY_S:g}": phase_stop_delay,
+    "serving, stop delay 600 s, a second SIGTERM": phase_stop_delay_second_signal,
+}
+
+
+def run(rounds: int, out: Path) -> dict[str, Any]:
+    from export.build import ensure_exported
+    from export.spec import Weights
+
+    model_dir = ensure_exported("ViT-B-32", Weights.random(0)).directory
+    results: dict[str, Any] = {"rounds": rounds, "machine": f"{os.cpu_count()} CPUs", "phases": {}}
+    for name, phase in PHASES.items():
+        seconds = []
+        for _ in range(rounds):
+            with tempfile.TemporaryDirectory(prefix="clip-gateway-stops-") as work:
+                seconds.append(phase(Path(work), model_dir))
+            print(f"{name}: {seconds[-1]:.2f} s", flush=True)
+        results["phases"][name] = {
+            "seconds": [round(s, 3) for s in seconds],
+            "median_s": round(statistics.median(seconds), 3),
+            "max_s": round(max(seconds), 3),
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stops.json").write_text(json.dumps(results, indent=1) + "\n")
+    lines = [
+        "# SIGTERM → exit of the container entrypoint, per phase",
+        "",
+        f"`python -m bench stops` ({rounds} rounds per phase, {results['machine']}, cpu profile, "
+        "random-weights ViT-B/32)",
+        "",
+        "| phase | median s | max s |",
+        "| --- | --- | --- |",
+        *(
+            f"| {n} | {r['median_s']:.2f} | {r['max_s']:.2f} |"
+            for n, r in results["phases"].items()
+        ),
+    ]
+    (out / "stops.md").write_text("\n".join(lines) + "\n")
+    return results

@@ -1,0 +1,102 @@
+"""The TensorRT engine cache: a directory per GPU model and model identity, safe to share.
+
+- **Keyed by the model's identity** (model, weights, export code version: ``export.spec``):
+  ONNX Runtime names a cached engine by a hash of the graph's structure and names, not its
+  initialiser values, so an image with new weights of the same architecture would otherwise load
+  the old engine (and the canary would keep /readyz at 503).
+- **Keyed by the GPU model**: engines are built for the GPU they run on, and ORT's file names
+  carry only the compute capability (an A10 and an A40 are both sm_86).
+- **One builder at a time**: pods that share the cache (a ReadWriteMany volume per GPU model)
+  and start on an empty directory would build the same engine files concurrently; the first
+  takes ``.build.lock`` (flock, honoured over NFS too) and builds, the others wait and then
+  load what it built. Once engines exist nobody locks.
+- **No half-written engines**: a start-up stopped (or failed) while it held the lock removes the
+  files it wrote, so the next start never deserialises a truncated engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from gateway.runtime.processes import Interrupted
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".build.lock"
+CALIBRATION_NAME = "calibration.json"
+
+
+def gpu_slug(name: str) -> str:
+    """``NVIDIA A100-SXM4-80GB`` → ``nvidia-a100-sxm4-80gb``: a directory name per GPU model."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu"
+
+
+def cache_dir(base: str | Path, gpu: str | None, identity: str) -> Path:
+    return Path(base) / (gpu_slug(gpu) if gpu else "any-gpu") / identity
+
+
+def has_engines(directory: Path) -> bool:
+    return any(directory.glob("*.engine"))
+
+
+class BuildLock:
+    """Held from before Triton starts until the model is READY, by the pod that builds."""
+
+    def __init__(self, directory: Path, stop: threading.Event) -> None:
+        self.directory = directory
+        self.stop = stop
+        self.started = time.time()
+        self._file: IO[bytes] | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+    def acquire(self, timeout: float) -> None:
+        """Wait for the lock unless engines exist (then: nothing to build, no lock)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if has_engines(self.directory):
+            return
+        lock = open(self.directory / LOCK_NAME, "ab")  # noqa: SIM115 (held open: the lock)
+        deadline = time.monotonic() + timeout
+        announced = False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not announced:
+                    log.info("another process is building engines in %s; waiting", self.directory)
+                    announced = True
+                if time.monotonic() > deadline:
+                    lock.close()
+                    raise TimeoutError(f"engine build lock in {self.directory} not free") from None
+                if self.stop.wait(1.0):
+                    lock.close()
+                    raise Interrupted("stop requested while waiting for an engine build") from None
+        if has_engines(self.directory):  # built while we waited
+            lock.close()
+            return
+        self.started = time.time()
+        self._file = lock
+
+    def release(self, *, completed: bool) -> None:
+        """Drop the lock; unless the build completed, remove what this start-up wrote."""
+        if self._file is None:
+            return
+        if not completed:
+            for path in self.directory.iterdir():
+                written = path.is_file() and path.stat().st_mtime >= self.started
+                if written and path.name != LOCK_NAME:
+                    log.warning("removing %s, written by a start-up that did not finish", path)
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+        self._file.close()
+        self._file = None
