@@ -18,7 +18,7 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env serve test check lint format typecheck pytest mutation lock clean
+.PHONY: install triton-env serve test check lint format typecheck pytest mutation lock clean api-key
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -86,3 +86,12 @@ lock:
 
 clean:
 	rm -rf $(VENV) $(TRITON_ENV) build mutants .mypy_cache .ruff_cache .pytest_cache
+
+# An API key for deploy/compose (its `api_keys` secret), made once: a 0700 directory, the file
+# 0644 inside it (compose bind-mounts it; the image's user must read it). Prints nothing secret.
+KEYS_FILE := deploy/compose/secrets/api-keys
+api-key:
+	@if [ -s $(KEYS_FILE) ]; then echo "$(KEYS_FILE) exists; add a line to add a key"; else \
+	  install -d -m 700 $(dir $(KEYS_FILE)) && \
+	  (umask 022; $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $(KEYS_FILE)) && \
+	  echo "wrote a new key to $(KEYS_FILE): send it as 'Authorization: Bearer <key>'"; fi

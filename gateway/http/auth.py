@@ -10,21 +10,12 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from gateway.http.problems import Unauthorized
-from gateway.runtime.settings import ServerSettings
+from gateway.runtime.settings import load_api_keys
+
+__all__ = ["PUBLIC", "load_api_keys", "matches", "require_api_key"]
 
 #: Route ``opt`` key: the route answers without a key (liveness and readiness probes).
 PUBLIC = "public"
-
-
-def load_api_keys(settings: ServerSettings) -> tuple[bytes, ...]:
-    """Keys from GATEWAY_API_KEYS and GATEWAY_API_KEYS_FILE (one per line, # comments)."""
-    keys = [key.get_secret_value() for key in settings.api_keys]
-    if settings.api_keys_file is not None:
-        for line in settings.api_keys_file.read_text().splitlines():
-            key = line.split("#", 1)[0].strip()
-            if key:
-                keys.append(key)
-    return tuple(key.encode() for key in keys if key)
 
 
 def matches(presented: bytes, keys: tuple[bytes, ...]) -> bool:

@@ -9,6 +9,7 @@ concern, built by the launcher (or by the HTTP process for its own section) and 
 
 from __future__ import annotations
 
+import ipaddress
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +115,9 @@ class ServerSettings(BaseSettings):
     api_keys: tuple[SecretStr, ...] = ()
     #: A file with one API key per line (comments with #), read at start.
     api_keys_file: Path | None = None
+    #: Serve without API keys on an address other than loopback. Without it the launcher refuses
+    #: to start with no key configured there (the container listens on 0.0.0.0).
+    anonymous: bool = False
 
     # --- observability ----------------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -282,3 +286,41 @@ class Settings:
             RepositorySettings(**(repository or {})),
             LaunchSettings(**(launch or {})),
         )
+
+
+def load_api_keys(settings: ServerSettings) -> tuple[bytes, ...]:
+    """Keys from GATEWAY_API_KEYS and GATEWAY_API_KEYS_FILE (one per line, # comments)."""
+    keys = [key.get_secret_value() for key in settings.api_keys]
+    if settings.api_keys_file is not None:
+        for line in settings.api_keys_file.read_text().splitlines():
+            key = line.split("#", 1)[0].strip()
+            if key:
+                keys.append(key)
+    return tuple(key.encode() for key in keys if key)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(settings: ServerSettings) -> str | None:
+    """Why this gateway must not start as configured, or None: without an API key it serves
+    only on loopback, unless the operator says ``GATEWAY_ANONYMOUS=true``."""
+    try:
+        keys = load_api_keys(settings)
+    except OSError as exc:
+        return f"GATEWAY_API_KEYS_FILE cannot be read: {exc}"
+    if keys or settings.anonymous or is_loopback(settings.host):
+        return None
+    held = settings.api_keys_file
+    where = f" ({held} holds none)" if held is not None else ""
+    return (
+        f"no API key configured{where} and {settings.host} is not a loopback address: set "
+        "GATEWAY_API_KEYS_FILE (one key per line) or GATEWAY_API_KEYS, or GATEWAY_ANONYMOUS=true "
+        "to serve without keys"
+    )

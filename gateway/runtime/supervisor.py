@@ -42,7 +42,13 @@ from gateway.runtime.processes import (
     LaunchError,
     ProcessStartError,
 )
-from gateway.runtime.settings import PROFILES, Profile, RepositorySettings, Settings
+from gateway.runtime.settings import (
+    PROFILES,
+    Profile,
+    RepositorySettings,
+    Settings,
+    exposure_problem,
+)
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -93,6 +99,12 @@ class Supervisor:
 
     def start(self) -> None:
         launch = self.settings.launch
+        exposure = exposure_problem(self.settings.server)
+        if exposure is not None:
+            raise LaunchError(exposure)
+        if self.settings.server.anonymous:
+            log.warning("GATEWAY_ANONYMOUS: serving without API keys on %s",
+                        self.settings.server.host)  # fmt: skip
         deadline = time.monotonic() + launch.startup_timeout_s
         for problem in self.timings.problems():
             log.warning("%s", problem)

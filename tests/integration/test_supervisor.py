@@ -321,6 +321,7 @@ def test_a_profile_whose_backend_triton_lacks_is_refused_with_the_reason(
             "GATEWAY_TRITON_PROFILE": "cpu",
             "GATEWAY_TRITON_CPU_BACKEND": "onnxruntime",
             "GATEWAY_SCRATCH_DIR": str(tmp_path),
+            "GATEWAY_HOST": "127.0.0.1",
             "GATEWAY_PORT": str(port.port),
         }
         process = launch([sys.executable, "-m", "gateway.runtime.supervisor"], env, tmp_path,
@@ -331,3 +332,29 @@ def test_a_profile_whose_backend_triton_lacks_is_refused_with_the_reason(
         assert not [p for p in tmp_path.iterdir() if p.name.startswith("clip-gateway-")]
     finally:
         port.release()
+
+
+@pytest.mark.parametrize("keys_file", [None, "empty"])
+def test_the_container_refuses_to_serve_the_network_without_a_key(
+    exported, tmp_path: Path, keys_file: str | None
+) -> None:
+    """The image listens on 0.0.0.0: with no API key (none set, or a keys file holding none)
+    the entrypoint stops before any work, exit 2, and says how to fix it; nothing is bound."""
+    env = {
+        "GATEWAY_MODEL_DIR": str(exported.directory),
+        "GATEWAY_TRITON_PROFILE": "cpu",
+        "GATEWAY_SCRATCH_DIR": str(tmp_path),
+        "GATEWAY_HOST": "0.0.0.0",
+        "GATEWAY_API_KEYS": "[]",
+    }
+    if keys_file is not None:
+        (tmp_path / "keys").write_text("# no keys yet\n\n")
+        env["GATEWAY_API_KEYS_FILE"] = str(tmp_path / "keys")
+    process = launch([sys.executable, "-m", "gateway.runtime.supervisor"], env, tmp_path, 0)
+    assert process.wait(60) == 2
+    log = (tmp_path / "launch.log").read_text()
+    assert "no API key configured" in log and "GATEWAY_ANONYMOUS=true" in log
+    if keys_file is not None:
+        assert f"{tmp_path / 'keys'} holds none" in log
+    assert "tritonserver" not in log
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("clip-gateway-")]

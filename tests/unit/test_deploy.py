@@ -29,6 +29,7 @@ from gateway.runtime.settings import (
     RepositorySettings,
     ServerSettings,
     Settings,
+    exposure_problem,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,6 +208,43 @@ def test_the_engine_cache_is_a_shared_claim_the_pod_can_write(
     assert {"/tmp", "/dev/shm"} <= set(mounts.values())  # the root filesystem is read-only
 
 
+def test_the_pod_requires_an_api_key(
+    rendered: list[dict[str, Any]], pod: dict[str, Any], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Secure by default: the keys file is a mounted Secret the pod cannot start without, and an
+    empty one stops the entrypoint; only an explicit GATEWAY_ANONYMOUS=true serves keyless."""
+    (container,) = pod["containers"]
+    env = container_env(pod)
+    keys_file = Path(env["GATEWAY_API_KEYS_FILE"])
+    assert env["GATEWAY_ANONYMOUS"] == "false"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(keys_file.parent)]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    assert not secret.get("optional", False)  # no Secret: the pod waits, it does not run open
+    assert secret["defaultMode"] & 0o007 == 0  # not world-readable
+    # what the entrypoint decides, with the Secret's file empty, then holding a key
+    local = tmp_path / keys_file.name
+    local.write_text("")
+    server = settings_under({**env, "GATEWAY_API_KEYS_FILE": str(local)}, monkeypatch).server
+    assert server.host == "0.0.0.0" and exposure_problem(server) is not None
+    local.write_text("k-1\n")
+    assert exposure_problem(server) is None
+    # Prometheus sends a key from the same Secret, on both metric routes
+    monitor = yaml.safe_load((K8S / "autoscaling" / "podmonitor.yaml").read_text())
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert {e["path"] for e in endpoints} == {"/metrics", "/metrics/triton"} <= ROUTE_PATHS
+    for endpoint in endpoints:
+        credentials = endpoint["authorization"]["credentials"]
+        assert credentials["name"] == secret["secretName"]
+        assert endpoint["port"] == container["ports"][0]["name"]
+    labels = by_kind(rendered, "Deployment")["spec"]["template"]["metadata"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels["labels"].items()
+    # annotation discovery cannot send a key: it would only collect 401s
+    assert not any(k.startswith("prometheus.io/") for k in labels.get("annotations", {}))
+
+
 def test_hpa_pdb_and_service_select_and_scale_the_pods(rendered: list[dict[str, Any]]) -> None:
     deployment = by_kind(rendered, "Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -338,6 +376,17 @@ def compose() -> dict[str, Any]:
     return doc
 
 
+def interpolate(value: Any, shell: dict[str, str] | None = None) -> str:
+    """Compose's ``${NAME}`` / ``${NAME:-default}`` substitution, from ``shell``."""
+    shell = shell or {}
+
+    def one(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(3) or ""
+        return shell.get(name) or default
+
+    return re.sub(r"\$\{(\w+)(:-([^}]*))?\}", one, str(value))
+
+
 def test_compose_files_follow_the_compose_specification(tmp_path: Path) -> None:
     checker = tool("check-jsonschema")
     files = [
@@ -369,15 +418,49 @@ def test_compose_gateways(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len({s["volumes"][0] for s in gateways.values()}) == len(gateways)  # cache per GPU
     for service in gateways.values():
         assert set(service["environment"]) <= KNOWN_ENV | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
-        env = {k: str(v) for k, v in service["environment"].items() if k.startswith("GATEWAY_")}
+        env = {
+            k: interpolate(v) for k, v in service["environment"].items() if k.startswith("GATEWAY_")
+        }
         derived = timings.derive(settings_under(env, monkeypatch))
         assert derived.problems() == []
         # Docker's default is 10 s: far less than a drain
         assert seconds(service["stop_grace_period"]) >= derived.stop_s + timings.HEADROOM_S
     lb = services["lb"]
-    assert lb["ports"] == [f"{PORT}:{PORT}"]
+    (published,) = lb["ports"]
+    assert interpolate(published) == f"127.0.0.1:{PORT}:{PORT}"  # this host only, by default
+    assert interpolate(published, {"CLIP_GATEWAY_PUBLISH": "0.0.0.0"}) == f"0.0.0.0:{PORT}:{PORT}"
     assert all(c["condition"] == "service_healthy" for c in lb["depends_on"].values())
     assert lb["stop_signal"] == "SIGQUIT"  # nginx's graceful stop
+
+
+def test_compose_gateways_require_an_api_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The key file is a compose secret (git-ignored, made by `make api-key`); without a key
+    in it a gateway refuses to start, unless GATEWAY_ANONYMOUS=true is set explicitly."""
+    doc = compose()
+    (source,) = doc["secrets"].values()
+    name = next(iter(doc["secrets"]))
+    ignored = run("git", "check-ignore", "-q", str(COMPOSE / source["file"]), cwd=ROOT)
+    assert ignored.returncode == 0, "the key file must never be committed"
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"KEYS_FILE := deploy/compose/{Path(source['file'])}" in makefile
+    keys = tmp_path / "api-keys"
+    for service in (s for n, s in doc["services"].items() if n.startswith("gateway-")):
+        assert service["secrets"] == [name]
+        environment = service["environment"]
+        assert environment["GATEWAY_API_KEYS_FILE"] == f"/run/secrets/{name}"
+        keys.write_text("")
+
+        def server(shell: dict[str, str], environment: dict[str, Any] = environment) -> Any:
+            env = {k: interpolate(v, shell) for k, v in environment.items()}
+            env["GATEWAY_API_KEYS_FILE"] = str(keys)
+            return settings_under(env, monkeypatch).server
+
+        assert exposure_problem(server({})) is not None
+        assert exposure_problem(server({"GATEWAY_ANONYMOUS": "true"})) is None
+        keys.write_text("k-1\n")
+        assert exposure_problem(server({})) is None
 
 
 def nginx_directives() -> dict[str, list[str]]:
@@ -451,7 +534,7 @@ def test_the_readme_timings_table_is_what_each_deployment_derives(
     (gateway, *_) = [s for n, s in compose()["services"].items() if n.startswith("gateway-")]
     environments = [
         {},  # make serve: the defaults
-        {k: str(v) for k, v in gateway["environment"].items() if k.startswith("GATEWAY_")},
+        {k: interpolate(v) for k, v in gateway["environment"].items() if k.startswith("GATEWAY_")},
         container_env(pod),
     ]
     rows = {

@@ -41,3 +41,14 @@ def test_prometheus_scrapes_routes_the_gateway_serves() -> None:
     served = {path for handler in ROUTES for path in handler.paths}
     assert paths == {"/metrics", "/metrics/triton"}
     assert paths <= served
+
+
+def test_prometheus_sends_the_key_it_is_given() -> None:
+    """/metrics and /metrics/triton need a key: every job sends the file the service mounts."""
+    mounted = {
+        volume.split(":")[1]: volume.split(":")[0]
+        for volume in load("docker-compose.yml")["services"]["prometheus"]["volumes"]
+    }
+    for job in load("prometheus.yml")["scrape_configs"]:
+        key_file = job["authorization"]["credentials_file"]
+        assert mounted[key_file] == "../compose/secrets/api-keys", job["job_name"]
