@@ -105,16 +105,19 @@ def read_header(data: bytes) -> JpegHeader:
     return JpegHeader(int(width), int(height), str(colorspace))
 
 
-def scale_divisor(width: int, height: int, target: int) -> int:
-    """Largest of 1, 2, 4, 8 that keeps the short side at or above ``target``."""
-    short = min(width, height)
+def scale_divisor(width: int, height: int, target: int, *, long_side: bool = False) -> int:
+    """Largest of 1, 2, 4, 8 that keeps the short side (``long_side``: the long side, for a
+    resize that fits the whole image into the target) at or above ``target``."""
+    side = max(width, height) if long_side else min(width, height)
     for divisor in (8, 4, 2):
-        if short // divisor >= target:
+        if side // divisor >= target:
             return divisor
     return 1
 
 
-def walk(data: bytes, *, max_scans: int, dc_only_for: int | None = None) -> JpegLayout:
+def walk(
+    data: bytes, *, max_scans: int, dc_only_for: int | None = None, long_side: bool = False
+) -> JpegLayout:
     """The marker structure of ``data``; with ``dc_only_for=target``, also the DC-only stream
     when the file is progressive and will be decoded at 1/8 for that target size.
 
@@ -125,16 +128,18 @@ def walk(data: bytes, *, max_scans: int, dc_only_for: int | None = None) -> Jpeg
     """
     if not data.startswith(_SOI):
         raise JpegError("not a JPEG: no start-of-image marker")
-    return _Walk(data, max_scans, dc_only_for).run()
+    return _Walk(data, max_scans, dc_only_for, long_side).run()
 
 
 _Frame = tuple[int, int, tuple[tuple[int, int], ...], bool]  # width, height, sampling, progressive
 
 
 class _Walk:
-    def __init__(self, data: bytes, max_scans: int, dc_only_for: int | None) -> None:
+    def __init__(
+        self, data: bytes, max_scans: int, dc_only_for: int | None, long_side: bool = False
+    ) -> None:
         self.data, self.end, self.pos = data, len(data), 2
-        self.max_scans, self.dc_only_for = max_scans, dc_only_for
+        self.max_scans, self.dc_only_for, self.long_side = max_scans, dc_only_for, long_side
         self.frame: _Frame | None = None
         self.scans = self.dc_scans = 0
         self.multi_scan = False
@@ -186,7 +191,8 @@ class _Walk:
                 raise UnsupportedJpeg("JPEG with more than one frame (hierarchical)")
             self.frame = width, height, _, progressive = _frame(data, pos, segment_end, marker)
             target = self.dc_only_for
-            if not (target and progressive and scale_divisor(width, height, target) == 8):
+            eighth = target and scale_divisor(width, height, target, long_side=self.long_side) == 8
+            if not (progressive and eighth):
                 self.kept = None
         elif marker == _APP1 and self.exif is None and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
             self.exif = (pos + 4, segment_end)
@@ -273,11 +279,14 @@ def exif_segment(data: bytes) -> tuple[int, int] | None:
     return walker.exif
 
 
-def decode(data: bytes, layout: JpegLayout, target: int, *, rgbx: bool = False) -> np.ndarray:
+def decode(
+    data: bytes, layout: JpegLayout, target: int, *, rgbx: bool = False, long_side: bool = False
+) -> np.ndarray:
     """RGB uint8 ``[h, w, 3]`` (``[h, w, 4]`` RGBX with ``rgbx``, the layout Pillow keeps RGB
-    in, so it can use the array without a copy) at the power-of-two scale whose short side is
-    still >= target (from the DC-only stream when the walk made one). CMYK and YCCK become RGB."""
-    divisor = scale_divisor(layout.width, layout.height, target)
+    in, so it can use the array without a copy) at the power-of-two scale whose short side
+    (``long_side``: long side) is still >= target (from the DC-only stream when the walk made
+    one). CMYK and YCCK become RGB."""
+    divisor = scale_divisor(layout.width, layout.height, target, long_side=long_side)
     # Asking for ceil(size/divisor) makes libjpeg pick exactly 1/divisor: the next smaller n/8
     # falls short of it.
     min_height, min_width = -(-layout.height // divisor), -(-layout.width // divisor)

@@ -83,3 +83,22 @@ def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """``pixels`` (``[h, w, c]``) as they should be seen; a view when anything changes."""
     transform = _UPRIGHT.get(orientation)
     return pixels if transform is None else transform(pixels)
+
+
+Box = tuple[float, float, float, float]
+
+
+def source_box(box: Box, width: int, height: int, orientation: int) -> Box:
+    """``box`` (left, top, right, bottom; pixel edges) on the upright image, as the box on the
+    stored ``width`` x ``height`` image it comes from: what ``upright`` turns it into."""
+    left, top, right, bottom = box
+    if orientation in (2, 3):  # mirrored left-right (3: and top-bottom)
+        left, right = width - right, width - left
+    if orientation in (3, 4):
+        top, bottom = height - bottom, height - top
+    if orientation < 5:
+        return left, top, right, bottom
+    # transposed: upright x runs along stored y, upright y along stored x
+    xs = (top, bottom) if orientation in (5, 6) else (width - bottom, width - top)
+    ys = (left, right) if orientation in (5, 8) else (height - right, height - left)
+    return xs[0], ys[0], xs[1], ys[1]

@@ -1,9 +1,19 @@
 """One image's bytes to uint8 ``[S, S, 3]``: sniff, check its cost, decode small, resize, crop.
 
-Mirrors open_clip's pipeline (bicubic antialiased resize of the short side, centre crop) but never
-decodes a large JPEG at full size (imaging/jpeg.py), crops before it resamples (the resize reads
-only the centre square), and applies EXIF orientation to the 224x224 result, where it is a cheap
-array view: a centred square crop commutes with rotations and flips.
+Mirrors open_clip's inference transform for the model's resize mode (the model repository says
+which, gateway/backend/contract.py ``preprocess``), with its interpolation (bicubic or bilinear,
+antialiased as Pillow always is):
+
+- ``shortest``: the short side to S, centre crop (``Resize`` + ``CenterCrop``). The crop comes
+  first here (the resize reads only the centre square);
+- ``longest``: the long side to S, centred on an S x S canvas of ``fill_color``
+  (``ResizeKeepRatio(longest=1)`` + ``CenterCropOrPad``);
+- ``squash``: both sides to S, aspect ratio not kept.
+
+A large JPEG is never decoded at full size (imaging/jpeg.py): the DCT scale keeps the side the
+resize needs (short, or long for ``longest``) at or above S. EXIF orientation is applied to the
+resized result, where it is a cheap array view (a centred square crop and a squash commute with
+rotations and flips; ``longest`` pads after orienting, as open_clip does).
 
 Untrusted bytes: before any decoder runs, the container's own header (imaging/jpeg.py,
 imaging/containers.py) says what decoding will cost: the pixels, the decoder's peak memory
@@ -18,6 +28,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from PIL import Image
@@ -49,11 +60,20 @@ _UNSUPPORTED_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis"}
 
 
+ResizeMode = Literal["shortest", "longest", "squash"]
+Interpolation = Literal["bicubic", "bilinear"]
+_RESAMPLING = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+
+
 @dataclass(frozen=True)
 class ImageOptions:
     size: int
     max_pixels: int
     max_bytes: int
+    resize_mode: ResizeMode = "shortest"
+    interpolation: Interpolation = "bicubic"
+    #: ``longest``: the colour around the resized image.
+    fill_color: tuple[int, int, int] = (0, 0, 0)
     #: Decoder peak memory allowed per image, estimated from the header before decoding.
     max_decode_bytes: int = 256 * MiB
     #: Progressive JPEGs with more scans than this are refused (CPU bombs).
@@ -104,11 +124,52 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
         )
     kind = sniff(data)
     image, turn, info = _jpeg(data, options) if kind == "jpeg" else _pillow(data, kind, options)
-    square = _resize_centre(image, options.size)
-    # RGBX or RGB in, packed RGB out, in one copy
-    pixels = np.frombuffer(square.tobytes("raw", "RGB"), np.uint8)
-    out[...] = orientation.upright(pixels.reshape(options.size, options.size, 3), turn)
+    # the geometry of open_clip's transform on the full-size upright image...
+    transposed = turn >= 5
+    width, height = (info.height, info.width) if transposed else (info.width, info.height)
+    box, (cols, rows) = _geometry(width, height, options)
+    # ...as a box on the stored image, scaled to what was decoded (DCT scaling)
+    left, top, right, bottom = orientation.source_box(box, info.width, info.height, turn)
+    sx, sy = image.size[0] / info.width, image.size[1] / info.height
+    scaled = (cols, rows) if not transposed else (rows, cols)
+    resized = _resize_box(
+        image, scaled, (left * sx, top * sy, right * sx, bottom * sy), options.interpolation
+    )
+    pixels = orientation.upright(_rgb(resized), turn)
+    if (rows, cols) == (options.size, options.size):
+        out[...] = pixels
+    else:  # longest: centred on the fill colour, as CenterCropOrPad pads
+        out[...] = options.fill_color
+        top_pad, left_pad = (options.size - rows) // 2, (options.size - cols) // 2
+        out[top_pad : top_pad + rows, left_pad : left_pad + cols] = pixels
     return info
+
+
+def _geometry(
+    width: int, height: int, options: ImageOptions
+) -> tuple[orientation.Box, tuple[int, int]]:
+    """The source box (on the full-size upright image) and the (width, height) it becomes, as
+    open_clip's inference transform computes them, its rounding included."""
+    size, full = options.size, (0.0, 0.0, float(width), float(height))
+    if options.resize_mode == "squash":
+        return full, (size, size)
+    if options.resize_mode == "longest":  # ResizeKeepRatio(longest=1), then padded
+        ratio = max(width, height) / size
+        return full, (round(width / ratio), round(height / ratio))
+    # Resize(size) on the short side (torchvision truncates the long one), then CenterCrop
+    if width <= height:
+        new_w, new_h = size, int(size * height / width)
+    else:
+        new_w, new_h = int(size * width / height), size
+    left, top = round((new_w - size) / 2), round((new_h - size) / 2)
+    sx, sy = width / new_w, height / new_h
+    return (left * sx, top * sy, (left + size) * sx, (top + size) * sy), (size, size)
+
+
+def _rgb(image: Image.Image) -> np.ndarray:
+    """RGBX or RGB in, packed RGB ``[h, w, 3]`` out, in one copy."""
+    width, height = image.size
+    return np.frombuffer(image.tobytes("raw", "RGB"), np.uint8).reshape(height, width, 3)
 
 
 def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions) -> None:
@@ -138,13 +199,15 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
             data,
             max_scans=options.max_scans,
             dc_only_for=options.size if options.progressive_dc_only else None,
+            long_side=options.resize_mode == "longest",
         )
     except jpeg.UnsupportedJpeg as exc:
         raise UnsupportedFormat(str(exc)) from exc
     except jpeg.JpegError as exc:
         raise InvalidImage(str(exc)) from exc
     width, height = layout.width, layout.height
-    divisor = jpeg.scale_divisor(width, height, options.size)
+    long_side = options.resize_mode == "longest"
+    divisor = jpeg.scale_divisor(width, height, options.size, long_side=long_side)
     scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
     # the coefficient buffer and the decoded RGBX array (Pillow maps it without a copy)
     _check_cost(width, height, layout.coefficient_bytes + scaled * 4, options)
@@ -158,7 +221,7 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
             height=height,
         )
     try:
-        rgbx = jpeg.decode(data, layout, options.size, rgbx=True)
+        rgbx = jpeg.decode(data, layout, options.size, rgbx=True, long_side=long_side)
     except jpeg.JpegError as exc:
         raise InvalidImage(str(exc)) from exc
     turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
@@ -201,17 +264,26 @@ def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image,
     return rgb, turn, Decoded(kind, width, height, width * height, len(data))
 
 
-def _resize_centre(image: Image.Image, size: int) -> Image.Image:
-    """Bicubic, antialiased resize of the centre square to ``size`` x ``size``."""
+def _resize_box(
+    image: Image.Image, size: tuple[int, int], box: orientation.Box, interpolation: Interpolation
+) -> Image.Image:
+    """Antialiased resize of ``box`` to ``size``, as a resize of the whole image followed by a
+    crop would compute it (Pillow's box maps coordinates; its filters read past the box). A box
+    pre-reduction when the source is over 3x the target (PNG/WebP/GIF: no DCT scaling)."""
     width, height = image.size
-    side = min(width, height)
-    left, top = (width - side) / 2, (height - side) / 2
-    if side == size and left.is_integer() and top.is_integer():
-        return image.crop((int(left), int(top), int(left) + size, int(top) + size))
-    # reducing_gap: a box pre-reduction for PNG/WebP/GIF, which have no DCT scaling.
+    if size == (width, height) and box == (0.0, 0.0, float(width), float(height)):
+        return image  # nothing to do (RGBX stays RGBX: _rgb packs it)
+    if (
+        box[2] - box[0] == size[0]
+        and box[3] - box[1] == size[1]
+        and all(float(edge).is_integer() for edge in box)
+    ):
+        left, top, right, bottom = (int(edge) for edge in box)
+        return image.crop((left, top, right, bottom))
+    source = min(box[2] - box[0], box[3] - box[1])
     return image.resize(
-        (size, size),
-        Image.Resampling.BICUBIC,
-        box=(left, top, left + side, top + side),
-        reducing_gap=3.0 if side > 3 * size else None,
+        size,
+        _RESAMPLING[interpolation],
+        box=box,
+        reducing_gap=3.0 if source > 3 * min(size) else None,
     )
