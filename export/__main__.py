@@ -1,4 +1,5 @@
-"""`python -m export`: OpenCLIP image encoder to ONNX (FP32 + FP16), cached, parity-checked."""
+"""`python -m export`: an OpenCLIP model's image and text towers to ONNX (FP32 + FP16), its
+tokenizer and preprocessing into the manifest; cached, parity-checked."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from export.build import ensure_exported
 from export.spec import (
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
+    UnsupportedModelError,
     Weights,
     WeightsUnavailableError,
     default_cache_dir,
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         exported = ensure_exported(
             args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force
         )
-    except WeightsUnavailableError as exc:
+    except (WeightsUnavailableError, UnsupportedModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.print_dir:
