@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import signal
@@ -105,7 +106,7 @@ class Supervisor:
         self.progress(
             f"Triton {profile} profile ({reason}) READY in {self.triton.ready_seconds:.1f} s"
         )
-        self.gateway = gateway = self.gateway_process()
+        self.gateway = gateway = self.gateway_process(export_dir)
         budget = launch.startup_timeout_s - (time.monotonic() - started)
         gateway.start(timeout=budget)
         gateway.wait_ready(timeout=budget)
@@ -188,7 +189,7 @@ class Supervisor:
             timer=timer,
         )
 
-    def gateway_process(self) -> GatewayProcess:
+    def gateway_process(self, export_dir: Path) -> GatewayProcess:
         assert self.triton is not None and self.scratch is not None
         server, launch = self.settings.server, self.settings.launch
         workers = plan.worker_plan(plan.usable_cpus(), server.workers, server.decode_threads)
@@ -197,6 +198,10 @@ class Supervisor:
             "GATEWAY_DECODE_THREADS": str(workers.decode_threads),
             "GATEWAY_TRITON_METRICS_URL": self.triton.metrics_url,
         }
+        if "model_id" not in server.model_fields_set:
+            # the public id names the model served (CLIP_MODEL), unless GATEWAY_MODEL_ID is set
+            manifest = json.loads((export_dir / "manifest.json").read_text())
+            env["GATEWAY_MODEL_ID"] = manifest["model"]
         if workers.workers > 1:
             # each worker counts for itself; prometheus-client sums them through files here
             metrics_dir = self.scratch / "metrics"
