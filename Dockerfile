@@ -4,6 +4,7 @@
 #
 #   docker build -t clip-gateway:0.1.0 .                                   # pretrained weights
 #   docker build -t clip-gateway:0.1.0 --build-arg CLIP_WEIGHTS=random .   # tests/benchmarks
+#   docker build --build-arg CLIP_MODEL=ViT-B-16-SigLIP --build-arg CLIP_WEIGHTS=webli .
 #   docker run --gpus '"device=0"' --shm-size=1g -p 8000:8000 \
 #       -v clip-engines-gpu0:/var/cache/clip-gateway clip-gateway:0.1.0
 #
@@ -22,13 +23,16 @@ COPY triton/ triton/
 
 # ---- stage 1: export OpenCLIP to ONNX (CPU torch; nothing of it reaches the final image) ----
 FROM python:3.12-slim-bookworm AS export
+ARG CLIP_MODEL=ViT-B-32
 ARG CLIP_WEIGHTS=laion2b_s34b_b79k
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 torchvision==0.24.1
 WORKDIR /src
 COPY --from=source /src/ ./
-RUN pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23" . \
- && python -m export --weights "$CLIP_WEIGHTS" --cache-dir /build/cache --print-dir > /build/dir \
+RUN pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23" \
+      "tokenizers>=0.21,<1" . \
+ && python -m export --model "$CLIP_MODEL" --weights "$CLIP_WEIGHTS" --cache-dir /build/cache \
+      --print-dir > /build/dir \
  && mkdir -p /models && cp -r "$(cat /build/dir)" /models/export
 
 # ---- stage 2: the runtime ----

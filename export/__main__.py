@@ -4,6 +4,7 @@ tokenizer and preprocessing into the manifest; cached, parity-checked."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -57,9 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         weights = Weights.pretrained(args.pretrained or DEFAULT_PRETRAINED)
     try:
-        exported = ensure_exported(
-            args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force
-        )
+        # torch.onnx reports progress with print(): keep stdout for the answer (--print-dir is
+        # read by scripts, e.g. the Dockerfile)
+        with contextlib.redirect_stdout(sys.stderr):
+            exported = ensure_exported(
+                args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force
+            )
     except (WeightsUnavailableError, UnsupportedModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
