@@ -4,8 +4,10 @@
 #
 #   docker build -t clip-gateway:0.1.0 .                                   # pretrained weights
 #   docker build -t clip-gateway:0.1.0 --build-arg CLIP_WEIGHTS=random .   # tests/benchmarks
-#   docker run --gpus '"device=0"' --shm-size=1g -p 8000:8000 --stop-timeout 70 \
-#       -v clip-engines:/var/cache/clip-gateway clip-gateway:0.1.0
+#   docker build --build-arg CLIP_MODEL=ViT-B-16-SigLIP --build-arg CLIP_WEIGHTS=webli .
+#   docker run --gpus '"device=0"' --shm-size=1g -p 127.0.0.1:8000:8000 --stop-timeout 70 \
+#       -v clip-engines:/var/cache/clip-gateway -v "$PWD/api-keys:/run/secrets/api_keys:ro" \
+#       -e GATEWAY_API_KEYS_FILE=/run/secrets/api_keys clip-gateway:0.1.0
 #
 # The model is baked in at build time (stage `export`): every container starts from identical
 # bytes, with no hub access or torch at run time. Only the TensorRT engines, which depend on the
@@ -25,14 +27,18 @@ ARG EXPORT_IMAGE=python:3.12-slim-bookworm
 FROM ${EXPORT_IMAGE} AS export
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 torchvision==0.24.1 \
- && pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23"
+ && pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23" \
+      "tokenizers>=0.21,<1" "ftfy>=6,<7" "regex>=2024.11"
 WORKDIR /src
 # exactly what `python -m export` imports (export/spec.py lists what decides its output)
 COPY export/ export/
 COPY gateway/__init__.py gateway/
 COPY gateway/backend/__init__.py gateway/backend/contract.py gateway/backend/
+COPY gateway/text/ gateway/text/
+ARG CLIP_MODEL=ViT-B-32
 ARG CLIP_WEIGHTS=laion2b_s34b_b79k
-RUN python -m export --weights "$CLIP_WEIGHTS" --cache-dir /build/cache --print-dir > /build/dir \
+RUN python -m export --model "$CLIP_MODEL" --weights "$CLIP_WEIGHTS" --cache-dir /build/cache \
+      --print-dir > /build/dir \
  && mkdir -p /models && cp -r "$(cat /build/dir)" /models/export
 
 # ---- stage 2: the gateway's virtualenv, built with compilers that never reach the runtime ----

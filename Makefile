@@ -5,7 +5,10 @@ VENV ?= .venv
 TRITON_ENV ?= .triton-env
 PY := $(VENV)/bin/python
 PORT ?= 8000
-# Weights for `make serve`: an open_clip pretrained tag, a checkpoint path, or `random`.
+# The model for `make serve`: any open_clip model name (`python -c "import open_clip;
+# print(open_clip.list_models())"`), and its weights: a pretrained tag, a checkpoint path, or
+# `random`. Another model needs its own weights, e.g. CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=webli.
+CLIP_MODEL ?= ViT-B-32
 CLIP_WEIGHTS ?= laion2b_s34b_b79k
 # Triton profile: cpu | cuda | tensorrt | auto (GPU profiles need an NGC tritonserver; deploy/).
 PROFILE ?= cpu
@@ -48,7 +51,8 @@ $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server
 
 # A few progress lines; Triton's and the gateway's logs go to a file (VERBOSE=1: the terminal).
 serve: install
-	@$(VENV)/bin/clip-gateway serve --host $(HOST) --port $(PORT) --weights "$(CLIP_WEIGHTS)" \
+	@$(VENV)/bin/clip-gateway serve --host $(HOST) --port $(PORT) --model "$(CLIP_MODEL)" \
+	  --weights "$(CLIP_WEIGHTS)" \
 	  --profile $(PROFILE) $(if $(VERBOSE),--verbose)
 
 test: install check pytest

@@ -1,1 +1,2 @@
-"""OpenCLIP → ONNX export, preprocessing folded into the graph (`python -m export -h`)."""
+"""OpenCLIP → ONNX export of both towers, preprocessing folded into the image graph, the tokenizer
+written beside them (`python -m export -h`)."""

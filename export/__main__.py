@@ -1,8 +1,10 @@
-"""`python -m export`: OpenCLIP image encoder to ONNX (FP32 + FP16), cached, parity-checked."""
+"""`python -m export`: an OpenCLIP model's image and text towers to ONNX (FP32 + FP16), its
+tokenizer and preprocessing into the manifest; cached, parity-checked."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -12,6 +14,7 @@ from export.build import ensure_exported
 from export.spec import (
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
+    UnsupportedModelError,
     Weights,
     WeightsUnavailableError,
     default_cache_dir,
@@ -55,10 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         weights = Weights.pretrained(args.pretrained or DEFAULT_PRETRAINED)
     try:
-        exported = ensure_exported(
-            args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force
-        )
-    except WeightsUnavailableError as exc:
+        # torch.onnx reports progress with print(): keep stdout for the answer (--print-dir is
+        # read by scripts, e.g. the Dockerfile)
+        with contextlib.redirect_stdout(sys.stderr):
+            exported = ensure_exported(
+                args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force
+            )
+    except (WeightsUnavailableError, UnsupportedModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.print_dir:

@@ -9,19 +9,37 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from export.spec import (
     FP16_FILE,
     FP32_FILE,
     MANIFEST,
+    TEXT_FP16_FILE,
+    TEXT_FP32_FILE,
+    TOKENIZER_FILE,
     ExportedModel,
     Weights,
     cache_entry,
     default_cache_dir,
     export_code_version,
 )
-from gateway.backend.contract import INPUT_NAME, canary_pixels, encode_reference
+from gateway.backend.contract import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    TEXT_CANARY,
+    TEXT_INPUT_DTYPE,
+    TEXT_INPUT_NAME,
+    TEXT_MODEL_NAME,
+    TEXT_OUTPUT_NAME,
+    TRITON_MODEL_NAME,
+    canary_pixels,
+    encode_reference,
+)
+
+if TYPE_CHECKING:  # torch-free at import: a cache hit never loads torch
+    from export.model import LoadedModel
+    from export.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
@@ -60,25 +78,21 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
     import open_clip
     import torch
 
-    from export import onnx_export, parity
+    from export import tokenizer
     from export.graph import tensorrt_blockers
     from export.model import load
+    from export.preprocessing import image_preprocessing
 
     started = time.perf_counter()
     loaded = load(model_name, weights)
+    # refused before any export work: a model the gateway would serve approximately
+    preprocess = image_preprocessing(model_name, loaded.preprocess_cfg)
+    text_side = tokenizer.describe(model_name)
     log.info("exporting %s (%s) to ONNX", model_name, weights.describe())
-    fp32_model = onnx_export.export_fp32(loaded.encoder, loaded.image_size, directory / FP32_FILE)
-    fp32_seconds = time.perf_counter() - started
-    fp16_path = None
-    if fp16:
-        onnx_export.convert_fp16(fp32_model, directory / FP16_FILE)
-        fp16_path = directory / FP16_FILE
-    export_seconds = time.perf_counter() - started
-    report = parity.check(loaded, directory / FP32_FILE, fp16_path)
-    if not report.ok:
-        raise RuntimeError(f"exported graph failed its parity check: {report.as_dict()}")
-    files = {p.name: p.stat().st_size for p in sorted(directory.glob("*.onnx"))}
-    # what would keep TensorRT from building one engine of the whole graph (export/graph.py);
+    image = _export_image(directory, loaded, fp16)
+    text = _export_text(directory, loaded, fp16, text_side)
+    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
+    # what would keep TensorRT from building one engine of a whole graph (export/graph.py);
     # recorded rather than fatal: the cpu and cuda profiles serve such a graph fine
     blockers = {
         p.name: tensorrt_blockers(onnx.load(str(p), load_external_data=False))
@@ -87,29 +101,153 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
     for name, found in blockers.items():
         for blocker in found:
             log.warning("%s: TensorRT cannot take the whole graph: %s", name, blocker)
-    canary = parity.session(directory / FP32_FILE).run(
-        None, {INPUT_NAME: canary_pixels(loaded.image_size)}
-    )[0][0]
     return {
         "model": model_name,
         "weights": {"kind": weights.kind, "value": weights.value, "id": weights.cache_id()},
         "export_code_version": export_code_version(),
-        "opset": onnx_export.OPSET,
+        "opset": image["opset"],
+        # the image tower's contract, as before the text tower (readers of older manifests)
         "image_size": loaded.image_size,
         "embed_dim": loaded.embed_dim,
         "mean": loaded.mean,
         "std": loaded.std,
         "interpolation": loaded.interpolation,
+        "context_length": text["context_length"],
+        # what the gateway must do to an image before the graph, from the model's own config
+        "preprocess": preprocess | {"from_tag": loaded.preprocess_tag},
+        "towers": {"image": image["tower"], "text": text["tower"]},
+        "tokenizer": text["tokenizer"],
         "files": files,
-        "nodes": len(fp32_model.graph.node),
-        "export_seconds": {"fp32": round(fp32_seconds, 2), "total": round(export_seconds, 2)},
-        "parity": report.as_dict(),
+        "nodes": image["nodes"],
+        "export_seconds": {
+            "fp32": image["fp32_seconds"],
+            "text": text["seconds"],
+            "total": round(time.perf_counter() - started, 2),
+        },
+        # the image tower's, kept at the top level for readers of older manifests
+        "parity": image["tower"]["parity"],
         "tensorrt_blockers": blockers,
         # what /readyz's canary must keep getting back (gateway/pipeline/canary.py)
-        "canary_embedding": encode_reference(canary),
+        "canary_embedding": image["tower"]["canary_embedding"],
         "versions": {
             "torch": torch.__version__,
             "open_clip": open_clip.__version__,
             "python": platform.python_version(),
         },
     }
+
+
+def _export_image(directory: Path, loaded: LoadedModel, fp16: bool) -> dict[str, Any]:
+    from export import onnx_export, parity
+
+    started = time.perf_counter()
+    fp32_model = onnx_export.export_fp32(loaded.encoder, loaded.image_size, directory / FP32_FILE)
+    fp32_seconds = time.perf_counter() - started
+    fp16_path = None
+    if fp16:
+        onnx_export.convert_fp16(fp32_model, directory / FP16_FILE)
+        fp16_path = directory / FP16_FILE
+    report = parity.check(loaded, directory / FP32_FILE, fp16_path)
+    if not report.ok:
+        raise RuntimeError(f"exported image graph failed its parity check: {report.as_dict()}")
+    canary = parity.session(directory / FP32_FILE).run(
+        None, {INPUT_NAME: canary_pixels(loaded.image_size)}
+    )[0][0]
+    size = loaded.image_size
+    tower = _tower(
+        TRITON_MODEL_NAME,
+        FP32_FILE,
+        fp16_path,
+        (INPUT_NAME, "uint8", [-1, size, size, 3]),
+        (OUTPUT_NAME, loaded.embed_dim),
+    )
+    # what /readyz's canary must keep getting back (gateway/pipeline/canary.py)
+    tower |= {"parity": report.as_dict(), "canary_embedding": encode_reference(canary)}
+    return {
+        "tower": tower,
+        "opset": onnx_export.OPSET,
+        "nodes": len(fp32_model.graph.node),
+        "fp32_seconds": round(fp32_seconds, 2),
+    }
+
+
+def _export_text(
+    directory: Path, loaded: LoadedModel, fp16: bool, side: TokenizerInfo
+) -> dict[str, Any]:
+    """The text tower, always (its graph needs no tokenizer); the tokenizer file and the canary
+    only where the gateway can tokenise for this model."""
+    import numpy as np
+
+    from export import onnx_export, parity, tokenizer
+    from export.text import TokenEncoder, context_length, vocab_size
+    from gateway.text.tokenizer import Tokenizer
+
+    started = time.perf_counter()
+    length = context_length(loaded.clip)
+    if length != side.context_length:
+        raise RuntimeError(f"text tower takes {length} tokens, its tokenizer {side.context_length}")
+    fp32_model = onnx_export.export_text_fp32(
+        TokenEncoder(loaded.clip).eval(), length, directory / TEXT_FP32_FILE
+    )
+    fp16_path = None
+    if fp16:
+        onnx_export.convert_fp16(fp32_model, directory / TEXT_FP16_FILE)
+        fp16_path = directory / TEXT_FP16_FILE
+    # random ids exercise every position and the whole vocabulary; real texts the framing
+    tokens = np.random.default_rng(0).integers(0, vocab_size(loaded.clip), size=(6, length))
+    described: dict[str, Any] = {"kind": side.kind, "context_length": length}
+    canary = None
+    if side.available:
+        tokenizer.write_clip_bpe(directory / TOKENIZER_FILE)
+        check = tokenizer.check_against_open_clip(
+            directory / TOKENIZER_FILE, length, tokenizer.self_check_texts()
+        )
+        ours = Tokenizer.from_file(directory / TOKENIZER_FILE, length)
+        tokens = np.concatenate([ours.encode_batch(PARITY_TEXTS), tokens])
+        canary = parity.session(directory / TEXT_FP32_FILE).run(
+            None, {TEXT_INPUT_NAME: ours.encode_batch([TEXT_CANARY])}
+        )[0][0]
+        described |= {"available": True, "file": TOKENIZER_FILE, "self_check": check}
+    else:
+        described |= {"available": False, "reason": side.unavailable_reason}
+        if side.hf_name:
+            described["hf_name"] = side.hf_name
+    report = parity.check_text(loaded, directory / TEXT_FP32_FILE, fp16_path, tokens)
+    if not report.ok:
+        raise RuntimeError(f"exported text graph failed its parity check: {report.as_dict()}")
+    tower = _tower(
+        TEXT_MODEL_NAME,
+        TEXT_FP32_FILE,
+        fp16_path,
+        (TEXT_INPUT_NAME, TEXT_INPUT_DTYPE.name, [-1, length]),
+        (TEXT_OUTPUT_NAME, loaded.embed_dim),
+    )
+    tower["parity"] = report.as_dict()
+    if canary is not None:
+        tower |= {"canary_text": TEXT_CANARY, "canary_embedding": encode_reference(canary)}
+    return {
+        "tower": tower,
+        "tokenizer": described,
+        "context_length": length,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def _tower(
+    triton_model: str,
+    fp32_file: str,
+    fp16_path: Path | None,
+    tensor_in: tuple[str, str, list[int]],
+    tensor_out: tuple[str, int],
+) -> dict[str, Any]:
+    """A tower's files and tensor contract; -1 is the dynamic batch axis."""
+    return {
+        "triton_model": triton_model,
+        "files": {"fp32": fp32_file, "fp16": fp16_path.name if fp16_path else None},
+        "input": {"name": tensor_in[0], "dtype": tensor_in[1], "shape": tensor_in[2]},
+        "output": {"name": tensor_out[0], "dtype": "float32", "shape": [-1, tensor_out[1]]},
+    }
+
+
+#: Texts the text parity check runs besides random ids (after the tokenizer's own self-check).
+PARITY_TEXTS = ["a photo of a cat", "a diagram", "x" * 300, ""]

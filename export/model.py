@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import open_clip
 import torch
 from torch import nn
 
-from export.spec import Weights, WeightsUnavailableError
+from export.spec import DEFAULT_MODEL, DEFAULT_PRETRAINED, Weights, WeightsUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,26 @@ class LoadedModel:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     interpolation: str
+    #: The model's whole ``visual.preprocess_cfg`` (export/preprocessing.py reads it).
+    preprocess_cfg: dict[str, Any]
+    #: The pretrained tag whose preprocessing it carries (None: open_clip's defaults).
+    preprocess_tag: str | None
 
 
 def load(model_name: str, weights: Weights) -> LoadedModel:
     """Create the open_clip model with the requested weights; never silently random."""
+    tag = weights.value if weights.kind == "pretrained" else default_tag(model_name)
+    # random weights and checkpoints carry the preprocessing of the default tag: what users of
+    # that tag run (open_clip applies a tag's configuration only when it downloads the tag)
+    preprocess = tag_preprocess_cfg(model_name, tag) if weights.kind != "pretrained" else None
     if weights.kind == "random":
         torch.manual_seed(int(weights.value))
-        clip = open_clip.create_model(model_name, pretrained=None)
+        clip = open_clip.create_model(model_name, pretrained=None, force_preprocess_cfg=preprocess)
     elif weights.kind == "checkpoint":
         try:
-            clip = open_clip.create_model(model_name, pretrained=weights.value)
+            clip = open_clip.create_model(
+                model_name, pretrained=weights.value, force_preprocess_cfg=preprocess
+            )
         except Exception as exc:  # unreadable file, wrong architecture, truncated download...
             raise WeightsUnavailableError(
                 f"cannot load checkpoint {weights.value} into {model_name}: {exc}"
@@ -86,7 +97,29 @@ def load(model_name: str, weights: Weights) -> LoadedModel:
         mean=tuple(cfg["mean"]),
         std=tuple(cfg["std"]),
         interpolation=str(cfg.get("interpolation", "bicubic")),
+        preprocess_cfg=dict(cfg),
+        preprocess_tag=tag,
     )
+
+
+def default_tag(model_name: str) -> str | None:
+    """The pretrained tag ``make serve`` uses for ViT-B-32, else open_clip's first for the model."""
+    if model_name == DEFAULT_MODEL:
+        return DEFAULT_PRETRAINED
+    tags: list[str] = open_clip.list_pretrained_tags_by_model(model_name)
+    return tags[0] if tags else None
+
+
+def tag_preprocess_cfg(model_name: str, tag: str | None) -> dict[str, Any] | None:
+    """The preprocessing keys a pretrained tag's configuration sets (None: no tag)."""
+    if tag is None:
+        return None
+    from open_clip.transform import merge_preprocess_dict
+
+    merged: dict[str, Any] = merge_preprocess_dict(
+        {}, open_clip.get_pretrained_cfg(model_name, tag)
+    )
+    return merged or None
 
 
 def _create_pretrained(model_name: str, tag: str) -> nn.Module:

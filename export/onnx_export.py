@@ -1,4 +1,5 @@
-"""Write the PixelEncoder as ONNX (dynamic batch axis) and derive the FP16 variant for GPUs."""
+"""Write the PixelEncoder and the TokenEncoder as ONNX (dynamic batch axis) and derive the FP16
+variants for GPUs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import torch
 
 from export.graph import uint8_only_into_cast
 from export.model import PixelEncoder
-from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME
+from export.text import TokenEncoder
+from gateway.backend.contract import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    TEXT_INPUT_DTYPE,
+    TEXT_INPUT_NAME,
+    TEXT_OUTPUT_NAME,
+)
 
 #: ONNX opset written by the exporter. 18 is the torch dynamo exporter's native opset and is
 #: supported by the ONNX Runtime in every Triton release since 23.x.
@@ -40,8 +48,43 @@ def export_fp32(encoder: PixelEncoder, image_size: int, path: Path) -> onnx.Mode
     return model
 
 
+def export_text_fp32(encoder: TokenEncoder, context_length: int, path: Path) -> onnx.ModelProto:
+    example = torch.zeros(2, context_length, dtype=getattr(torch, TEXT_INPUT_DTYPE.name))
+    batch = torch.export.Dim("batch", min=1, max=MAX_EXPORT_BATCH)
+    # The exporter names aten.embedding's result "embedding" too, so the output gets a
+    # placeholder name here and its contract name once that value is renamed.
+    placeholder = "__text_output__"
+    torch.onnx.export(
+        encoder,
+        (example,),
+        str(path),
+        input_names=[TEXT_INPUT_NAME],
+        output_names=[placeholder],
+        dynamic_shapes={"tokens": {0: batch}},
+        opset_version=OPSET,
+        dynamo=True,
+        external_data=False,
+    )
+    model = onnx.load(str(path))
+    _rename_value(model.graph, TEXT_OUTPUT_NAME, "token_embedding_output")
+    _rename_value(model.graph, placeholder, TEXT_OUTPUT_NAME)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return model
+
+
+def _rename_value(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Rename a value everywhere it appears: producers, consumers, graph outputs, value infos."""
+    for node in graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+        node.output[:] = [new if name == old else name for name in node.output]
+    for info in (*graph.output, *graph.value_info):
+        if info.name == old:
+            info.name = new
+
+
 def convert_fp16(fp32: onnx.ModelProto, path: Path) -> onnx.ModelProto:
-    """FP16 weights and activations; the uint8 input and FP32 output stay as they are.
+    """FP16 weights and activations; the uint8 (int32) input and FP32 output stay as they are.
 
     Keeping the I/O types means every profile has the same tensor contract, so the gateway never
     learns which precision it is talking to.

@@ -1,4 +1,5 @@
-"""Parity of the exported graphs against open_clip's own torch pipeline on the same uint8 input."""
+"""Parity of the exported graphs against open_clip's own torch pipeline on the same input: uint8
+pixels for the image tower, token ids for the text tower."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from torchvision.transforms import Normalize
 
 from export.model import LoadedModel
-from gateway.backend.contract import INPUT_NAME
+from gateway.backend.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
 
 FP32_MAX_ABS = 1e-4
 FP16_MIN_COSINE = 0.999
@@ -64,15 +65,37 @@ def check(
     rng = np.random.default_rng(seed)
     size = loaded.image_size
     pixels = rng.integers(0, 256, size=(batch, size, size, 3), dtype=np.uint8)
-    expected = reference(loaded, pixels)
-    got32 = session(fp32_path).run(None, {INPUT_NAME: pixels})[0]
+    return _compare(reference(loaded, pixels), {INPUT_NAME: pixels}, fp32_path, fp16_path)
+
+
+def reference_text(loaded: LoadedModel, tokens: np.ndarray) -> np.ndarray:
+    """open_clip's ``encode_text`` on int64 ids, as its tokenizer hands them over."""
+    with torch.no_grad():
+        embedding: torch.Tensor = loaded.clip.encode_text(  # type: ignore[operator]
+            torch.from_numpy(tokens.astype(np.int64))
+        )
+    return embedding.numpy()
+
+
+def check_text(
+    loaded: LoadedModel, fp32_path: Path, fp16_path: Path | None, tokens: np.ndarray
+) -> ParityReport:
+    """The text graphs against ``encode_text`` on ``tokens`` (real texts and random ids)."""
+    tokens = tokens.astype(TEXT_INPUT_DTYPE)
+    expected = reference_text(loaded, tokens)
+    return _compare(expected, {TEXT_INPUT_NAME: tokens}, fp32_path, fp16_path)
+
+
+def _compare(
+    expected: np.ndarray, feeds: dict[str, np.ndarray], fp32_path: Path, fp16_path: Path | None
+) -> ParityReport:
+    got32 = session(fp32_path).run(None, feeds)[0]
     cos16_min = cos16_mean = None
     if fp16_path is not None:
-        got16 = session(fp16_path).run(None, {INPUT_NAME: pixels})[0]
-        cos = cosine(expected, got16)
+        cos = cosine(expected, session(fp16_path).run(None, feeds)[0])
         cos16_min, cos16_mean = float(cos.min()), float(cos.mean())
     return ParityReport(
-        batch=batch,
+        batch=len(expected),
         fp32_max_abs=float(np.abs(expected - got32).max()),
         fp16_cosine_min=cos16_min,
         fp16_cosine_mean=cos16_mean,

@@ -19,6 +19,10 @@ class WeightsUnavailableError(RuntimeError):
     """Pretrained weights could not be fetched or a checkpoint could not be read."""
 
 
+class UnsupportedModelError(RuntimeError):
+    """The gateway cannot serve this model faithfully (e.g. its image preprocessing)."""
+
+
 @dataclass(frozen=True)
 class Weights:
     """Which weights to load: an open_clip pretrained tag, a checkpoint file, or a random seed."""
@@ -68,12 +72,22 @@ def weights_from_spec(spec: str) -> Weights:
 MANIFEST = "manifest.json"
 FP32_FILE = "model.onnx"
 FP16_FILE = "model_fp16.onnx"
-# Sources whose text decides the exported bytes: a change to any of them is a new cache entry.
+TEXT_FP32_FILE = "text.onnx"
+TEXT_FP16_FILE = "text_fp16.onnx"
+#: open_clip's CLIP BPE for ``tokenizers`` (export/tokenizer.py), when the model uses it.
+TOKENIZER_FILE = "tokenizer.json"
+# Sources whose text decides the exported bytes or the manifest: a change to any of them is a
+# new cache entry.
 _VERSIONED_SOURCES = (
+    "export/build.py",
     "export/model.py",
     "export/onnx_export.py",
     "export/graph.py",
+    "export/preprocessing.py",
+    "export/text.py",
+    "export/tokenizer.py",
     "gateway/backend/contract.py",
+    "gateway/text/tokenizer.py",
 )
 
 
@@ -94,7 +108,7 @@ def export_code_version() -> str:
 
 @dataclass(frozen=True)
 class ExportedModel:
-    """A finished export: its directory, the two ONNX files and what was recorded about them."""
+    """A finished export: its directory, the ONNX files and what was recorded about them."""
 
     directory: Path
     manifest: dict[str, Any]
@@ -106,6 +120,16 @@ class ExportedModel:
     @property
     def fp16(self) -> Path | None:
         path = self.directory / FP16_FILE
+        return path if path.exists() else None
+
+    @property
+    def text_fp32(self) -> Path | None:
+        path = self.directory / TEXT_FP32_FILE
+        return path if path.exists() else None
+
+    @property
+    def text_fp16(self) -> Path | None:
+        path = self.directory / TEXT_FP16_FILE
         return path if path.exists() else None
 
     @classmethod

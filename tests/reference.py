@@ -2,8 +2,10 @@
 
 The model is open_clip's ``create_model_and_transforms(name, pretrained=None)`` right after
 ``torch.manual_seed(seed)``: exactly the weights ``CLIP_WEIGHTS=random`` (seed 0) stands for,
-built here without the exporter. Images go through PIL (full decode, ``ImageOps.exif_transpose``)
-and open_clip's own transform (resize, centre crop, ToTensor, Normalize). The ``perturb``
+built here without the exporter, with the image preprocessing of the model's first pretrained tag
+(what its users run; open_clip applies a tag's only when it downloads it). Images go through PIL
+(full decode, ``ImageOps.exif_transpose``) and open_clip's own transform (resize, centre crop,
+ToTensor, Normalize); texts through ``open_clip.get_tokenizer`` and ``encode_text``. The ``perturb``
 options are the negative controls: bugs the gateway could have, applied to the reference side
 (cos(g, r_bug) equals cos(g_bug, r) when g tracks r), which the fidelity limits must catch.
 """
@@ -25,8 +27,17 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 @cache
 def model(name: str = "ViT-B-32", seed: int = 0) -> tuple[Any, Any]:
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    cfg = open_clip.get_pretrained_cfg(name, tags[0]) if tags else {}
     torch.manual_seed(seed)
-    clip, _, transform = open_clip.create_model_and_transforms(name, pretrained=None)
+    clip, _, transform = open_clip.create_model_and_transforms(
+        name,
+        pretrained=None,
+        image_mean=cfg.get("mean"),
+        image_std=cfg.get("std"),
+        image_interpolation=cfg.get("interpolation"),
+        image_resize_mode=cfg.get("resize_mode"),
+    )
     return clip.eval(), transform
 
 
@@ -67,6 +78,18 @@ def embed_pixels(pixels: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
     x = (x - torch.tensor(mean)[None, :, None, None]) / torch.tensor(std)[None, :, None, None]
     with torch.no_grad():
         return clip.encode_image(x).numpy()
+
+
+def tokens(texts: list[str], name: str = "ViT-B-32") -> np.ndarray:
+    """open_clip's own tokenizer for the model: int64 ``[n, context_length]``."""
+    return open_clip.get_tokenizer(name)(texts).numpy()
+
+
+def embed_tokens(ids: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
+    """Raw (not normalised) ``encode_text`` of token ids."""
+    clip, _ = model(name)
+    with torch.no_grad():
+        return clip.encode_text(torch.from_numpy(np.asarray(ids, dtype=np.int64))).numpy()
 
 
 def _normalize(transform: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:

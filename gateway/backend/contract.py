@@ -1,5 +1,6 @@
-"""The contract shared by the exported ONNX graph, the Triton configs and the gateway: tensor
-names and types, and the canary image whose export-time embedding the config carries."""
+"""The contract shared by the exported ONNX graphs, the Triton configs and the gateway: model and
+tensor names and types, the config parameters the gateway reads, and the canary image and text
+whose export-time embeddings the configs carry."""
 
 import base64
 from typing import Final
@@ -13,8 +14,39 @@ INPUT_NAME: Final = "pixels"
 #: float32 image embedding, *not* L2-normalised (the gateway normalises unless asked not to).
 OUTPUT_NAME: Final = "embedding"
 
-#: Model-config parameter holding the canary image's export-time embedding (base64 float32 LE).
+#: ``clip_image`` config parameter: the image preprocessing the gateway must apply, as JSON (the
+#: manifest's ``preprocess``: size, mean, std, interpolation, resize_mode, center_crop,
+#: fill_color, from_tag; README "Exporting the model").
+PREPROCESS_PARAMETER: Final = "preprocess"
+
+#: Model-config parameter holding the canary's export-time embedding (base64 float32 LE): the
+#: canary image's in ``clip_image``, the canary text's in ``clip_text``.
 CANARY_PARAMETER: Final = "canary_embedding"
+
+#: The text tower's model in Triton, beside ``clip_image`` in every profile.
+TEXT_MODEL_NAME: Final = "clip_text"
+#: Token ids ``[batch, context_length]``, open_clip's framing (start, text, end, zero padding).
+TEXT_INPUT_NAME: Final = "tokens"
+#: int32 on the wire (TensorRT's native integer type); the graph casts to int64 itself.
+TEXT_INPUT_DTYPE: Final = np.dtype(np.int32)
+#: The same tensor name and meaning as the image tower's: float32 ``encode_text`` projection,
+#: *not* L2-normalised, in the same space and dimension as the image embedding.
+TEXT_OUTPUT_NAME: Final = OUTPUT_NAME
+
+#: ``clip_text`` config parameters (string values): tokens per text (the input's second axis),
+CONTEXT_LENGTH_PARAMETER: Final = "context_length"
+#: which tokenizer (``clip_bpe``: open_clip's CLIP BPE, see gateway/text/tokenizer.py; anything
+#: else: text cannot be served, the reason parameter says why),
+TOKENIZER_PARAMETER: Final = "tokenizer"
+#: the absolute path of the tokenizer file (``clip_bpe`` only),
+TOKENIZER_FILE_PARAMETER: Final = "tokenizer_file"
+#: and, when text cannot be served, a sentence saying why (for the 4xx a text request gets).
+TEXT_UNAVAILABLE_PARAMETER: Final = "text_unavailable_reason"
+#: The tokenizer kind the gateway reproduces without torch.
+CLIP_BPE: Final = "clip_bpe"
+
+#: A fixed text whose export-time embedding ``clip_text`` carries (CANARY_PARAMETER).
+TEXT_CANARY: Final = "a photo of a red circle and a yellow square on a green field"
 
 
 def canary_pixels(size: int) -> np.ndarray:

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from gateway.backend.contract import TRITON_MODEL_NAME
 from gateway.runtime.processes import ReservedPort, ServerProcess, reserve_port
 
 log = logging.getLogger(__name__)
@@ -134,7 +133,6 @@ class LocalTriton(ServerProcess):
     http_port: int = 0
     metrics_port: int = 0
     extra_args: tuple[str, ...] = ()
-    model_name: str = TRITON_MODEL_NAME
     new_session = True
     ready_seconds: float | None = field(default=None, init=False)
     #: Ports reserved for this server (those given as 0); kept across stop/start.
@@ -209,9 +207,10 @@ class LocalTriton(ServerProcess):
         log.info("starting tritonserver (grpc %s), log in %s", self.grpc_url, self.log_path)
         started = time.monotonic()
         self.launch()
-        ready = f"{self.http_url}/v2/models/{self.model_name}/ready"
+        # the server is READY once every model of the repository is (clip_image and clip_text)
+        ready = f"{self.http_url}/v2/health/ready"
         try:
-            self.wait_for(ready, timeout, "tritonserver model READY", stop_on_timeout=True)
+            self.wait_for(ready, timeout, "tritonserver models READY", stop_on_timeout=True)
         except BaseException:
             self.release_ports()
             raise

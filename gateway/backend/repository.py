@@ -1,17 +1,65 @@
-"""Render Triton's model repository for one profile from triton/ templates plus settings."""
+"""Render Triton's model repository for one profile from triton/ templates plus settings: the
+image tower (``clip_image``) and, for exports that have one, the text tower (``clip_text``)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+from typing import Any
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.backend.contract import CANARY_PARAMETER, INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
+from gateway.backend.contract import (
+    CANARY_PARAMETER,
+    CONTEXT_LENGTH_PARAMETER,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    PREPROCESS_PARAMETER,
+    TEXT_INPUT_NAME,
+    TEXT_MODEL_NAME,
+    TEXT_OUTPUT_NAME,
+    TEXT_UNAVAILABLE_PARAMETER,
+    TOKENIZER_FILE_PARAMETER,
+    TOKENIZER_PARAMETER,
+    TRITON_MODEL_NAME,
+)
 from gateway.runtime.settings import PROFILES, RepositorySettings
+
+#: The exporter's tokenizer file (export/spec.py TOKENIZER_FILE), placed beside clip_text's config.
+TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class Tower:
+    """One model's tensor contract and ONNX files, as the templates need them."""
+
+    model_name: str
+    input_name: str
+    input_type: int  # mc.TYPE_*
+    input_format: str
+    dims: tuple[int, ...]
+    output_name: str
+    embed_dim: int
+    fp32_file: str
+    fp16_file: str
+    #: How warm-up requests are filled: pixels can be anything, token ids must be in the vocabulary.
+    warmup_fill: str
+
+
+def image_tower(image_size: int, embed_dim: int) -> Tower:
+    return Tower(TRITON_MODEL_NAME, INPUT_NAME, mc.TYPE_UINT8, "FORMAT_NHWC",
+                 (image_size, image_size, 3), OUTPUT_NAME, embed_dim,
+                 "model.onnx", "model_fp16.onnx", "random_data")  # fmt: skip
+
+
+def text_tower(context_length: int, embed_dim: int) -> Tower:
+    return Tower(TEXT_MODEL_NAME, TEXT_INPUT_NAME, mc.TYPE_INT32, "FORMAT_NONE",
+                 (context_length,), TEXT_OUTPUT_NAME, embed_dim,
+                 "text.onnx", "text_fp16.onnx", "zero_data")  # fmt: skip
 
 
 def default_templates() -> Path:
@@ -27,15 +75,37 @@ def render_config(
     embed_dim: int,
     templates: Path | None = None,
 ) -> mc.ModelConfig:
+    """``clip_image``'s config (tensor contract, batching, profile); no export needed."""
+    return render_tower_config(settings, image_tower(image_size, embed_dim), templates)
+
+
+def render_text_config(
+    settings: RepositorySettings,
+    context_length: int,
+    embed_dim: int,
+    templates: Path | None = None,
+) -> mc.ModelConfig:
+    """``clip_text``'s config: the same batching and profile, int32 token ids in."""
+    config = render_tower_config(settings, text_tower(context_length, embed_dim), templates)
+    config.parameters[CONTEXT_LENGTH_PARAMETER].string_value = str(context_length)
+    return config
+
+
+def render_tower_config(
+    settings: RepositorySettings, tower: Tower, templates: Path | None = None
+) -> mc.ModelConfig:
     if settings.profile == "auto":
         raise ValueError("profile 'auto' must be resolved (runtime/profiles.py) before rendering")
     templates = templates or settings.templates_dir or default_templates()
     values = {
-        "model_name": TRITON_MODEL_NAME,
-        "input_name": INPUT_NAME,
-        "output_name": OUTPUT_NAME,
-        "image_size": image_size,
-        "embed_dim": embed_dim,
+        "model_name": tower.model_name,
+        "input_name": tower.input_name,
+        "input_type": mc.DataType.Name(tower.input_type),
+        "input_format": tower.input_format,
+        "input_dims": ", ".join(map(str, tower.dims)),
+        "input_shape": "x".join(map(str, tower.dims)),
+        "output_name": tower.output_name,
+        "embed_dim": tower.embed_dim,
         "max_batch_size": settings.max_batch_size,
         "preferred_batch_sizes": ", ".join(map(str, settings.preferred)),
         "max_queue_delay_us": settings.max_queue_delay_us,
@@ -43,7 +113,7 @@ def render_config(
         "max_queue_size": settings.max_queue_size,
         "instance_count": settings.instance_count,
         "cpu_threads": settings.cpu_threads,
-        "onnx_file": _onnx_file(settings),
+        "onnx_file": _onnx_file(settings, tower),
         "cuda_graph": int(settings.cuda_graph),
         "trt_cache_path": settings.trt_cache_path,
         "trt_workspace_bytes": settings.trt_workspace_bytes,
@@ -55,10 +125,10 @@ def render_config(
         text_format.Merge(text, config)
     for batch in settings.warmup:
         warmup = config.model_warmup.add(name=f"batch_{batch}", batch_size=batch, count=1)
-        tensor = warmup.inputs[INPUT_NAME]
-        tensor.data_type = mc.TYPE_UINT8
-        tensor.dims.extend([image_size, image_size, 3])
-        tensor.random_data = True
+        tensor = warmup.inputs[tower.input_name]
+        tensor.data_type = tower.input_type
+        tensor.dims.extend(tower.dims)
+        setattr(tensor, tower.warmup_fill, True)
     return config
 
 
@@ -68,10 +138,10 @@ def _profile_template(settings: RepositorySettings) -> str:
     return settings.profile
 
 
-def _onnx_file(settings: RepositorySettings) -> str:
+def _onnx_file(settings: RepositorySettings, tower: Tower) -> str:
     if settings.profile == "cuda" and settings.cuda_precision == "fp16":
-        return "model_fp16.onnx"
-    return "model.onnx"
+        return tower.fp16_file
+    return tower.fp32_file
 
 
 def render(
@@ -84,31 +154,78 @@ def render(
 ) -> Path:
     """Write ``out_dir/<model>/{config.pbtxt,1/...}`` for ``settings.profile``; return ``out_dir``.
 
-    ``export_dir`` is a directory written by ``python -m export``. Large ONNX files are symlinked
-    (``link=True``) or copied (for images and volumes that must not point elsewhere).
+    ``export_dir`` is a directory written by ``python -m export``. Large files are symlinked
+    (``link=True``) or copied (for images and volumes that must not point elsewhere). Exports
+    made before the text tower existed render ``clip_image`` only, and so do exports whose
+    tokenizer the gateway cannot reproduce (``clip_image`` then carries the reason).
     """
     templates = templates or settings.templates_dir or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
-    config = render_config(settings, manifest["image_size"], manifest["embed_dim"], templates)
+    image = image_tower(manifest["image_size"], manifest["embed_dim"])
+    config = render_tower_config(settings, image, templates)
     if canary := manifest.get("canary_embedding"):
         config.parameters[CANARY_PARAMETER].string_value = canary
-    model_dir = out_dir / TRITON_MODEL_NAME
+    if preprocess := manifest.get("preprocess"):
+        config.parameters[PREPROCESS_PARAMETER].string_value = json.dumps(preprocess)
+    model_dir = _model_dir(settings, image, export_dir, out_dir, templates, link)
+    tokenizer = manifest.get("tokenizer", {})
+    if "text" in manifest.get("towers", {}) and not tokenizer.get("available"):
+        # no tower Triton would load for nothing (a SigLIP text tower is 442 MB, and a TensorRT
+        # engine to build): clip_image says why text cannot be served
+        config.parameters[TEXT_UNAVAILABLE_PARAMETER].string_value = tokenizer["reason"]
+    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+    if "text" in manifest.get("towers", {}) and tokenizer.get("available"):
+        text = text_tower(manifest["context_length"], manifest["embed_dim"])
+        config = render_text_config(settings, text.dims[0], text.embed_dim, templates)
+        model_dir = _model_dir(settings, text, export_dir, out_dir, templates, link)
+        _text_parameters(config, manifest, export_dir, model_dir, link)
+        (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return out_dir
+
+
+def _model_dir(
+    settings: RepositorySettings,
+    tower: Tower,
+    export_dir: Path,
+    out_dir: Path,
+    templates: Path,
+    link: bool,
+) -> Path:
+    """``out_dir/<model>/1/`` with the profile's ONNX file (and the cpu profile's model.py)."""
+    model_dir = out_dir / tower.model_name
     if model_dir.exists():
         shutil.rmtree(model_dir)
     version_dir = model_dir / "1"
     version_dir.mkdir(parents=True)
-    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
-    onnx_name = _onnx_file(settings)
+    onnx_name = _onnx_file(settings, tower)
     source = export_dir / onnx_name
     if not source.exists():
         raise FileNotFoundError(f"{source} is missing: export with FP16 or set cuda_precision=fp32")
-    if link:
-        (version_dir / onnx_name).symlink_to(source.resolve())
-    else:
-        shutil.copy2(source, version_dir / onnx_name)
-    if config.backend == "python":
+    _place(source, version_dir / onnx_name, link)
+    if _profile_template(settings) == "cpu":  # the Python backend runs ONNX Runtime itself
         shutil.copy2(templates / "python" / "model.py", version_dir / "model.py")
-    return out_dir
+    return model_dir
+
+
+def _text_parameters(
+    config: mc.ModelConfig, manifest: dict[str, Any], export_dir: Path, model_dir: Path, link: bool
+) -> None:
+    """What the gateway needs to serve text, read from Triton: the tokenizer (its kind and file,
+    placed beside the config) and the canary text's embedding."""
+    tokenizer = manifest["tokenizer"]
+    config.parameters[TOKENIZER_PARAMETER].string_value = tokenizer["kind"]
+    placed = model_dir / TOKENIZER_FILE
+    _place(export_dir / tokenizer["file"], placed, link)
+    config.parameters[TOKENIZER_FILE_PARAMETER].string_value = str(placed.absolute())
+    if canary := manifest["towers"]["text"].get("canary_embedding"):
+        config.parameters[CANARY_PARAMETER].string_value = canary
+
+
+def _place(source: Path, target: Path, link: bool) -> None:
+    if link:
+        target.symlink_to(source.resolve())
+    else:
+        shutil.copy2(source, target)
 
 
 def rendered_config(repository: Path) -> mc.ModelConfig:
@@ -131,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = RepositorySettings(**({"profile": args.profile} if args.profile else {}))
     render(settings, args.export_dir, args.out_dir, link=not args.copy)
-    print(args.out_dir / TRITON_MODEL_NAME / "config.pbtxt")
+    for config in sorted(args.out_dir.glob("*/config.pbtxt")):
+        print(config)
     return 0
 
 

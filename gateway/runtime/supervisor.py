@@ -124,7 +124,7 @@ class Supervisor:
         self.progress(
             f"Triton {profile} profile ({reason}) READY in {self.triton.ready_seconds:.1f} s"
         )
-        self.gateway = gateway = self.gateway_process()
+        self.gateway = gateway = self.gateway_process(export_dir)
         gateway.start(timeout=deadline - time.monotonic())
         gateway.wait_ready(timeout=deadline - time.monotonic())
         workers, threads = gateway.env["GATEWAY_WORKERS"], gateway.env["GATEWAY_DECODE_THREADS"]
@@ -234,7 +234,7 @@ class Supervisor:
             deadline=deadline,
         )
 
-    def gateway_process(self) -> GatewayProcess:
+    def gateway_process(self, export_dir: Path) -> GatewayProcess:
         assert self.triton is not None and self.scratch is not None
         server, launch = self.settings.server, self.settings.launch
         workers = plan.plan_for(server.workers, server.decode_threads, server.max_decode_mib)
@@ -243,6 +243,10 @@ class Supervisor:
             "GATEWAY_DECODE_THREADS": str(workers.decode_threads),
             "GATEWAY_TRITON_METRICS_URL": self.triton.metrics_url,
         }
+        if "model_id" not in server.model_fields_set:
+            # the public id names the model served (CLIP_MODEL), unless GATEWAY_MODEL_ID is set
+            manifest = json.loads((export_dir / "manifest.json").read_text())
+            env["GATEWAY_MODEL_ID"] = manifest["model"]
         if workers.workers > 1:
             # each worker counts for itself; prometheus-client sums them through files here
             metrics_dir = self.scratch / "metrics"

@@ -1,4 +1,5 @@
-"""The exported ONNX graphs: contract, parity with open_clip, caching, where weights come from."""
+"""The exported ONNX graphs of both towers: contract, parity with open_clip, the manifest, the
+model family (a SigLIP model), caching, where weights come from."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import open_clip
 import pytest
 import torch
 from google.protobuf import text_format
@@ -18,14 +20,30 @@ from export import parity
 from export.build import ensure_exported
 from export.graph import tensorrt_blockers
 from export.model import load
-from export.spec import Weights
-from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME
+from export.spec import ExportedModel, Weights
+from gateway.backend.contract import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    TEXT_CANARY,
+    TEXT_INPUT_NAME,
+    TEXT_MODEL_NAME,
+    TEXT_OUTPUT_NAME,
+    TRITON_MODEL_NAME,
+    decode_reference,
+)
 from gateway.backend.repository import render
 from gateway.runtime.settings import PROFILES, RepositorySettings
+from gateway.text.tokenizer import Tokenizer
 from tests import reference
 
 ROOT = Path(__file__).resolve().parents[2]
-ONNX_TO_TRITON = {onnx.TensorProto.UINT8: mc.TYPE_UINT8, onnx.TensorProto.FLOAT: mc.TYPE_FP32}
+ONNX_TO_TRITON = {
+    onnx.TensorProto.UINT8: mc.TYPE_UINT8,
+    onnx.TensorProto.INT32: mc.TYPE_INT32,
+    onnx.TensorProto.FLOAT: mc.TYPE_FP32,
+}
+SIGLIP = "ViT-B-16-SigLIP"
+TEXTS = ["a photo of a dog", "a diagram of the solar system", "東京の夜景 at night", "x" * 300, ""]
 
 
 def dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
@@ -59,22 +77,160 @@ def test_tensorrt_can_take_the_whole_graph(exported, variant: str) -> None:
     assert exported.manifest["tensorrt_blockers"][path.name] == []
 
 
-def test_rendered_configs_agree_with_the_graph(exported, tmp_path: Path) -> None:
-    graph = onnx.load(str(exported.fp32), load_external_data=False).graph
+def assert_repository_agrees(exported: ExportedModel, out: Path) -> dict[str, mc.ModelConfig]:
+    """Render every profile; each model's config names, types and dims are its graph's."""
+    graphs = {TRITON_MODEL_NAME: exported.fp32, TEXT_MODEL_NAME: exported.text_fp32}
+    configs = {}
     for profile in PROFILES:
-        repo = render(RepositorySettings(profile=profile), exported.directory, tmp_path / profile)
-        model_dir = next(repo.iterdir())
-        config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
-        for tensors, graph_tensors in ((config.input, graph.input), (config.output, graph.output)):
-            assert [t.name for t in tensors] == [g.name for g in graph_tensors]
-            for t, g in zip(tensors, graph_tensors, strict=True):
-                assert t.data_type == ONNX_TO_TRITON[g.type.tensor_type.elem_type]
-                assert list(t.dims) == dims(g)[1:]  # Triton's dims exclude the batch axis
-        filename = config.default_model_filename or "model.onnx"
-        if profile == "cpu":
-            assert (model_dir / "1" / "model.py").exists()
-            filename = config.parameters["onnx_file"].string_value
-        assert (model_dir / "1" / filename).resolve().exists()
+        repo = render(RepositorySettings(profile=profile), exported.directory, out / profile)
+        # a text model only where the gateway can tokenise for it
+        has_text = exported.manifest["tokenizer"]["available"]
+        served = [TRITON_MODEL_NAME, TEXT_MODEL_NAME][: 2 if has_text else 1]
+        assert sorted(p.name for p in repo.iterdir()) == sorted(served)
+        for model_dir in repo.iterdir():
+            config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
+            graph = onnx.load(str(graphs[config.name]), load_external_data=False).graph
+            for tensors, graph_tensors in (
+                (config.input, graph.input),
+                (config.output, graph.output),
+            ):
+                assert [t.name for t in tensors] == [g.name for g in graph_tensors]
+                for t, g in zip(tensors, graph_tensors, strict=True):
+                    assert t.data_type == ONNX_TO_TRITON[g.type.tensor_type.elem_type]
+                    assert list(t.dims) == dims(g)[1:]  # Triton's dims exclude the batch axis
+            filename = config.default_model_filename
+            if profile == "cpu":
+                assert (model_dir / "1" / "model.py").exists()
+                filename = config.parameters["onnx_file"].string_value
+            assert (model_dir / "1" / filename).resolve().exists()
+            configs[f"{profile}/{config.name}"] = config
+    return configs
+
+
+def test_rendered_configs_agree_with_the_graphs(exported, tmp_path: Path) -> None:
+    configs = assert_repository_agrees(exported, tmp_path)
+    text = configs[f"cpu/{TEXT_MODEL_NAME}"]
+    assert text.parameters["context_length"].string_value == "77"
+    assert text.parameters["tokenizer"].string_value == "clip_bpe"
+    tokenizer = Tokenizer.from_file(text.parameters["tokenizer_file"].string_value, 77)
+    np.testing.assert_array_equal(tokenizer.encode_batch(TEXTS), reference.tokens(TEXTS))
+    assert configs[f"cuda/{TEXT_MODEL_NAME}"].default_model_filename == "text_fp16.onnx"
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+def test_text_graph_contract(exported, variant: str) -> None:
+    path = exported.text_fp32 if variant == "fp32" else exported.text_fp16
+    model = onnx.load(str(path), load_external_data=False)
+    onnx.checker.check_model(model)
+    (inp,), (out,) = model.graph.input, model.graph.output
+    assert inp.name == TEXT_INPUT_NAME and out.name == TEXT_OUTPUT_NAME
+    assert inp.type.tensor_type.elem_type == onnx.TensorProto.INT32
+    assert out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    batch, *rest = dims(inp)
+    assert isinstance(batch, str) and rest == [77]
+    assert dims(out)[1:] == [512]
+    # the int64 that open_clip's embedding lookup and argmax pooling take is made in the graph
+    readers = [n for n in model.graph.node if TEXT_INPUT_NAME in n.input]
+    (cast,) = [n for n in readers if n.op_type != "Shape"]  # Shape: the batch size for pooling
+    assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.INT64
+
+
+def test_text_parity_with_open_clip_in_torch(exported) -> None:
+    """The text graphs on open_clip's own tokens against its ``encode_text`` (tests/reference)."""
+    ids = reference.tokens(TEXTS)
+    expected = reference.embed_tokens(ids)
+    feeds = {TEXT_INPUT_NAME: ids.astype(np.int32)}
+    fp32 = parity.session(exported.text_fp32).run(None, feeds)[0]
+    fp16 = parity.session(exported.text_fp16).run(None, feeds)[0]
+    max_abs = float(np.abs(fp32 - expected).max())
+    cos16 = reference.cosines(fp16, expected)
+    print(f"\ntext parity: fp32 max |d| {max_abs:.2e}, fp16 cosine min {cos16.min():.7f}")
+    assert max_abs <= 1e-4  # measured 3.5e-6 on the CI machine
+    assert cos16.min() >= 0.999  # measured 0.9999993
+    assert exported.manifest["towers"]["text"]["parity"]["ok"]
+
+
+def test_text_dynamic_batch_axis(exported) -> None:
+    session = parity.session(exported.text_fp32)
+    ids = reference.tokens(TEXTS).astype(np.int32)
+    whole = session.run(None, {TEXT_INPUT_NAME: ids})[0]
+    singles = [session.run(None, {TEXT_INPUT_NAME: ids[i : i + 1]})[0] for i in range(len(ids))]
+    assert whole.shape == (len(TEXTS), 512)
+    np.testing.assert_allclose(whole, np.concatenate(singles), atol=1e-5)
+
+
+def test_text_canary_is_open_clips_embedding_of_the_canary_text(exported) -> None:
+    text = exported.manifest["towers"]["text"]
+    assert text["canary_text"] == TEXT_CANARY
+    expected = reference.embed_tokens(reference.tokens([TEXT_CANARY]))[0]
+    assert np.abs(decode_reference(text["canary_embedding"]) - expected).max() <= 1e-4
+
+
+def test_manifest_has_what_the_gateway_serves_without_torch(exported) -> None:
+    manifest = exported.manifest
+    tag = open_clip.get_pretrained_cfg("ViT-B-32", "laion2b_s34b_b79k")
+    assert manifest["preprocess"] == {
+        "size": 224, "mean": list(tag["mean"]), "std": list(tag["std"]),
+        "interpolation": "bicubic", "resize_mode": "shortest", "center_crop": True,
+        "fill_color": None, "from_tag": "laion2b_s34b_b79k",
+    }  # fmt: skip
+    assert (manifest["image_size"], manifest["embed_dim"], manifest["context_length"]) == (
+        224, 512, 77,
+    )  # fmt: skip
+    assert (manifest["mean"], manifest["std"]) == (list(tag["mean"]), list(tag["std"]))
+    image, text = manifest["towers"]["image"], manifest["towers"]["text"]
+    assert image["input"] == {"name": INPUT_NAME, "dtype": "uint8", "shape": [-1, 224, 224, 3]}
+    assert text["input"] == {"name": TEXT_INPUT_NAME, "dtype": "int32", "shape": [-1, 77]}
+    for tower in (image, text):
+        assert tower["output"] == {"name": OUTPUT_NAME, "dtype": "float32", "shape": [-1, 512]}
+        assert all((exported.directory / name).is_file() for name in tower["files"].values())
+    assert (image["triton_model"], text["triton_model"]) == (TRITON_MODEL_NAME, TEXT_MODEL_NAME)
+    tokenizer = manifest["tokenizer"]
+    assert (tokenizer["kind"], tokenizer["available"], tokenizer["context_length"]) == (
+        "clip_bpe", True, 77,
+    )  # fmt: skip
+    assert tokenizer["self_check"]["mismatches"] == 0
+    assert (exported.directory / tokenizer["file"]).is_file()
+
+
+@pytest.fixture(scope="module")
+def siglip() -> ExportedModel:
+    """A SigLIP model, random weights: squash resize, mean/std 0.5, a Hugging Face tokenizer."""
+    return ensure_exported(SIGLIP, Weights.random(0))
+
+
+def test_siglip_exports_with_its_own_preprocessing_and_says_why_no_text(siglip) -> None:
+    manifest = siglip.manifest
+    tag = open_clip.get_pretrained_cfg(SIGLIP, "webli")
+    preprocess = manifest["preprocess"]
+    assert (preprocess["size"], preprocess["resize_mode"], preprocess["center_crop"]) == (
+        224, "squash", False,
+    )  # fmt: skip
+    assert (preprocess["mean"], preprocess["std"]) == (list(tag["mean"]), list(tag["std"]))
+    assert preprocess["mean"] == [0.5, 0.5, 0.5] and preprocess["from_tag"] == "webli"
+    tokenizer = manifest["tokenizer"]
+    assert (tokenizer["kind"], tokenizer["available"], manifest["context_length"]) == (
+        "hf", False, 64,
+    )  # fmt: skip
+    assert "'timm/ViT-B-16-SigLIP'" in tokenizer["reason"]
+    assert "serves images only" in tokenizer["reason"]
+    assert not (siglip.directory / "tokenizer.json").exists()
+    assert "canary_embedding" not in manifest["towers"]["text"]  # nothing to tokenise it with
+
+
+def test_siglip_towers_match_open_clip_and_render_for_every_profile(siglip, tmp_path) -> None:
+    pixels = np.random.default_rng(5).integers(0, 256, size=(2, 224, 224, 3), dtype=np.uint8)
+    image = parity.session(siglip.fp32).run(None, {INPUT_NAME: pixels})[0]
+    image_abs = float(np.abs(image - reference.embed_pixels(pixels, name=SIGLIP)).max())
+    ids = np.random.default_rng(6).integers(0, 32000, size=(3, 64))
+    text = parity.session(siglip.text_fp32).run(None, {TEXT_INPUT_NAME: ids.astype(np.int32)})[0]
+    text_abs = float(np.abs(text - reference.embed_tokens(ids, name=SIGLIP)).max())
+    print(f"\nSigLIP parity: image max |d| {image_abs:.2e}, text max |d| {text_abs:.2e}")
+    assert image_abs <= 1e-4  # measured 9.5e-7
+    assert text_abs <= 1e-4  # measured 4.1e-6
+    configs = assert_repository_agrees(siglip, tmp_path)
+    reason = configs[f"cpu/{TRITON_MODEL_NAME}"].parameters["text_unavailable_reason"].string_value
+    assert reason == siglip.manifest["tokenizer"]["reason"]
 
 
 def test_parity_with_open_clip_in_torch(exported) -> None:

@@ -358,3 +358,45 @@ def test_the_container_refuses_to_serve_the_network_without_a_key(
         assert f"{tmp_path / 'keys'} holds none" in log
     assert "tritonserver" not in log
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("clip-gateway-")]
+
+
+def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
+    """``make serve CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=random``: exported by the launch path
+    (or found in the cache), served with its own dimension, and named by its own id."""
+    ports = [reserve_port() for _ in range(4)]
+    env = {
+        "GATEWAY_SCRATCH_DIR": str(tmp_path),
+        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
+        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
+        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
+    }
+    command = [sys.executable, "-m", "gateway", "serve", "--model", "ViT-B-16-SigLIP",
+               "--weights", "random", "--port", str(ports[0].port),
+               "--cache-dir", str(exported.directory.parents[1]),
+               "--log-file", str(tmp_path / "children.log")]  # fmt: skip
+    process = launch(command, env, tmp_path, ports[0].port)
+    url = f"http://127.0.0.1:{ports[0].port}"
+
+    def ready() -> bool:
+        assert process.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
+        try:
+            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        # a first run exports the model first (about a minute on the 2-core CI machine)
+        wait_until(ready, "the launched SigLIP gateway is ready", timeout=600, every=0.5)
+        (model,) = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert model["id"] == "ViT-B-16-SigLIP"
+        answer = embed(url)
+        assert answer.status_code == 200
+        assert len(answer.json()["data"][0]["embedding"]) == 768
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for reserved in ports:
+            reserved.release()

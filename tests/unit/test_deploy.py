@@ -362,7 +362,7 @@ def test_source_edits_do_not_rebuild_the_export_or_pillow_simd() -> None:
     export, venv, _runtime = stages()
     for_export = copied_before(export, "python -m export")
     assert for_export <= {"export/", "gateway/__init__.py", "gateway/backend/__init__.py",
-                          "gateway/backend/contract.py"}, for_export  # fmt: skip
+                          "gateway/backend/contract.py", "gateway/text/"}, for_export  # fmt: skip
     for source in _VERSIONED_SOURCES:  # everything that decides the exported bytes is there
         assert any(source.startswith(path) for path in for_export), source
     assert copied_before(venv, "pillow-simd") <= {"pyproject.toml", "requirements/lock.txt"}

@@ -1,15 +1,26 @@
-"""Rendered config.pbtxt files: valid for Triton's own schema, and consistent across profiles."""
+"""Rendered config.pbtxt files: valid for Triton's own schema, consistent across profiles, for
+both models (clip_image, clip_text), and what the text model's parameters tell the gateway."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.backend.repository import render, render_config
+from gateway.backend.contract import (
+    CANARY_PARAMETER,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    PREPROCESS_PARAMETER,
+    TEXT_INPUT_NAME,
+    TEXT_MODEL_NAME,
+    TEXT_OUTPUT_NAME,
+    TRITON_MODEL_NAME,
+)
+from gateway.backend.repository import render, render_config, render_text_config
 from gateway.runtime.settings import PROFILES, RepositorySettings
 
 # The TensorRT-accelerator keys the onnxruntime backend understands (README "Parameter mapping"
@@ -176,7 +187,115 @@ def test_env_configures_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_templates_have_no_unrendered_placeholders(tmp_path: Path) -> None:
     for profile in PROFILES:
-        text = text_format.MessageToString(
-            render_config(RepositorySettings(profile=profile), 224, 512)
+        settings = RepositorySettings(profile=profile)
+        for config in (render_config(settings, 224, 512), render_text_config(settings, 77, 512)):
+            text = text_format.MessageToString(config)
+            assert "${" not in text and "$" not in text.replace("$$", "")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_text_model_has_its_own_tensor_contract_and_the_same_batching(profile: str) -> None:
+    settings = RepositorySettings(profile=profile)
+    config = parse(render_text_config(settings, 77, 512))
+    image = parse(render_config(settings, 224, 512))
+    assert config.name == TEXT_MODEL_NAME
+    (inp,) = config.input
+    assert (inp.name, inp.data_type, list(inp.dims)) == (TEXT_INPUT_NAME, mc.TYPE_INT32, [77])
+    assert inp.format == mc.ModelInput.FORMAT_NONE
+    (out,) = config.output
+    assert (out.name, out.data_type, list(out.dims)) == (TEXT_OUTPUT_NAME, mc.TYPE_FP32, [512])
+    assert config.parameters["context_length"].string_value == "77"
+    assert config.max_batch_size == image.max_batch_size
+    assert config.dynamic_batching == image.dynamic_batching
+    assert config.backend == image.backend and config.instance_group == image.instance_group
+    for warmup in config.model_warmup:  # ids must be in the vocabulary: zeros, never random
+        tensor = warmup.inputs[TEXT_INPUT_NAME]
+        assert (tensor.data_type, list(tensor.dims), tensor.zero_data) == (
+            mc.TYPE_INT32,
+            [77],
+            True,
         )
-        assert "${" not in text and "$" not in text.replace("$$", "")
+    assert [w.batch_size for w in config.model_warmup] == [w.batch_size for w in image.model_warmup]
+
+
+def test_text_model_files_per_profile() -> None:
+    cpu = parse(render_text_config(RepositorySettings(profile="cpu"), 77, 512))
+    assert cpu.parameters["onnx_file"].string_value == "text.onnx"
+    cuda = parse(render_text_config(RepositorySettings(profile="cuda"), 77, 512))
+    assert cuda.default_model_filename == "text_fp16.onnx"
+    settings = RepositorySettings(profile="cuda", cuda_precision="fp32")
+    assert parse(render_text_config(settings, 77, 512)).default_model_filename == "text.onnx"
+    trt = parse(render_text_config(RepositorySettings(profile="tensorrt"), 77, 512))
+    assert trt.default_model_filename == "text.onnx"
+
+
+def test_tensorrt_text_profile_spans_every_batch_of_token_rows() -> None:
+    settings = RepositorySettings(profile="tensorrt", max_batch_size=64)
+    config = parse(render_text_config(settings, 77, 512))
+    (accel,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+    params = dict(accel.parameters)
+    assert set(params) <= ORT_BACKEND_TRT_KEYS
+    assert params["trt_profile_min_shapes"] == f"{TEXT_INPUT_NAME}:1x77"
+    assert params["trt_profile_opt_shapes"] == f"{TEXT_INPUT_NAME}:32x77"
+    assert params["trt_profile_max_shapes"] == f"{TEXT_INPUT_NAME}:64x77"
+
+
+def fake_export(directory: Path, tokenizer: dict[str, object], towers: bool = True) -> Path:
+    """An export directory as `python -m export` lays it out (empty ONNX files: only rendered)."""
+    directory.mkdir()
+    for name in ("model.onnx", "model_fp16.onnx", "text.onnx", "text_fp16.onnx", "tokenizer.json"):
+        (directory / name).write_bytes(b"")
+    manifest = {"image_size": 256, "embed_dim": 768, "canary_embedding": "AAAA"}
+    if towers:
+        manifest |= {
+            "context_length": 64,
+            "preprocess": {"size": 256, "resize_mode": "squash", "center_crop": False},
+            "towers": {"image": {}, "text": {"canary_embedding": "BBBB"}},
+            "tokenizer": tokenizer,
+        }
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return directory
+
+
+def read(repo: Path, model: str) -> mc.ModelConfig:
+    return text_format.Parse((repo / model / "config.pbtxt").read_text(), mc.ModelConfig())
+
+
+@pytest.mark.parametrize("link", [True, False])
+def test_render_places_the_tokenizer_beside_clip_text_and_names_it(
+    tmp_path: Path, link: bool
+) -> None:
+    export = fake_export(tmp_path / "export", {"kind": "clip_bpe", "available": True,
+                                               "file": "tokenizer.json"})  # fmt: skip
+    repo = render(RepositorySettings(profile="cpu"), export, tmp_path / "repo", link=link)
+    image, text = read(repo, TRITON_MODEL_NAME), read(repo, TEXT_MODEL_NAME)
+    assert (
+        json.loads(image.parameters[PREPROCESS_PARAMETER].string_value)["resize_mode"] == "squash"
+    )
+    assert image.parameters[CANARY_PARAMETER].string_value == "AAAA"
+    assert list(text.input[0].dims) == [64] and list(text.output[0].dims) == [768]
+    assert text.parameters["tokenizer"].string_value == "clip_bpe"
+    placed = Path(text.parameters["tokenizer_file"].string_value)
+    assert placed == (repo / TEXT_MODEL_NAME / "tokenizer.json").absolute()
+    assert placed.is_symlink() == link and placed.resolve().exists()
+    assert "text_unavailable_reason" not in text.parameters
+    assert text.parameters[CANARY_PARAMETER].string_value == "BBBB"
+    assert (repo / TEXT_MODEL_NAME / "1" / "text.onnx").exists()
+
+
+def test_render_says_why_text_is_unavailable(tmp_path: Path) -> None:
+    reason = "M uses the Hugging Face tokenizer 'x'; so this model serves images only"
+    tokenizer = {"kind": "hf", "available": False, "reason": reason}
+    repo = render(RepositorySettings(profile="cuda"), fake_export(tmp_path / "e", tokenizer),
+                  tmp_path / "repo")  # fmt: skip
+    # no text model for Triton to load (and build engines for) in vain: the image model says why
+    assert sorted(p.name for p in repo.iterdir()) == [TRITON_MODEL_NAME]
+    image = read(repo, TRITON_MODEL_NAME)
+    assert image.parameters["text_unavailable_reason"].string_value == reason
+
+
+def test_an_export_from_before_the_text_tower_renders_the_image_model_only(tmp_path: Path) -> None:
+    repo = render(RepositorySettings(profile="cpu"), fake_export(tmp_path / "e", {}, towers=False),
+                  tmp_path / "repo")  # fmt: skip
+    assert sorted(p.name for p in repo.iterdir()) == [TRITON_MODEL_NAME]
+    assert PREPROCESS_PARAMETER not in read(repo, TRITON_MODEL_NAME).parameters

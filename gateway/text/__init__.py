@@ -1,0 +1,1 @@
+"""Text input for the text tower: open_clip's tokenizers, reproduced without torch."""
