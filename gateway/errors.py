@@ -53,6 +53,15 @@ class InvalidImage(EmbeddingError):
     """Bytes that are not a decodable image: empty, corrupt, truncated, or not an image."""
 
 
+class InvalidText(EmbeddingError):
+    """A text that cannot be embedded: empty or only whitespace."""
+
+
+class ModalityUnavailable(EmbeddingError):
+    """The served model cannot embed this kind of item (text without a reproducible tokenizer);
+    the reason says why."""
+
+
 class ImageTooLarge(EmbeddingError):
     """An image whose header promises more pixels (or decoder memory) than the budget allows."""
 

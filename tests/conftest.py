@@ -31,6 +31,16 @@ def exported():  # -> export.build.ExportedModel (torch is imported lazily, only
 
 
 @pytest.fixture(scope="session")
+def clip_tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """open_clip's CLIP BPE as the exporter writes it (export/tokenizer.py), without a model."""
+    from export.tokenizer import write_clip_bpe
+
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    write_clip_bpe(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def cpu_repository(exported, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("repo") / "model_repository"
     return render(RepositorySettings(profile="cpu"), exported.directory, out)

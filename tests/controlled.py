@@ -16,11 +16,16 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from gateway.backend.repository import render_config
+from gateway.backend.contract import (
+    CLIP_BPE,
+    TOKENIZER_FILE_PARAMETER,
+    TOKENIZER_PARAMETER,
+)
+from gateway.backend.repository import render_config, render_text_config
 from gateway.runtime.settings import RepositorySettings
 
 MODEL_SOURCE = Path(__file__).parent / "models" / "control.py"
-IMAGE_SIZE, EMBED_DIM, MAX_BATCH = 224, 512, 32
+IMAGE_SIZE, EMBED_DIM, MAX_BATCH, CONTEXT_LENGTH = 224, 512, 32, 77
 
 
 @dataclass
@@ -53,21 +58,26 @@ class Control:
             time.sleep(0.01)
 
 
-def render_control_repository(out_dir: Path) -> tuple[Path, Control]:
-    """A model repository whose ``clip_image`` is the control model, with the production
-    config (batching, queue policy) of the cpu profile; returns it and its control."""
+def render_control_repository(out_dir: Path, tokenizer_file: Path) -> tuple[Path, Control]:
+    """A model repository whose ``clip_image`` and ``clip_text`` are the control model, with the
+    production configs (batching, queue policy) of the cpu profile; returns it and its control
+    (one file for both)."""
     control = Control(out_dir / "control.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     control.set()
-    config = render_config(RepositorySettings(profile="cpu"), IMAGE_SIZE, EMBED_DIM)
-    del config.parameters["onnx_file"]
-    del config.parameters["intra_op_threads"]
-    config.parameters["control_file"].string_value = str(control.path)
+    settings = RepositorySettings(profile="cpu")
+    text = render_text_config(settings, CONTEXT_LENGTH, EMBED_DIM)
+    text.parameters[TOKENIZER_PARAMETER].string_value = CLIP_BPE
+    text.parameters[TOKENIZER_FILE_PARAMETER].string_value = str(tokenizer_file)
     repository = out_dir / "model_repository"
-    model_dir = repository / config.name
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
-    shutil.copy2(MODEL_SOURCE, model_dir / "1" / "model.py")
+    for config in (render_config(settings, IMAGE_SIZE, EMBED_DIM), text):
+        del config.parameters["onnx_file"]
+        del config.parameters["intra_op_threads"]
+        config.parameters["control_file"].string_value = str(control.path)
+        model_dir = repository / config.name
+        (model_dir / "1").mkdir(parents=True)
+        (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+        shutil.copy2(MODEL_SOURCE, model_dir / "1" / "model.py")
     return repository, control
 
 

@@ -12,8 +12,10 @@ import threading
 
 import numpy as np
 
-from gateway.backend.protocol import ModelInfo
+from gateway.backend.protocol import ModelInfo, TextModel
 from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
+
+CONTEXT_LENGTH = 77
 
 
 def projection(embed_dim: int) -> np.ndarray:
@@ -29,15 +31,36 @@ def embed(pixels: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return ((pooled / 255.0 - 0.5) @ weights).astype(np.float32)
 
 
+def embed_tokens(tokens: np.ndarray, embed_dim: int) -> np.ndarray:
+    """Each token by its id and place, averaged: cheap, and bound to the text's tokens."""
+    cols = np.arange(1, embed_dim + 1, dtype=np.float64)[None, None, :]
+    places = np.arange(tokens.shape[1], dtype=np.float64)[None, :, None]
+    waves = np.sin(tokens.astype(np.float64)[:, :, None] * cols * 1e-3 + places * 0.37)
+    return waves.mean(axis=1).astype(np.float32)  # type: ignore[no-any-return]
+
+
 class FakeBackend:
     """Knobs (as the control model's): ``mode`` ok | error | nan | negate | unavailable,
-    ``delay_s``, and ``hold()`` / ``release()``; ``arrivals`` counts calls that reached it."""
+    ``delay_s``, and ``hold()`` / ``release()``; ``arrivals`` counts calls that reached it
+    (``calls`` their sizes, ``text_calls`` the text model's). With a ``tokenizer_file`` it
+    serves texts too, by ``embed_tokens``."""
 
     def __init__(
-        self, image_size: int = 224, embed_dim: int = 512, max_batch_size: int = 32
+        self,
+        image_size: int = 224,
+        embed_dim: int = 512,
+        max_batch_size: int = 32,
+        tokenizer_file: str | None = None,
     ) -> None:
-        self.info = ModelInfo("fake", image_size, embed_dim, max_batch_size)
+        text = None
+        if tokenizer_file is not None:
+            text = TextModel("fake_text", CONTEXT_LENGTH, max_batch_size, str(tokenizer_file))
+        self.info = ModelInfo(
+            "fake", image_size, embed_dim, max_batch_size, text=text,
+            text_unavailable=None if text else "the fake backend has no text model",
+        )  # fmt: skip
         self.weights = projection(embed_dim)
+        self.text_calls: list[int] = []
         self.mode = "ok"
         self.delay_s = 0.0
         self._released = threading.Event()
@@ -70,8 +93,28 @@ class FakeBackend:
             raise AssertionError(f"bad batch {pixels.dtype} {pixels.shape}")
         if n > self.info.max_batch_size:
             raise AssertionError(f"batch of {n} over max {self.info.max_batch_size}")
-        self.arrivals += 1
         self.calls.append(n)
+        await self._behave(deadline)
+        rows = embed(pixels, self.weights)
+        return self._answer(rows)
+
+    async def infer_text(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
+        self.touched += 1
+        if self.mode == "unavailable":
+            raise BackendUnavailable("fake backend is down")
+        text = self.info.text
+        if text is None:
+            raise AssertionError("text inference on a backend without a text model")
+        if tokens.dtype != np.int32 or tokens.shape[1:] != (text.context_length,):
+            raise AssertionError(f"bad tokens {tokens.dtype} {tokens.shape}")
+        if len(tokens) > text.max_batch_size:
+            raise AssertionError(f"batch of {len(tokens)} over max {text.max_batch_size}")
+        self.text_calls.append(len(tokens))
+        await self._behave(deadline)
+        return self._answer(embed_tokens(tokens, self.info.embed_dim))
+
+    async def _behave(self, deadline: float) -> None:
+        self.arrivals += 1
         try:
             # time.monotonic() is the event loop's clock, as the protocol's deadline is
             async with asyncio.timeout_at(deadline):
@@ -87,7 +130,8 @@ class FakeBackend:
             raise
         if self.mode == "error":
             raise BackendFailed("fake backend: failing on purpose")
-        rows = embed(pixels, self.weights)
+
+    def _answer(self, rows: np.ndarray) -> np.ndarray:
         if self.mode == "nan":
             rows[:] = np.nan
         elif self.mode == "negate":

@@ -7,6 +7,37 @@ from typing import Protocol
 
 import numpy as np
 
+from gateway.imaging.preprocess import Interpolation, ResizeMode
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """The image preprocessing the model was trained with (the export's ``preprocess``; README
+    "Exporting the model"): what the gateway does before the graph, and what /v1/models shows.
+    Mean and std are applied inside the graph; they are here to be reported."""
+
+    size: int
+    resize_mode: ResizeMode = "shortest"
+    interpolation: Interpolation = "bicubic"
+    fill_color: tuple[int, int, int] = (0, 0, 0)
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    #: The pretrained tag whose configuration this is (random weights use the default tag's).
+    from_tag: str | None = None
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """The text tower, when the gateway can tokenise for it."""
+
+    name: str
+    context_length: int
+    max_batch_size: int
+    #: The tokenizer file (open_clip's CLIP BPE for ``tokenizers``), readable by the gateway.
+    tokenizer_file: str
+    #: Export-time embedding of ``contract.TEXT_CANARY``, when the config has one.
+    canary: np.ndarray | None = field(default=None, compare=False)
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -18,14 +49,28 @@ class ModelInfo:
     max_batch_size: int
     #: Export-time embedding of the canary image (pipeline/canary.py), when the config has one.
     canary: np.ndarray | None = field(default=None, compare=False)
+    #: None: open_clip's classic transform at ``image_size`` (exports from before it was recorded).
+    preprocessing: Preprocessing | None = None
+    text: TextModel | None = None
+    #: Why texts cannot be embedded, when ``text`` is None.
+    text_unavailable: str | None = None
+
+    @property
+    def image_preprocessing(self) -> Preprocessing:
+        return self.preprocessing or Preprocessing(self.image_size)
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return ("image", "text") if self.text is not None else ("image",)
 
 
 class InferenceBackend(Protocol):
-    """Runs the image encoder. Implementations raise only ``gateway.errors`` exceptions.
+    """Runs the two encoders. Implementations raise only ``gateway.errors`` exceptions.
 
-    ``pixels`` is uint8 ``[n, S, S, 3]`` with ``n <= max_batch_size``; the result is float32
-    ``[n, D]``, row ``i`` for image ``i``, not normalised. ``deadline`` is a ``time.monotonic()``
-    instant: the call, queueing in the backend included, must be over by then.
+    ``pixels`` is uint8 ``[n, S, S, 3]`` with ``n <= max_batch_size``; ``tokens`` is int32
+    ``[n, context_length]`` with ``n <= text.max_batch_size``. Results are float32 ``[n, D]``,
+    row ``i`` for item ``i``, not normalised. ``deadline`` is a ``time.monotonic()`` instant:
+    the call, queueing in the backend included, must be over by then.
     """
 
     async def model_info(self) -> ModelInfo:
@@ -33,11 +78,15 @@ class InferenceBackend(Protocol):
         ...
 
     async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
-        """Embed one batch before ``deadline``."""
+        """Embed one batch of images before ``deadline``."""
+        ...
+
+    async def infer_text(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
+        """Embed one batch of token rows before ``deadline`` (only when ``text`` is served)."""
         ...
 
     async def ready(self) -> bool:
-        """True when the model can serve requests right now."""
+        """True when every model served can take requests right now."""
         ...
 
     async def close(self) -> None: ...

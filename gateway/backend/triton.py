@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import time
 from typing import Any
@@ -25,8 +27,22 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from gateway.backend import shm
-from gateway.backend.contract import CANARY_PARAMETER, INPUT_NAME, OUTPUT_NAME, decode_reference
-from gateway.backend.protocol import ModelInfo
+from gateway.backend.contract import (
+    CANARY_PARAMETER,
+    CLIP_BPE,
+    CONTEXT_LENGTH_PARAMETER,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    PREPROCESS_PARAMETER,
+    TEXT_INPUT_NAME,
+    TEXT_MODEL_NAME,
+    TEXT_OUTPUT_NAME,
+    TEXT_UNAVAILABLE_PARAMETER,
+    TOKENIZER_FILE_PARAMETER,
+    TOKENIZER_PARAMETER,
+    decode_reference,
+)
+from gateway.backend.protocol import ModelInfo, Preprocessing, TextModel
 from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable, EmbeddingError
 from gateway.observability.tracing import client_span, trace_headers
 from gateway.runtime.timings import READY_CHECK_TIMEOUT_S
@@ -54,19 +70,22 @@ def translate(exc: InferenceServerException) -> EmbeddingError:
 
 
 class TritonBackend:
-    """Talks to one model on one Triton server."""
+    """Talks to the image model (and the text model beside it, when there is one) on one Triton
+    server."""
 
     def __init__(
         self,
         url: str,
         model_name: str,
         *,
+        text_model_name: str = TEXT_MODEL_NAME,
         info_timeout: float = READY_CHECK_TIMEOUT_S,
         tracer: Tracer | None = None,
         shared_memory_regions: int = 0,
     ) -> None:
         self.url = url
         self.model_name = model_name
+        self.text_model_name = text_model_name
         self._info_timeout = info_timeout
         self._tracer = tracer or NoOpTracer()
         self._client = InferenceServerClient(
@@ -117,49 +136,81 @@ class TritonBackend:
             shm.unlink(name)
 
     async def _read_model_info(self) -> ModelInfo:
+        config = await self._config(self.model_name)
+        if config is None:
+            raise BackendUnavailable(f"Triton serves no model {self.model_name!r}")
+        info = parse_model_config(config)
+        if info.text_unavailable is not None:
+            return info
+        text = await self._config(self.text_model_name)
+        if text is None:
+            reason = (
+                f"Triton serves no text model ({self.text_model_name!r}): this model repository "
+                "was exported before text support; export again to embed texts"
+            )
+            return dataclasses.replace(info, text_unavailable=reason)
+        return parse_text_config(info, text)
+
+    async def _config(self, model: str) -> dict[str, Any] | None:
+        """A model's config, or None when Triton does not know the model."""
         try:
-            config = await self._client.get_model_config(
-                self.model_name, as_json=True, client_timeout=self._info_timeout
+            answer = await self._client.get_model_config(
+                model, as_json=True, client_timeout=self._info_timeout
             )
         except InferenceServerException as exc:
+            if "unknown model" in (exc.message() or "").lower():
+                return None
             raise translate(exc) from exc
-        return parse_model_config(config["config"])
+        config: dict[str, Any] = answer["config"]
+        return config
 
     async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
+        return await self._infer(self.model_name, pixels, deadline, self._pool)
+
+    async def infer_text(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
+        # a batch of token rows is a few KB: the gRPC message carries it
+        return await self._infer(self.text_model_name, tokens, deadline, None)
+
+    async def _infer(
+        self, model: str, batch: np.ndarray, deadline: float, pool: shm.RegionPool | None
+    ) -> np.ndarray:
         attributes: dict[str, AttributeValue] = {
             "rpc.system": "grpc",
             "rpc.service": "inference.GRPCInferenceService",
             "rpc.method": "ModelInfer",
             "server.address": self.url,
-            "triton.model": self.model_name,
-            "triton.batch_size": int(pixels.shape[0]),
+            "triton.model": model,
+            "triton.batch_size": int(batch.shape[0]),
         }
         with client_span(self._tracer, "triton.infer", attributes) as span:
-            region = self._pool.acquire() if self._pool is not None else None
+            region = pool.acquire() if pool is not None else None
             span.set_attribute("triton.input_transport", "shared_memory" if region else "grpc")
             try:
-                result = await self._call(pixels, deadline, region)
+                result = await self._call(model, batch, deadline, region)
             except InferenceServerException as exc:
                 span.set_attribute("rpc.grpc.status_code", _status_name(exc))
                 raise translate(exc) from exc
             finally:
-                if region is not None and self._pool is not None:
-                    self._pool.release(region)
+                if region is not None and pool is not None:
+                    pool.release(region)
             span.set_attribute("rpc.grpc.status_code", "OK")
         embeddings = result.as_numpy(OUTPUT_NAME)
-        if embeddings is None or embeddings.shape[0] != pixels.shape[0]:
+        if embeddings is None or embeddings.shape[0] != batch.shape[0]:
             shape = None if embeddings is None else embeddings.shape
-            raise BackendFailed(f"Triton returned {shape} for a batch of {pixels.shape[0]}")
+            raise BackendFailed(f"Triton returned {shape} for a batch of {batch.shape[0]}")
         return embeddings  # type: ignore[no-any-return]
 
-    async def _call(self, pixels: np.ndarray, deadline: float, region: shm.Region | None) -> Any:
-        tensor = InferInput(INPUT_NAME, list(pixels.shape), "UINT8")
+    async def _call(
+        self, model: str, batch: np.ndarray, deadline: float, region: shm.Region | None
+    ) -> Any:
+        name, dtype = _INPUTS[model == self.text_model_name]
+        tensor = InferInput(name, list(batch.shape), dtype)
         if region is not None:
             try:
                 if await self._register(region):
-                    region.view(pixels.shape)[...] = pixels
-                    tensor.set_shared_memory(region.name, pixels.nbytes)
-                    return await self._send(tensor, deadline)
+                    region.view(batch.shape)[...] = batch
+                    tensor.set_shared_memory(region.name, batch.nbytes)
+                    return await self._send(model, tensor, deadline)
             except InferenceServerException as exc:
                 if "shared memory" not in (exc.message() or "").lower():
                     raise
@@ -167,14 +218,14 @@ class TritonBackend:
                 # goes over gRPC, the next registers again.
                 log.warning("shared-memory input refused (%s); falling back to gRPC", exc.message())
                 self._registered.clear()
-                tensor = InferInput(INPUT_NAME, list(pixels.shape), "UINT8")
-        tensor.set_data_from_numpy(pixels)
-        return await self._send(tensor, deadline)
+                tensor = InferInput(name, list(batch.shape), dtype)
+        tensor.set_data_from_numpy(batch)
+        return await self._send(model, tensor, deadline)
 
-    async def _send(self, tensor: InferInput, deadline: float) -> Any:
+    async def _send(self, model: str, tensor: InferInput, deadline: float) -> Any:
         timeout = max(deadline - time.monotonic(), 0.001)
         return await self._client.infer(
-            self.model_name,
+            model,
             [tensor],
             outputs=[InferRequestedOutput(OUTPUT_NAME)],
             client_timeout=timeout,
@@ -185,14 +236,16 @@ class TritonBackend:
         )
 
     async def ready(self) -> bool:
+        """Every model served is READY (the text model too, when there is one)."""
         try:
-            return bool(
-                await self._client.is_model_ready(
-                    self.model_name, client_timeout=self._info_timeout
-                )
-            )
-        except InferenceServerException:
+            info = await self.model_info()
+            models = [self.model_name] + ([info.text.name] if info.text is not None else [])
+            for model in models:
+                if not await self._client.is_model_ready(model, client_timeout=self._info_timeout):
+                    return False
+        except (InferenceServerException, EmbeddingError):
             return False
+        return True
 
     async def _register(self, region: shm.Region) -> bool:
         """Register ``region`` with Triton once; False: Triton cannot map our regions (another
@@ -237,11 +290,88 @@ def parse_model_config(config: dict[str, Any]) -> ModelInfo:
         raise BackendFailed(f"unexpected input {pixels}: want TYPE_UINT8 [S, S, 3]")
     if embedding.get("data_type") != "TYPE_FP32":
         raise BackendFailed(f"unexpected output {embedding}: want TYPE_FP32 [D]")
-    canary = config.get("parameters", {}).get(CANARY_PARAMETER, {}).get("string_value")
+    parameters = _parameters(config)
+    canary = parameters.get(CANARY_PARAMETER)
+    preprocessing = None
+    if PREPROCESS_PARAMETER in parameters:
+        preprocessing = parse_preprocessing(parameters[PREPROCESS_PARAMETER], dims[0])
     return ModelInfo(
         name=str(config.get("name")),
         image_size=dims[0],
         embed_dim=int(embedding["dims"][-1]),
         max_batch_size=max(1, int(config.get("max_batch_size", 1))),
         canary=decode_reference(canary) if canary else None,
+        preprocessing=preprocessing,
+        text_unavailable=parameters.get(TEXT_UNAVAILABLE_PARAMETER),
     )
+
+
+#: Each model's input tensor: its name and Triton type (False: image, True: text).
+_INPUTS = {False: (INPUT_NAME, "UINT8"), True: (TEXT_INPUT_NAME, "INT32")}
+
+
+def _parameters(config: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v.get("string_value", "")) for k, v in config.get("parameters", {}).items()}
+
+
+def parse_preprocessing(text: str, image_size: int) -> Preprocessing:
+    """The ``preprocess`` parameter (the manifest's, as JSON), checked: a model whose
+    preprocessing the gateway would reproduce only approximately is refused, never served."""
+    try:
+        spec = json.loads(text)
+        fill, mean, std = (
+            tuple(spec.get(key) or (0, 0, 0)) for key in ("fill_color", "mean", "std")
+        )
+        if not len(fill) == len(mean) == len(std) == 3:
+            raise ValueError("fill_color, mean and std need three channels")
+        preprocessing = Preprocessing(
+            size=int(spec["size"]),
+            resize_mode=spec["resize_mode"],
+            interpolation=spec["interpolation"],
+            fill_color=(int(fill[0]), int(fill[1]), int(fill[2])),
+            mean=(float(mean[0]), float(mean[1]), float(mean[2])),
+            std=(float(std[0]), float(std[1]), float(std[2])),
+            from_tag=spec.get("from_tag"),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BackendFailed(f"unreadable preprocess parameter {text!r}: {exc}") from exc
+    problems = []
+    if preprocessing.size != image_size:
+        problems.append(f"size {preprocessing.size} but the model takes {image_size}")
+    if preprocessing.resize_mode not in ("shortest", "longest", "squash"):
+        problems.append(f"resize mode {preprocessing.resize_mode!r}")
+    if preprocessing.interpolation not in ("bicubic", "bilinear"):
+        problems.append(f"interpolation {preprocessing.interpolation!r}")
+    if problems:
+        raise BackendFailed(f"this gateway cannot reproduce the model's preprocessing: {problems}")
+    return preprocessing
+
+
+def parse_text_config(info: ModelInfo, config: dict[str, Any]) -> ModelInfo:
+    """``info`` with the text model from its config, or with why texts cannot be served."""
+    parameters = _parameters(config)
+    inputs = {t["name"]: t for t in config.get("input", [])}
+    outputs = {t["name"]: t for t in config.get("output", [])}
+    name = str(config.get("name"))
+    tokens, embedding = inputs.get(TEXT_INPUT_NAME), outputs.get(TEXT_OUTPUT_NAME)
+    if tokens is None or embedding is None or tokens.get("data_type") != "TYPE_INT32":
+        raise BackendFailed(f"text model {name!r} does not take int32 {TEXT_INPUT_NAME!r}")
+    if int(embedding["dims"][-1]) != info.embed_dim:
+        raise BackendFailed(
+            f"text model {name!r} embeds into {embedding['dims'][-1]} dimensions, the image "
+            f"model into {info.embed_dim}: not one space"
+        )
+    kind = parameters.get(TOKENIZER_PARAMETER)
+    if kind != CLIP_BPE:
+        reason = parameters.get(TEXT_UNAVAILABLE_PARAMETER) or f"tokenizer {kind!r} is not served"
+        return dataclasses.replace(info, text_unavailable=reason)
+    context = int(parameters.get(CONTEXT_LENGTH_PARAMETER) or tokens["dims"][-1])
+    canary = parameters.get(CANARY_PARAMETER)
+    text = TextModel(
+        name=name,
+        context_length=context,
+        max_batch_size=max(1, int(config.get("max_batch_size", 1))),
+        tokenizer_file=parameters[TOKENIZER_FILE_PARAMETER],
+        canary=decode_reference(canary) if canary else None,
+    )
+    return dataclasses.replace(info, text=text)

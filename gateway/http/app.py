@@ -41,6 +41,7 @@ def triton_backend(settings: ServerSettings, tracer: Tracer) -> InferenceBackend
     return TritonBackend(
         settings.triton_url,
         settings.triton_model,
+        text_model_name=settings.triton_text_model,
         tracer=tracer,
         shared_memory_regions=settings.shared_memory_regions,
     )
@@ -68,7 +69,7 @@ def create_app(
         threads = settings.decode_threads or plan_for(0, 0, settings.max_decode_mib).decode_threads
         pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
         backend = backend_factory(settings, telemetry.tracer)
-        app.state.service = EmbeddingService(
+        app.state.service = service = EmbeddingService(
             backend,
             pool,
             settings,
@@ -78,7 +79,11 @@ def create_app(
         )
         app.state.http = httpx.AsyncClient(timeout=5.0)
         canary = Canary(
-            backend, settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
+            backend,
+            settings.canary_interval_s,
+            settings.canary_min_cosine,
+            timeout_s=30.0,
+            texts=service.texts,
         )
         app.state.canary = canary
         canary_task = asyncio.create_task(canary.run()) if canary.enabled else None

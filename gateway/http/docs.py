@@ -63,14 +63,23 @@ def json_schema(kind: type) -> dict[str, Any]:
 
 
 def _form_schema() -> dict[str, Any]:
-    """The multipart form: the JSON request's options as fields, every other part an image."""
+    """The multipart form: the JSON request's options as fields, ``text`` fields texts, every
+    other part an image."""
     options = json_schema(EmbeddingRequest)["properties"]
     fields: dict[str, Any] = {
         "image": {
             "type": "array",
             "items": {"type": "string", "format": "binary"},
-            "description": "Images (JPEG, PNG or WebP), any field name, kept in arrival order.",
-        }
+            "description": (
+                "Images (JPEG, PNG, WebP or GIF), any field name but the options and `text`; "
+                "kept in arrival order with the texts."
+            ),
+        },
+        "text": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Texts to embed into the same space, in arrival order with the images.",
+        },
     }
     for name in FORM_OPTIONS:
         option = options[name]

@@ -26,6 +26,7 @@ def openai_json(
     *,
     indices: Sequence[int] | None = None,
     errors: Sequence[EmbeddingError] | None = None,
+    usage: dict[str, int] | None = None,
 ) -> bytes:
     """The OpenAI embeddings response. ``base64`` is little-endian float32, as OpenAI sends it.
 
@@ -49,8 +50,14 @@ def openai_json(
         "object": "list",
         "data": data,
         "model": model_id,
-        # Images carry no text tokens; `images` says what was counted.
-        "usage": {"prompt_tokens": 0, "total_tokens": 0, "images": len(vectors)},
+        # Images carry no text tokens; `images` and `texts` say what was embedded.
+        "usage": usage
+        or {
+            "prompt_tokens": 0,
+            "total_tokens": 0,
+            "images": len(vectors),
+            "texts": 0,
+        },
     }
     if errors is not None:
         body["errors"] = [item_error(exc) for exc in errors]
@@ -95,7 +102,20 @@ def binary(
 
 def server_timing(result: Embeddings) -> str:
     """W3C Server-Timing: where the request's time went inside the gateway (milliseconds)."""
-    return (
-        f'decode;dur={result.decode_seconds * 1000:.2f};desc="decode+preprocess", '
-        f'infer;dur={result.infer_seconds * 1000:.2f};desc="triton"'
-    )
+    timings = [
+        f'decode;dur={result.decode_seconds * 1000:.2f};desc="decode+preprocess"',
+        f'infer;dur={result.infer_seconds * 1000:.2f};desc="triton"',
+    ]
+    if result.texts:
+        timings.insert(1, f'tokenize;dur={result.tokenize_seconds * 1000:.2f};desc="tokenize"')
+    return ", ".join(timings)
+
+
+def usage(result: Embeddings) -> dict[str, int]:
+    """OpenAI's ``usage``: text tokens the model read, and what was embedded."""
+    return {
+        "prompt_tokens": result.tokens,
+        "total_tokens": result.tokens,
+        "images": result.images,
+        "texts": result.texts,
+    }

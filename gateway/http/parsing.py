@@ -1,5 +1,12 @@
 """Request bodies to items: multipart parts in order, or the OpenAI JSON shape.
 
+Which items are texts and which images (README "Texts and images"): in JSON a string is a text
+unless it is a ``data:image/...`` URI or ``modality`` is ``image``; ``{"text": ...}`` and
+``{"image": ...}`` objects say what they are. A bare string that is base64 of a JPEG, PNG, WebP
+or GIF without ``modality`` is refused as ambiguous rather than embedded as text (clients of
+the image-only API sent images that way). In multipart, ``text`` fields are texts and every
+other part that is not an option is an image.
+
 Bounded while reading, before objects are built: the body's bytes (read from the ASGI channel
 here, so a client that disconnects mid-upload is a ``ClientGone``, not a server error), the
 number of parts and each part's size (the multipart parser's own limits), and in JSON the
@@ -20,18 +27,29 @@ import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
 from gateway.errors import ClientGone, InvalidFields, LimitExceeded, MalformedRequest
-from gateway.http.schemas import FORM_OPTIONS, EmbeddingRequest, EncodingFormat
-from gateway.pipeline.items import ImageItem
+from gateway.http.schemas import (
+    FORM_OPTIONS,
+    EmbeddingRequest,
+    EncodingFormat,
+    InputObject,
+    Modality,
+)
+from gateway.pipeline.items import Item, TextItem
 
 Receive = Callable[[], Any]
 
-#: Multipart fields that are options, not images. Every other part is an image, in order.
+#: Multipart fields that are options, not items. ``text`` fields are texts; every other part is
+#: an image, in order.
 OPTION_FIELDS = frozenset(FORM_OPTIONS)
+TEXT_FIELD = "text"
+#: Base64 of the first bytes of a JPEG, PNG, WebP (RIFF) and GIF.
+_BASE64_IMAGE_STARTS = ("/9j/", "iVBORw0KGgo", "UklGR", "R0lGOD")
+_BASE64 = re.compile(r"[A-Za-z0-9+/\r\n]{24,}={0,2}\s*")
 
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    items: list[ImageItem]
+    items: list[Item]
     model: str | None
     encoding_format: EncodingFormat | None
     normalize: bool | None
@@ -136,6 +154,9 @@ def _scan_input(raw: memoryview, max_items: int, max_chars: int) -> None:
 
 
 def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -> ParsedRequest:
+    """The OpenAI embeddings request: ``max_images`` bounds the items (texts included), and
+    ``max_image_bytes`` the length of any string (texts have their own, smaller limit, checked
+    where they are embedded so ``skip_invalid`` can report them one by one)."""
     max_chars = _encoded_chars(max_image_bytes)
     try:
         request = msgspec.json.decode(body, type=_envelope())
@@ -147,11 +168,49 @@ def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -
         raise MalformedRequest(f"malformed JSON: {exc}") from exc
     except RecursionError as exc:  # msgspec's own guard against hostile nesting
         raise MalformedRequest("malformed JSON: nested too deep") from exc
-    items: list[ImageItem] = [value] if isinstance(value, str) else [*value]
+    items = _items([value] if isinstance(value, str) else value, request.modality)
     _check_count(len(items), max_images)
     return ParsedRequest(
         items, request.model, request.encoding_format, request.normalize, request.skip_invalid
     )
+
+
+def _items(values: list[str | InputObject], modality: Modality | None) -> list[Item]:
+    items: list[Item] = []
+    for index, value in enumerate(values):
+        if isinstance(value, InputObject):
+            items.append(_object_item(value, index, modality))
+        elif modality == "image" or (modality is None and value.startswith("data:image/")):
+            items.append(value)
+        elif modality is None and _looks_like_base64_image(value):
+            raise InvalidFields(
+                f"input[{index}] looks like a base64-encoded image, not a text: send it as a "
+                'data:image/...;base64, URI or an {"image": ...} object, or set '
+                '"modality": "image"',
+                index=index,
+            )
+        else:
+            items.append(TextItem(value))
+    return items
+
+
+def _object_item(value: InputObject, index: int, modality: Modality | None) -> Item:
+    has_text, has_image = value.text is not msgspec.UNSET, value.image is not msgspec.UNSET
+    if has_text == has_image:
+        raise InvalidFields(
+            f'input[{index}] must have exactly one of "text" or "image"', index=index
+        )
+    kind = "text" if has_text else "image"
+    if modality is not None and modality != kind:
+        raise InvalidFields(
+            f'input[{index}] is an {{"{kind}": ...}} object but "modality" is {modality!r}',
+            index=index,
+        )
+    return TextItem(value.text) if isinstance(value.text, str) else str(value.image)
+
+
+def _looks_like_base64_image(value: str) -> bool:
+    return value.startswith(_BASE64_IMAGE_STARTS) and _BASE64.fullmatch(value) is not None
 
 
 async def parse_multipart(
@@ -160,10 +219,11 @@ async def parse_multipart(
     *,
     max_images: int,
     max_image_bytes: int,
-    on_image: Callable[[int], None] = lambda _: None,
+    on_item: Callable[[Item], None] = lambda _: None,
 ) -> ParsedRequest:
-    """Stream-parse the body, keeping image parts in arrival order whatever their field names."""
-    items: list[ImageItem] = []
+    """Stream-parse the body, keeping items in arrival order: ``text`` fields are texts, other
+    parts (whatever their field names) images."""
+    items: list[Item] = []
     options: dict[str, str] = {}
     segment: MultipartSegment | None = None
     buffer = bytearray()
@@ -181,18 +241,23 @@ async def parse_multipart(
                 elif event is not None:
                     buffer += event
                 elif segment is not None:
+                    item: Item
                     if segment.name in OPTION_FIELDS and not segment.filename:
-                        options[segment.name] = _text(buffer, segment)
+                        options[segment.name] = _text(buffer, segment).strip()
+                        continue
+                    if segment.name == TEXT_FIELD:
+                        item = TextItem(_text(buffer, segment))
                     else:
-                        on_image(len(buffer))  # may refuse: the rest is never read
-                        items.append(bytes(buffer))
+                        item = bytes(buffer)
+                    on_item(item)  # may refuse: the rest is never read
+                    items.append(item)
             if not chunk:
                 break
         parser.close()
     except ParserLimitReached as exc:
         raise LimitExceeded(
-            f"multipart limit reached at part {len(items)}: {exc} (at most {max_images} images "
-            f"of at most {max_image_bytes} bytes each)",
+            f"multipart limit reached at part {len(items)}: {exc} (at most {max_images} items, "
+            f"each part at most {max_image_bytes} bytes)",
             index=len(items),
         ) from exc
     except ParserError as exc:
@@ -210,17 +275,17 @@ async def parse_multipart(
 def _text(buffer: bytearray, segment: MultipartSegment) -> str:
     charset = segment.charset or "utf-8"
     try:
-        return buffer.decode(charset).strip()
+        return buffer.decode(charset)
     except (LookupError, UnicodeDecodeError) as exc:
         raise MalformedRequest(f"form field {segment.name!r} is not valid {charset}") from exc
 
 
 def _check_count(count: int, max_images: int) -> None:
     if count == 0:
-        raise MalformedRequest("no images in the request")
+        raise MalformedRequest("no items (images or texts) in the request")
     if count > max_images:
         raise LimitExceeded(
-            f"{count} images in one request; the limit is {max_images}", index=max_images
+            f"{count} items in one request; the limit is {max_images}", index=max_images
         )
 
 

@@ -40,6 +40,7 @@ class Problem:
 
 PROBLEMS: dict[type[Exception], Problem] = {
     errors.MalformedRequest: Problem(400, "invalid-request", "Invalid request"),
+    errors.ModalityUnavailable: Problem(400, "modality-unavailable", "Modality not served"),
     Unauthorized: Problem(401, "unauthorized", "Missing or invalid API key"),
     errors.UnknownModel: Problem(404, "unknown-model", "Unknown model"),
     errors.BodyTooSlow: Problem(408, "request-timeout", "Request body too slow"),
@@ -49,6 +50,7 @@ PROBLEMS: dict[type[Exception], Problem] = {
         422, "unprocessable-request", "Request does not match the schema"
     ),
     errors.InvalidImage: Problem(422, "invalid-image", "Invalid image"),
+    errors.InvalidText: Problem(422, "invalid-text", "Invalid text"),
     errors.ImageTooLarge: Problem(422, "image-too-large", "Image too large to decode"),
     errors.Overloaded: Problem(429, "overloaded", "Too much work in flight"),
     errors.ClientGone: Problem(499, "client-closed-request", "Client closed the request"),

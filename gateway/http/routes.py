@@ -22,15 +22,17 @@ from gateway.errors import (
     ClientGone,
     LimitExceeded,
     MalformedRequest,
+    ModalityUnavailable,
     UnknownModel,
     UnsupportedFormat,
 )
 from gateway.http import encoding, parsing
 from gateway.http.auth import PUBLIC
 from gateway.http.docs import PROTECTED, EmbeddingsOperation
-from gateway.http.schemas import BinaryDtype, Health, ModelCard, ModelList
+from gateway.http.schemas import BinaryDtype, Health, ImagePreprocessing, ModelCard, ModelList
 from gateway.pipeline.admission import Reservation
 from gateway.pipeline.canary import Canary
+from gateway.pipeline.items import Item, TextItem
 from gateway.pipeline.service import Embeddings, EmbeddingService
 from gateway.runtime.settings import ServerSettings
 
@@ -52,13 +54,13 @@ async def read_request(
             options["boundary"],
             max_images=settings.max_images_per_request,
             max_image_bytes=settings.max_image_bytes,
-            on_image=reservation.add_image,
+            on_item=lambda item: admit(reservation, item),
         )
     if media_type == JSON:
         body = await parsing.read_all(chunks, request.content_length)
         parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
         for item in parsed.items:
-            reservation.add_image(len(item) * 3 // 4 if isinstance(item, str) else len(item))
+            admit(reservation, item)
         return parsed
     raise UnsupportedFormat(
         f"Content-Type {media_type or '(none)'} is not accepted; send multipart/form-data "
@@ -66,10 +68,18 @@ async def read_request(
     )
 
 
+def admit(reservation: Reservation, item: Item) -> None:
+    """Add one item's cost to the request's reservation (or refuse it)."""
+    if isinstance(item, TextItem):
+        reservation.add_text(len(item.text))
+    else:  # base64 text is 4/3 of the image's bytes
+        reservation.add_image(len(item) * 3 // 4 if isinstance(item, str) else len(item))
+
+
 @post(
     "/v1/embeddings",
     operation_class=EmbeddingsOperation,
-    summary="Embed images",
+    summary="Embed images and texts",
     tags=["embeddings"],
     status_code=200,
     responses=PROTECTED,
@@ -89,7 +99,9 @@ async def create_embeddings(
         QueryParameter(description="true: embed the good images, list the bad in `errors`."),
     ] = None,
 ) -> Response[bytes]:
-    """Embed a batch of images given as multipart parts or base64 strings in OpenAI's JSON shape.
+    """Embed a batch of images and texts, into one space, answered in request order: multipart
+    (image files, ``text`` fields) or OpenAI's JSON shape (texts as strings, images as
+    ``data:image/...;base64,`` URIs, or either as ``{"text": ...}`` / ``{"image": ...}``).
 
     Query parameters apply to both forms; a body or form field of the same name wins.
     """
@@ -113,10 +125,15 @@ async def create_embeddings(
                     f"request body not received within {settings.body_timeout_s:g} s"
                 ) from exc
             reservation.body_read()
+            texts = sum(isinstance(item, TextItem) for item in parsed.items)
             span.set_attributes(
-                {"images": len(parsed.items), "http.request.body.size": declared or 0}
+                {
+                    "images": len(parsed.items) - texts,
+                    "texts": texts,
+                    "http.request.body.size": declared or 0,
+                }
             )
-        request.state.images = len(parsed.items)
+        request.state.images, request.state.texts = len(parsed.items) - texts, texts
         if not settings.accepts_model(parsed.model):
             raise UnknownModel(
                 f"model {parsed.model!r} is not served here; use {settings.model_id!r}"
@@ -148,6 +165,7 @@ def encode(
                 parsed.encoding_format or "float",
                 indices=result.indices,
                 errors=result.errors if skip else None,
+                usage=encoding.usage(result),
             )
             return Response(body, media_type=JSON, headers=timing)
         raw, headers = encoding.binary(
@@ -221,7 +239,7 @@ async def readyz(state: State) -> Health:
 @get(
     "/v1/models",
     tags=["models"],
-    summary="The served model (OpenAI list shape)",
+    summary="The served model: modalities, dimension, context length, preprocessing",
     responses={401: PROTECTED[401]},
 )
 async def list_models(state: State) -> ModelList:
@@ -239,8 +257,31 @@ async def list_models(state: State) -> ModelList:
         info = await service.model_info()
     except BackendUnavailable:
         return ModelList("list", [card])
+    pre = info.image_preprocessing
+    preprocessing = ImagePreprocessing(
+        size=pre.size,
+        resize_mode=pre.resize_mode,
+        interpolation=pre.interpolation,
+        center_crop=pre.resize_mode != "squash",
+        fill_color=list(pre.fill_color) if pre.resize_mode == "longest" else msgspec.UNSET,
+        mean=list(pre.mean) if pre.mean else msgspec.UNSET,
+        std=list(pre.std) if pre.std else msgspec.UNSET,
+        from_tag=pre.from_tag or msgspec.UNSET,
+    )
+    try:
+        service.texts.tokenizer(info)
+        text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
+    except ModalityUnavailable as exc:
+        text_unavailable = exc.reason
     ready = msgspec.structs.replace(
-        card, ready=True, embed_dim=info.embed_dim, image_size=info.image_size
+        card,
+        ready=True,
+        modalities=["image"] if text_unavailable else ["image", "text"],
+        embed_dim=info.embed_dim,
+        image_size=info.image_size,
+        context_length=info.text.context_length if info.text else msgspec.UNSET,
+        preprocessing=preprocessing,
+        text_unavailable=text_unavailable,
     )
     return ModelList("list", [ready])
 

@@ -10,13 +10,25 @@ import msgspec
 
 EncodingFormat = Literal["float", "base64"]
 BinaryDtype = Literal["float32", "float16"]
+Modality = Literal["text", "image"]
+
+
+class InputObject(msgspec.Struct, forbid_unknown_fields=True):
+    """One item named by its kind: ``{"text": "a cat"}`` or ``{"image": "<base64 or data:>"}``."""
+
+    text: str | msgspec.UnsetType = msgspec.UNSET
+    image: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=False):
-    """OpenAI's embeddings request, with images as base64 strings or ``data:`` URIs."""
+    """OpenAI's embeddings request. A string in ``input`` is a text, unless it is a
+    ``data:image/...;base64,`` URI (an image) or ``modality`` says otherwise; objects name their
+    kind. Texts and images may be mixed: one space, answered in input order."""
 
-    input: str | list[str]
+    input: str | list[str | InputObject]
     model: str | None = None
+    #: Every item is this kind (Infinity's field): ``image`` makes bare base64 strings images.
+    modality: Modality | None = None
     #: ``base64``: little-endian float32 bytes, as OpenAI's client asks for by default.
     encoding_format: EncodingFormat = "float"
     #: Not OpenAI's: ``false`` returns the raw (not unit-length) embedding.
@@ -41,10 +53,13 @@ class Embedding(msgspec.Struct):
 
 
 class Usage(msgspec.Struct):
+    #: Text tokens fed to the model (start and end tokens included, padding not).
     prompt_tokens: int
     total_tokens: int
     #: Images embedded (images carry no text tokens).
     images: int
+    #: Texts embedded.
+    texts: int
 
 
 class ItemError(msgspec.Struct):
@@ -76,6 +91,23 @@ class Problem(msgspec.Struct, omit_defaults=True):
     index: int | msgspec.UnsetType = msgspec.UNSET
 
 
+class ImagePreprocessing(msgspec.Struct, omit_defaults=True):
+    """What the gateway does to an image before the model (the model's own configuration)."""
+
+    size: int
+    #: ``shortest`` (resize the short side, centre crop), ``longest`` (resize the long side,
+    #: pad with ``fill_color``) or ``squash`` (both sides to ``size``).
+    resize_mode: str
+    interpolation: str
+    center_crop: bool
+    fill_color: list[int] | msgspec.UnsetType = msgspec.UNSET
+    #: Applied inside the model graph.
+    mean: list[float] | msgspec.UnsetType = msgspec.UNSET
+    std: list[float] | msgspec.UnsetType = msgspec.UNSET
+    #: The pretrained tag this preprocessing is from.
+    from_tag: str | msgspec.UnsetType = msgspec.UNSET
+
+
 class ModelCard(msgspec.Struct, omit_defaults=True):
     id: str
     object: Literal["model"]
@@ -84,8 +116,16 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     aliases: list[str]
     #: False while the backend cannot describe the model (Triton down or loading).
     ready: bool
+    #: What the model embeds: ``image``, and ``text`` when a tokenizer is served.
+    modalities: list[str] | msgspec.UnsetType = msgspec.UNSET
+    #: One space for both: the dimension of every embedding.
     embed_dim: int | msgspec.UnsetType = msgspec.UNSET
     image_size: int | msgspec.UnsetType = msgspec.UNSET
+    #: Tokens a text is read up to (longer texts are truncated, as open_clip does).
+    context_length: int | msgspec.UnsetType = msgspec.UNSET
+    preprocessing: ImagePreprocessing | msgspec.UnsetType = msgspec.UNSET
+    #: Why texts cannot be embedded, when ``text`` is not among the modalities.
+    text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelList(msgspec.Struct):

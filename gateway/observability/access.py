@@ -63,6 +63,7 @@ class ObserveMiddleware(ASGIMiddleware):
                 "method": method,
                 "status": status,
                 "images": state.get("images"),
+                "texts": state.get("texts"),
                 "duration_ms": round(seconds * 1000, 2),
                 "trace_id": ids[0] if ids else None,
                 "span_id": ids[1] if ids else None,

@@ -61,6 +61,13 @@ class Metrics:
         self.images = Counter(
             "gateway_images", "Images decoded and embedded", ["format"], registry=r
         )
+        self.texts = Counter("gateway_texts", "Texts tokenised and embedded", registry=r)
+        self.tokenize_seconds = Histogram(
+            "gateway_tokenize_seconds",
+            "Tokenising one request's texts in a worker thread",
+            buckets=DECODE_BUCKETS,
+            registry=r,
+        )
         self.decode_seconds = Histogram(
             "gateway_image_decode_seconds",
             "Decode + preprocess time of one image in a worker thread",
@@ -71,19 +78,20 @@ class Metrics:
         self.triton_seconds = Histogram(
             "gateway_triton_request_duration_seconds",
             "One gRPC inference call to Triton",
-            ["outcome"],
+            ["model", "outcome"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.triton_batch = Histogram(
             "gateway_triton_batch_size",
-            "Images per gRPC inference call",
+            "Items per gRPC inference call",
+            ["model"],
             buckets=BATCH_BUCKETS,
             registry=r,
         )
         self.inflight = Gauge(
             "gateway_inflight_images",
-            "Images admitted and not yet answered",
+            "Items (images and texts) admitted and not yet answered",
             registry=r,
             multiprocess_mode="livesum",
         )

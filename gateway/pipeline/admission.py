@@ -1,9 +1,11 @@
 """Admission by cost: seconds of work, estimated before they are paid, refused at once when the
 backlog cannot absorb them in time. Nothing waits in a queue of ours.
 
-A request's cost is the decode work of its items (CPU seconds per encoded byte, learned from
+A request's cost is the decode work of its images (CPU seconds per encoded byte, learned from
 the decodes this process ran, spread over the decode threads) plus the model work (backend busy
-seconds per image, learned from the backend calls, or pinned by the operator). The backlog is
+seconds per image, learned from the backend calls, or pinned by the operator). A text costs its
+tokenisation (a small fixed estimate) plus the text model's busy seconds per text, learned the
+same way from the text calls. The backlog is
 the cost of everything admitted and not finished. A request is admitted only if the backlog
 plus its cost stays within the horizon (by default half the request deadline, so admitted work
 finishes in time even when the estimates are off by 2x); otherwise it gets 429 with a
@@ -29,6 +31,12 @@ from gateway.observability.metrics import Metrics
 _ALPHA = 0.3
 #: Model seconds per image before anything was measured: a slow CPU's ViT-B/32 (20 img/s).
 _PRIOR_INFER_S = 0.05
+#: Text model seconds per text before anything was measured (ViT-B/32's text tower: ~0.6x the
+#: image tower's FLOPs at 77 tokens).
+_PRIOR_TEXT_INFER_S = 0.03
+#: Tokenisation CPU seconds per text and per character (ftfy + BPE; measured ~30 us for a query).
+_TOKENIZE_S_PER_TEXT = 5e-5
+_TOKENIZE_S_PER_CHAR = 2e-7
 #: Decode CPU seconds per encoded byte before anything was measured (~8 ms per MB) and per item.
 _PRIOR_DECODE_S_PER_BYTE = 8e-9
 _DECODE_S_PER_ITEM = 3e-4
@@ -48,23 +56,27 @@ class Admission:
         self.decode_threads = max(1, decode_threads)
         self.pinned = infer_s_per_image > 0
         self.infer_s = infer_s_per_image if self.pinned else _PRIOR_INFER_S
+        self.text_infer_s = _PRIOR_TEXT_INFER_S
         self.decode_s_per_byte = _PRIOR_DECODE_S_PER_BYTE
         self.backlog_s = 0.0
         self.images_in_flight = 0
         self.body_bytes = 0
         self.max_body_bytes = max_body_bytes_in_flight
         self._metrics = metrics
-        # backend busy-time accounting (the measured service rate)
-        self._active_calls = 0
-        self._busy_since = 0.0
-        self._busy_s = 0.0
-        self._busy_images = 0
+        # backend busy-time accounting (the measured service rates), per model
+        self._image_calls = _BusyTime()
+        self._text_calls = _BusyTime()
 
     # --- costs -------------------------------------------------------------------------------
     def image_cost(self, encoded_bytes: int) -> float:
         """Seconds one image of ``encoded_bytes`` adds to the backlog."""
         decode = _DECODE_S_PER_ITEM + self.decode_s_per_byte * encoded_bytes
         return decode / self.decode_threads + self.infer_s
+
+    def text_cost(self, characters: int) -> float:
+        """Seconds one text of ``characters`` adds to the backlog."""
+        tokenize = _TOKENIZE_S_PER_TEXT + _TOKENIZE_S_PER_CHAR * characters
+        return tokenize / self.decode_threads + self.text_infer_s
 
     def retry_after(self, cost: float) -> float:
         """Seconds until the backlog has drained enough for ``cost`` to fit (backlog drains at
@@ -111,26 +123,48 @@ class Admission:
             sample = work / encoded_bytes
             self.decode_s_per_byte += _ALPHA * (sample - self.decode_s_per_byte)
 
-    def infer_started(self) -> None:
-        now = time.monotonic()
-        if self._active_calls == 0:
-            self._busy_since = now
-        self._active_calls += 1
+    def infer_started(self, text: bool = False) -> None:
+        (self._text_calls if text else self._image_calls).started()
 
-    def infer_finished(self, images: int) -> None:
-        """A backend call ended: add its images to the busy period's count; the busy time so
-        far divided by the images done is one sample of the service rate."""
+    def infer_finished(self, items: int, text: bool = False) -> None:
+        """A backend call ended with ``items`` embedded: one more sample of that model's busy
+        seconds per item, once enough work was seen."""
+        sample = (self._text_calls if text else self._image_calls).finished(items)
+        if sample is None:
+            return
+        if text:
+            self.text_infer_s += _ALPHA * (sample - self.text_infer_s)
+        elif not self.pinned:
+            self.infer_s += _ALPHA * (sample - self.infer_s)
+            self._metrics.infer_seconds_per_image.set(self.infer_s)
+
+
+class _BusyTime:
+    """Busy periods of one model's backend calls (overlapping calls count once): the busy time
+    so far divided by the items done is one sample of its service rate."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.since = 0.0
+        self.busy_s = 0.0
+        self.items = 0
+
+    def started(self) -> None:
+        if self.active == 0:
+            self.since = time.monotonic()
+        self.active += 1
+
+    def finished(self, items: int) -> float | None:
         now = time.monotonic()
-        self._busy_s += now - self._busy_since
-        self._busy_since = now
-        self._active_calls -= 1
-        self._busy_images += images
-        if self._busy_images >= 8 or self._busy_s >= 0.5:
-            if not self.pinned and self._busy_images:
-                sample = self._busy_s / self._busy_images
-                self.infer_s += _ALPHA * (sample - self.infer_s)
-                self._metrics.infer_seconds_per_image.set(self.infer_s)
-            self._busy_s, self._busy_images = 0.0, 0
+        self.busy_s += now - self.since
+        self.since = now
+        self.active -= 1
+        self.items += items
+        if self.items < 8 and self.busy_s < 0.5:
+            return None
+        sample = self.busy_s / self.items if self.items else None
+        self.busy_s, self.items = 0.0, 0
+        return sample
 
 
 class Reservation:
@@ -145,7 +179,13 @@ class Reservation:
 
     def add_image(self, encoded_bytes: int) -> None:
         """One more image: admitted, or Overloaded (the request stops being read)."""
-        cost = self.admission.image_cost(encoded_bytes)
+        self._add(self.admission.image_cost(encoded_bytes))
+
+    def add_text(self, characters: int) -> None:
+        """One more text: admitted, or Overloaded."""
+        self._add(self.admission.text_cost(characters))
+
+    def _add(self, cost: float) -> None:
         self.admission.check(cost, request_total=self.cost + cost)
         self._hold(cost, images=1)
 

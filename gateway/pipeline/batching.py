@@ -52,9 +52,16 @@ class BatchDecoder:
         self._on_decoded = on_decoded
 
     async def decode(
-        self, items: Sequence[ImageItem], options: ImageOptions, *, skip_invalid: bool
+        self,
+        items: Sequence[ImageItem],
+        options: ImageOptions,
+        *,
+        skip_invalid: bool,
+        positions: Sequence[int] | None = None,
     ) -> DecodedBatch:
-        """All items, or raise the first bad one's error; with ``skip_invalid`` keep the good."""
+        """All items, or raise the first bad one's error; with ``skip_invalid`` keep the good.
+        ``positions``: each item's index in the request (default: its index here)."""
+        where = positions if positions is not None else range(len(items))
         size = options.size
         batch = np.empty((len(items), size, size, 3), dtype=np.uint8)
         with self._tracer.start_as_current_span("preprocess") as span:
@@ -64,7 +71,7 @@ class BatchDecoder:
             errors: list[EmbeddingError] = []
             for index, result in enumerate(results):
                 if isinstance(result, EmbeddingError):
-                    result.index = index
+                    result.index = where[index]
                     errors.append(result)
                 elif isinstance(result, BaseException):
                     raise result
@@ -75,8 +82,9 @@ class BatchDecoder:
             if good:
                 self._observe(span, submitted, [t for _, t in good])
             span.set_attribute("images.failed", len(errors))
-        indices = tuple(i for i, _ in good)
-        pixels = batch if len(indices) == len(items) else batch[list(indices)]
+        rows = [i for i, _ in good]
+        pixels = batch if len(rows) == len(items) else batch[rows]
+        indices = tuple(where[i] for i in rows)
         return DecodedBatch(pixels, indices, tuple(t.decoded for _, t in good), tuple(errors))
 
     async def _run(

@@ -1,8 +1,10 @@
 """Embedding service: items in, embeddings out. Knows nothing of HTTP.
 
-Admission (pipeline/admission.py) is decided by the caller while the request is read; the
-service feeds it the decode and backend timings it learns the costs from. Decoding runs in the
-thread pool (pipeline/batching.py); batches larger than the model's max are split and sent
+A request may mix images and texts: they go their own ways at once (images decoded in the thread
+pool, pipeline/batching.py; texts checked and tokenised, pipeline/texts.py) to their own models,
+and the rows come back in request order, in one space. Admission (pipeline/admission.py) is
+decided by the caller while the request is read; the service feeds it the decode and backend
+timings it learns the costs from. Batches larger than a model's max are split and sent
 concurrently, and Triton's dynamic batcher merges calls from concurrent requests. The whole
 request runs under one deadline, which also bounds each gRPC call.
 """
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -25,25 +28,46 @@ from gateway.errors import (
     BackendUnavailable,
     DeadlineExceeded,
     EmbeddingError,
+    ModalityUnavailable,
 )
 from gateway.imaging.preprocess import Decoded, ImageOptions
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.admission import Admission
 from gateway.pipeline.batching import BatchDecoder
-from gateway.pipeline.items import ImageItem
+from gateway.pipeline.items import ImageItem, Item, TextItem
+from gateway.pipeline.texts import TextEncoder
 from gateway.runtime import memory
 from gateway.runtime.settings import ServerSettings
 
 
 @dataclass(frozen=True)
 class Embeddings:
-    vectors: np.ndarray  # float32 [n_ok, D]
+    vectors: np.ndarray  # float32 [n_ok, D], in request order
     indices: tuple[int, ...]  # request index of each row
     errors: tuple[EmbeddingError, ...]  # skipped items (skip_invalid), each with its index
     model: ModelInfo
     decoded: tuple[Decoded, ...]
     decode_seconds: float
     infer_seconds: float
+    images: int = 0
+    texts: int = 0
+    #: Text tokens the model read (start and end tokens included, padding not).
+    tokens: int = 0
+    tokenize_seconds: float = 0.0
+
+
+@dataclass
+class _Part:
+    """One modality's share of a request."""
+
+    kind: str  # "image" or "text"
+    vectors: np.ndarray
+    indices: tuple[int, ...]
+    errors: tuple[EmbeddingError, ...] = ()
+    decoded: tuple[Decoded, ...] = ()
+    prepare_seconds: float = 0.0  # decode or tokenise
+    infer_seconds: float = 0.0
+    tokens: int = 0
 
 
 class EmbeddingService:
@@ -69,6 +93,7 @@ class EmbeddingService:
         )
         self._trimmer = memory.Trimmer(pool.submit)
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
+        self.texts = TextEncoder(pool, settings.max_text_chars, self._metrics)
 
     def _decoded(self, cpu_seconds: float, encoded: int, items: int, pixels: int) -> None:
         self.admission.observe_decode(cpu_seconds, encoded, items)
@@ -82,7 +107,7 @@ class EmbeddingService:
         return await self._backend.ready()
 
     async def embed(
-        self, items: Sequence[ImageItem], *, normalize: bool = True, skip_invalid: bool = False
+        self, items: Sequence[Item], *, normalize: bool = True, skip_invalid: bool = False
     ) -> Embeddings:
         """Embed admitted items (the caller holds their ``Reservation``) within the deadline."""
         timeout = self._settings.request_timeout_s
@@ -93,61 +118,187 @@ class EmbeddingService:
             raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
 
     async def _embed(
-        self, items: Sequence[ImageItem], normalize: bool, skip_invalid: bool
+        self, items: Sequence[Item], normalize: bool, skip_invalid: bool
     ) -> Embeddings:
         deadline = time.monotonic() + self._settings.request_timeout_s
         model = await self._backend.model_info()
+        images = [i for i, item in enumerate(items) if not isinstance(item, TextItem)]
+        texts = [i for i, item in enumerate(items) if isinstance(item, TextItem)]
+        work: list[Callable[[], Coroutine[Any, Any, _Part]]] = []
+        refused: list[EmbeddingError] = []
+        if texts:
+            # checked before any work is spent, on texts or images: they cost nothing to check
+            good, refused = self._check_texts(items, texts, model, skip_invalid)
+            if good:
+                work.append(lambda: self._embed_texts(items, good, model, deadline))
+        if images:
+            work.append(lambda: self._embed_images(items, images, model, skip_invalid, deadline))
+        parts = await _all([make() for make in work])
+        empty = np.empty((0, model.embed_dim), dtype=np.float32)
+        vectors = np.concatenate([p.vectors for p in parts]) if parts else empty
+        indices = np.array([i for p in parts for i in p.indices], dtype=np.int64)
+        order = np.argsort(indices, kind="stable")
+        if len(parts) > 1:
+            vectors, indices = vectors[order], indices[order]
+        if normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+        errors = sorted([*refused, *(e for p in parts for e in p.errors)],
+                        key=lambda e: e.index or 0)  # fmt: skip
+        image_part = next((p for p in parts if p.kind == "image"), None)
+        text_part = next((p for p in parts if p.kind == "text"), None)
+        return Embeddings(
+            vectors=vectors,
+            indices=tuple(int(i) for i in indices),
+            errors=tuple(errors),
+            model=model,
+            decoded=image_part.decoded if image_part else (),
+            decode_seconds=image_part.prepare_seconds if image_part else 0.0,
+            infer_seconds=max((p.infer_seconds for p in parts), default=0.0),
+            images=len(image_part.indices) if image_part else 0,
+            texts=len(text_part.indices) if text_part else 0,
+            tokens=text_part.tokens if text_part else 0,
+            tokenize_seconds=text_part.prepare_seconds if text_part else 0.0,
+        )
+
+    def _check_texts(
+        self, items: Sequence[Item], texts: list[int], model: ModelInfo, skip_invalid: bool
+    ) -> tuple[list[int], list[EmbeddingError]]:
+        """The texts that can be embedded, and the errors of the others (skip mode; otherwise
+        the first error is raised)."""
+        errors: list[EmbeddingError] = []
+        try:
+            self.texts.tokenizer(model)
+        except ModalityUnavailable as exc:
+            if not skip_invalid:
+                raise ModalityUnavailable(exc.reason, index=texts[0]) from None
+            return [], [ModalityUnavailable(exc.reason, index=i) for i in texts]
+        good = []
+        for i in texts:
+            item = items[i]
+            assert isinstance(item, TextItem)
+            problem = self.texts.check(item.text, i)
+            if problem is None:
+                good.append(i)
+            elif not skip_invalid:
+                raise problem
+            else:
+                errors.append(problem)
+        return good, errors
+
+    async def _embed_images(
+        self,
+        items: Sequence[Item],
+        positions: list[int],
+        model: ModelInfo,
+        skip_invalid: bool,
+        deadline: float,
+    ) -> _Part:
+        pre = model.image_preprocessing
         options = ImageOptions(
-            size=model.image_size,
+            size=pre.size,
             max_pixels=self._settings.max_image_pixels,
             max_bytes=self._settings.max_image_bytes,
             max_decode_bytes=self._settings.max_decode_mib << 20,
             progressive_dc_only=self._settings.progressive_dc_only,
+            resize_mode=pre.resize_mode,
+            interpolation=pre.interpolation,
+            fill_color=pre.fill_color,
         )
+        images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
         started = time.perf_counter()
-        batch = await self._decoder.decode(items, options, skip_invalid=skip_invalid)
+        batch = await self._decoder.decode(
+            images, options, skip_invalid=skip_invalid, positions=positions
+        )
         decoded_at = time.perf_counter()
         if len(batch.pixels):
-            vectors = await self.infer(batch.pixels, model, deadline)
+            limit = min(self._settings.max_batch_size or model.max_batch_size, model.max_batch_size)
+            vectors = await self._infer(self._backend.infer, batch.pixels, limit, deadline, False)
         else:
             vectors = np.empty((0, model.embed_dim), dtype=np.float32)
-        if normalize:
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.maximum(norms, np.finfo(np.float32).tiny)
-        return Embeddings(
-            vectors=vectors,
-            indices=batch.indices,
+        return _Part(
+            "image",
+            vectors,
+            batch.indices,
             errors=batch.errors,
-            model=model,
             decoded=batch.decoded,
-            decode_seconds=decoded_at - started,
+            prepare_seconds=decoded_at - started,
             infer_seconds=time.perf_counter() - decoded_at,
         )
 
-    async def infer(self, pixels: np.ndarray, model: ModelInfo, deadline: float) -> np.ndarray:
-        limit = min(self._settings.max_batch_size or model.max_batch_size, model.max_batch_size)
-        chunks = [pixels[i : i + limit] for i in range(0, len(pixels), limit)]
-        results = await asyncio.gather(*(self._infer_chunk(chunk, deadline) for chunk in chunks))
+    async def _embed_texts(
+        self, items: Sequence[Item], positions: list[int], model: ModelInfo, deadline: float
+    ) -> _Part:
+        assert model.text is not None
+        texts: list[TextItem] = [items[i] for i in positions]  # type: ignore[misc]
+        started = time.perf_counter()
+        batch = await self.texts.encode(texts, positions, self.texts.tokenizer(model))
+        tokenized_at = time.perf_counter()
+        vectors = await self._infer(
+            self._backend.infer_text, batch.tokens, model.text.max_batch_size, deadline, True
+        )
+        return _Part(
+            "text",
+            vectors,
+            batch.indices,
+            prepare_seconds=tokenized_at - started,
+            infer_seconds=time.perf_counter() - tokenized_at,
+            tokens=batch.token_count,
+        )
+
+    async def _infer(
+        self,
+        call: Callable[..., Awaitable[np.ndarray]],
+        batch: np.ndarray,
+        limit: int,
+        deadline: float,
+        text: bool,
+    ) -> np.ndarray:
+        chunks = [batch[i : i + limit] for i in range(0, len(batch), limit)]
+        results = await asyncio.gather(
+            *(self._infer_chunk(call, chunk, deadline, text) for chunk in chunks)
+        )
         return results[0] if len(results) == 1 else np.concatenate(results)
 
-    async def _infer_chunk(self, chunk: np.ndarray, deadline: float) -> np.ndarray:
+    async def _infer_chunk(
+        self,
+        call: Callable[..., Awaitable[np.ndarray]],
+        chunk: np.ndarray,
+        deadline: float,
+        text: bool,
+    ) -> np.ndarray:
         started, outcome = time.perf_counter(), "ok"
-        self.admission.infer_started()
+        self.admission.infer_started(text)
         try:
-            rows = await self._backend.infer(chunk, deadline=deadline)
-            self.admission.infer_finished(len(chunk))
+            rows = await call(chunk, deadline=deadline)
+            self.admission.infer_finished(len(chunk), text)
             return rows
         except EmbeddingError as exc:
             outcome = _OUTCOMES.get(type(exc), "error")
-            self.admission.infer_finished(0)
+            self.admission.infer_finished(0, text)
             raise
         except asyncio.CancelledError:
             outcome = "cancelled"
-            self.admission.infer_finished(0)
+            self.admission.infer_finished(0, text)
             raise
         finally:
-            self._metrics.triton_seconds.labels(outcome).observe(time.perf_counter() - started)
-            self._metrics.triton_batch.observe(len(chunk))
+            model = "text" if text else "image"
+            self._metrics.triton_seconds.labels(model, outcome).observe(
+                time.perf_counter() - started
+            )
+            self._metrics.triton_batch.labels(model).observe(len(chunk))
+
+
+async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:
+    """Run the parts at once; the first failure cancels the others (their model calls too)."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 #: gateway_triton_request_duration_seconds{outcome}: how a backend call ended.

@@ -50,6 +50,8 @@ class ServerSettings(BaseSettings):
     #: Triton's gRPC endpoint; loopback in the one-container-per-GPU layout.
     triton_url: str = "127.0.0.1:8001"
     triton_model: str = "clip_image"
+    #: The text tower beside it (absent: the gateway embeds images only, and says why).
+    triton_text_model: str = "clip_text"
     #: Triton's Prometheus endpoint, re-exposed as GET /metrics/triton (unset: not re-exposed).
     triton_metrics_url: str | None = None
     #: Deadline of a whole /v1/embeddings request, carried into the gRPC call as its timeout.
@@ -82,7 +84,11 @@ class ServerSettings(BaseSettings):
     # --- limits -----------------------------------------------------------------------------
     #: Largest request body; a bigger Content-Length is refused before the body is read.
     max_body_bytes: int = Field(64 * MiB, ge=1024)
+    #: Items (images and texts) in one request.
     max_images_per_request: int = Field(256, ge=1)
+    #: Longest text, in characters (before tokenising; the model reads its first
+    #: ``context_length`` tokens, as open_clip does: a 77-token context holds ~300 characters).
+    max_text_chars: int = Field(4096, ge=1)
     #: Seconds of estimated work (decode + model, at the measured rate) admitted at once per
     #: worker; beyond it 429 with Retry-After. 0 = half the request deadline, so admitted work
     #: finishes in time even when the estimates are off by 2x (pipeline/admission.py).

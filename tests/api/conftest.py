@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from litestar.testing import TestClient
@@ -13,8 +14,8 @@ from tests.fakes import FakeBackend
 
 
 @pytest.fixture
-def fake() -> FakeBackend:
-    return FakeBackend(max_batch_size=4)
+def fake(clip_tokenizer_file: Path) -> FakeBackend:
+    return FakeBackend(max_batch_size=4, tokenizer_file=str(clip_tokenizer_file))
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def test_multipart_batch_in_openai_shape(client: TestClient) -> None:
     body = response.json()
     assert body["object"] == "list"
     assert body["model"] == "ViT-B-32"
-    assert body["usage"] == {"prompt_tokens": 0, "total_tokens": 0, "images": 3}
+    assert body["usage"] == {"prompt_tokens": 0, "total_tokens": 0, "images": 3, "texts": 0}
     timing = dict(
         part.strip().split(";")[0:2] for part in response.headers["server-timing"].split(",")
     )
@@ -87,7 +87,7 @@ def test_openai_json_form(client: TestClient, encoding_format: str) -> None:
     payload = {
         "model": "ViT-B-32",
         "input": [
-            base64.b64encode(images[0]).decode(),
+            {"image": base64.b64encode(images[0]).decode()},
             *("data:image/jpeg;base64," + base64.b64encode(x).decode() for x in images[1:]),
         ],
         "encoding_format": encoding_format,
@@ -106,7 +106,8 @@ def test_openai_json_form(client: TestClient, encoding_format: str) -> None:
 def test_json_single_string_input_and_alias(client: TestClient) -> None:
     image = samples.compact(4)
     response = client.post(
-        "/v1/embeddings", json={"model": "clip", "input": base64.b64encode(image).decode()}
+        "/v1/embeddings",
+        json={"model": "clip", "input": base64.b64encode(image).decode(), "modality": "image"},
     )
     assert response.status_code == 200, response.text[:500][:500]
     np.testing.assert_allclose(vectors(response.json())[0], embed_one(client, image), atol=1e-6)

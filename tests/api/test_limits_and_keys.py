@@ -129,7 +129,11 @@ def test_skip_invalid_returns_good_embeddings_and_indexed_errors(
 
 
 def test_skip_invalid_in_json_and_binary(client: TestClient, mixed: list[bytes]) -> None:
-    payload = {"input": [base64.b64encode(x).decode() for x in mixed], "skip_invalid": True}
+    payload = {
+        "input": [base64.b64encode(x).decode() for x in mixed],
+        "modality": "image",
+        "skip_invalid": True,
+    }
     body = client.post("/v1/embeddings", json=payload).json()
     assert [row["index"] for row in body["data"]] == [0, 2, 4]
     binary = client.post(
@@ -211,7 +215,8 @@ def test_readiness_follows_the_canary(fake: FakeBackend) -> None:
 
     with make_client(fake, canary_interval_s=0.1) as client:
         wait_until(lambda: readyz()[0] == 200, "canary passes on a healthy backend")
-        assert readyz()[1].startswith("canary cosine 1.0")
+        assert readyz()[1].startswith("image canary cosine 1.0")
+        assert "text canary cosine 1.0" in readyz()[1]
         fake.mode = "nan"  # a broken engine: READY in Triton, garbage out
         wait_until(lambda: readyz()[0] == 503, "canary fails on NaN")
         assert "not finite" in readyz()[1]

@@ -26,7 +26,7 @@ def test_the_embeddings_operation_comes_from_the_types_and_the_error_map(
     assert set(body["properties"]) == set(EmbeddingRequest.__struct_fields__)
     assert body["required"] == ["input"]
     form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
-    assert {"image", "model", "normalize", "skip_invalid", "encoding_format"} == set(
+    assert {"image", "text", "model", "normalize", "skip_invalid", "encoding_format"} == set(
         form["properties"]
     )
     ok = operation["responses"]["200"]

@@ -30,11 +30,11 @@ def gateway(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
 
 @pytest.fixture(scope="session")
 def control_triton(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, clip_tokenizer_file: Path
 ) -> Iterator[tuple[LocalTriton, Control]]:
-    """A real tritonserver whose ``clip_image`` is the control model."""
+    """A real tritonserver whose ``clip_image`` and ``clip_text`` are the control model."""
     work = tmp_path_factory.mktemp("control")
-    repository, control = render_control_repository(work)
+    repository, control = render_control_repository(work, clip_tokenizer_file)
     with LocalTriton(repository, log_path=work / "triton.log") as server:
         yield server, control
 

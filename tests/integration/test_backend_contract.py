@@ -21,6 +21,7 @@ from tests.controlled import Control
 from tests.fakes import FakeBackend
 
 PIXELS = np.random.default_rng(0).integers(0, 256, (5, 224, 224, 3), dtype=np.uint8)
+TOKENS = np.random.default_rng(1).integers(0, 49408, (5, 77), dtype=np.int32)
 
 
 @dataclass
@@ -33,9 +34,9 @@ class Subject:
 
 
 @pytest.fixture(params=["fake", "triton"])
-def subject(request, control: Control) -> Subject:
+def subject(request, control: Control, clip_tokenizer_file) -> Subject:
     if request.param == "fake":
-        fake = FakeBackend()
+        fake = FakeBackend(tokenizer_file=str(clip_tokenizer_file))
 
         def set_fake(mode: str = "ok", *, hold: bool = False) -> None:
             fake.mode = mode
@@ -64,11 +65,44 @@ def soon(seconds: float = 30.0) -> float:
     return time.monotonic() + seconds
 
 
-def test_model_info_and_readiness(subject: Subject) -> None:
+def test_model_info_and_readiness(subject: Subject, clip_tokenizer_file) -> None:
     async def check(backend: InferenceBackend) -> None:
         info = await backend.model_info()
         assert (info.image_size, info.embed_dim, info.max_batch_size) == (224, 512, 32)
+        assert info.text is not None and info.text_unavailable is None
+        assert (info.text.context_length, info.text.max_batch_size) == (77, 32)
+        assert info.text.tokenizer_file == str(clip_tokenizer_file)
+        assert info.modalities == ("image", "text")
         assert await backend.ready()
+
+    run(subject, check)
+
+
+def test_text_rows_are_deterministic_and_independent(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        whole = await backend.infer_text(TOKENS, deadline=soon())
+        parts = await asyncio.gather(
+            backend.infer_text(TOKENS[:2], deadline=soon()),
+            backend.infer_text(TOKENS[2:], deadline=soon()),
+        )
+        assert whole.shape == (5, 512) and whole.dtype == np.float32
+        np.testing.assert_allclose(whole, np.concatenate(parts), atol=1e-5)
+        assert not np.allclose(whole[0], whole[1])
+
+    run(subject, check)
+
+
+def test_text_failures_are_the_same_errors(subject: Subject) -> None:
+    async def check(backend: InferenceBackend) -> None:
+        await backend.model_info()
+        subject.set("error")
+        with pytest.raises(BackendFailed, match="failing on purpose"):
+            await backend.infer_text(TOKENS[:1], deadline=soon())
+        subject.set(hold=True)
+        with pytest.raises(BackendTimeout):
+            await backend.infer_text(TOKENS[:1], deadline=soon(0.5))
+        subject.set()
+        assert (await backend.infer_text(TOKENS[:1], deadline=soon())).shape == (1, 512)
 
     run(subject, check)
 
@@ -88,18 +122,23 @@ def test_rows_are_deterministic_and_independent(subject: Subject) -> None:
     run(subject, check)
 
 
-def test_fake_and_triton_compute_the_same_function(control_triton) -> None:
-    async def both() -> tuple[np.ndarray, np.ndarray]:
+def test_fake_and_triton_compute_the_same_function(control_triton, clip_tokenizer_file) -> None:
+    async def both() -> tuple[np.ndarray, ...]:
         triton = TritonBackend(control_triton[0].grpc_url, "clip_image")
+        fake = FakeBackend(tokenizer_file=str(clip_tokenizer_file))
         try:
-            return await FakeBackend().infer(PIXELS, deadline=soon()), await triton.infer(
-                PIXELS, deadline=soon()
+            return (
+                await fake.infer(PIXELS, deadline=soon()),
+                await triton.infer(PIXELS, deadline=soon()),
+                await fake.infer_text(TOKENS, deadline=soon()),
+                await triton.infer_text(TOKENS, deadline=soon()),
             )
         finally:
             await triton.close()
 
-    fake, real = asyncio.run(both())
+    fake, real, fake_text, real_text = asyncio.run(both())
     np.testing.assert_allclose(fake, real, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(fake_text, real_text, rtol=1e-5, atol=1e-5)
 
 
 def test_a_failing_model_raises_backend_error(subject: Subject) -> None:

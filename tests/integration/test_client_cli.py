@@ -240,7 +240,8 @@ def test_openai_client_and_this_client_agree(gateway) -> None:
     images = [samples.compact(i) for i in range(400, 404)]
     openai_client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     result = openai_client.embeddings.create(
-        model="ViT-B-32", input=[base64.b64encode(x).decode() for x in images]
+        model="ViT-B-32",
+        input=["data:image/jpeg;base64," + base64.b64encode(x).decode() for x in images],
     )
     theirs = np.array([d.embedding for d in result.data], dtype=np.float32)
     with Client(gateway.url, compact=False) as client:

@@ -74,7 +74,7 @@ def test_openai_json(http: httpx.Client, encoding_format: str) -> None:
     payload = {
         "model": "ViT-B-32",
         "input": [
-            base64.b64encode(images[0]).decode(),
+            {"image": base64.b64encode(images[0]).decode()},
             "data:image/webp;base64," + base64.b64encode(images[1]).decode(),
         ],
         "encoding_format": encoding_format,
@@ -117,13 +117,57 @@ def test_official_openai_client(gateway) -> None:
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-needed", max_retries=0)
     images = [samples.compact(70), samples.compact(71)]
     result = client.embeddings.create(
-        model="ViT-B-32", input=[base64.b64encode(x).decode() for x in images]
+        model="ViT-B-32",
+        input=[base64.b64encode(x).decode() for x in images],
+        extra_body={"modality": "image"},  # bare base64 strings are images only when told
     )  # the client asks for base64 and decodes it itself
     got = np.array([d.embedding for d in result.data], dtype=np.float32)
     assert [d.index for d in result.data] == [0, 1]
     assert result.model == "ViT-B-32"
     assert_matches(got, images)
     assert client.models.list().data[0].id == "ViT-B-32"
+
+
+def test_official_openai_client_embeds_a_search_query(gateway) -> None:
+    """What a new user tries first: the openai client, a list of texts, its defaults (it asks
+    for base64 and decodes it itself)."""
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="not-needed", max_retries=0)
+    texts = ["a photo of a cat", "a diagram of a bicycle"]
+    result = client.embeddings.create(model="ViT-B-32", input=texts)
+    got = np.array([d.embedding for d in result.data], dtype=np.float32)
+    expected = reference.embed_tokens(reference.tokens(texts))
+    assert reference.cosines(got, expected).min() >= 0.9999
+    # start + the BPE tokens + end, per open_clip's tokenizer
+    lengths = [int(np.argmax(row == 49407)) + 1 for row in reference.tokens(texts)]
+    assert result.usage.prompt_tokens == sum(lengths) == 14
+    single = client.embeddings.create(model="ViT-B-32", input="a photo of a cat")
+    np.testing.assert_allclose(single.data[0].embedding, got[0], atol=1e-6)
+
+
+def test_mixed_multipart_batch_in_order_in_one_space(http: httpx.Client) -> None:
+    images = [samples.compact(80), samples.compact(81)]
+    form = [
+        ("text", (None, b"a photo of a cat", "text/plain")),
+        ("image", ("0.jpg", images[0], "image/jpeg")),
+        ("text", (None, b"a red car", "text/plain")),
+        ("image", ("1.jpg", images[1], "image/jpeg")),
+    ]
+    got = rows(http.post("/v1/embeddings", files=form))
+    assert got.shape == (4, 512)
+    assert_matches(got[[1, 3]], images)
+    texts = reference.embed_tokens(reference.tokens(["a photo of a cat", "a red car"]))
+    assert reference.cosines(got[[0, 2]], texts).min() >= 0.9999
+
+
+def test_models_and_readiness_cover_both_towers(http: httpx.Client, exported) -> None:
+    (card,) = http.get("/v1/models").json()["data"]
+    assert card["modalities"] == ["image", "text"]
+    assert (card["embed_dim"], card["image_size"], card["context_length"]) == (512, 224, 77)
+    preprocess = exported.manifest["preprocess"]
+    for key in ("size", "resize_mode", "interpolation", "mean", "std", "from_tag"):
+        assert card["preprocessing"][key] == preprocess[key], key
+    detail = http.get("/readyz").json()["canary"]
+    assert "image canary cosine" in detail and "text canary cosine" in detail
 
 
 @pytest.mark.parametrize(
@@ -152,7 +196,7 @@ def test_request_level_errors_over_http(http: httpx.Client) -> None:
         "/v1/embeddings", content=b"{nope", headers={"content-type": "application/json"}
     )
     assert bad_json.status_code == 400
-    bad_b64 = http.post("/v1/embeddings", json={"input": ["%%%"]})
+    bad_b64 = http.post("/v1/embeddings", json={"input": ["%%%"], "modality": "image"})
     assert (bad_b64.status_code, bad_b64.json()["index"]) == (422, 0)
     wrong_type = http.post("/v1/embeddings", content=b"abc", headers={"content-type": "text/plain"})
     assert wrong_type.status_code == 415

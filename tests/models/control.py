@@ -2,7 +2,8 @@
 chosen at run time through a small JSON control file (path in the config's ``control_file``).
 
 Its embedding is the same cheap content-bound function as ``tests.fakes.FakeBackend`` (8x8 mean
-pool, then a fixed closed-form projection), which the contract suite checks. Control keys:
+pool, then a fixed closed-form projection; as ``clip_text``, waves of the token ids), which the
+contract suite checks. Both models read the same control file. Control keys:
 
 - ``mode``: ``ok`` | ``error`` (fail every request) | ``nan`` (NaN rows: a broken engine) |
   ``negate`` (wrong values: cosine -1 to the right ones);
@@ -33,6 +34,13 @@ def embed(pixels, projection):
     return ((pooled / 255.0 - 0.5) @ projection).astype(np.float32)
 
 
+def embed_tokens(tokens, embed_dim):
+    cols = np.arange(1, embed_dim + 1, dtype=np.float64)[None, None, :]
+    places = np.arange(tokens.shape[1], dtype=np.float64)[None, :, None]
+    waves = np.sin(tokens.astype(np.float64)[:, :, None] * cols * 1e-3 + places * 0.37)
+    return waves.mean(axis=1).astype(np.float32)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -40,7 +48,10 @@ class TritonPythonModel:
         self.control_file = params["control_file"]
         self.input_name = config["input"][0]["name"]
         self.output_name = config["output"][0]["name"]
-        self.projection = projection(int(config["output"][0]["dims"][-1]))
+        self.embed_dim = int(config["output"][0]["dims"][-1])
+        # clip_text's control model: token ids in (tests.fakes.embed_tokens)
+        self.text = config["input"][0]["data_type"] == "TYPE_INT32"
+        self.projection = projection(self.embed_dim)
 
     def control(self):
         try:
@@ -68,7 +79,10 @@ class TritonPythonModel:
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
         responses = []
         for array in arrays:
-            rows = embed(array, self.projection)
+            if self.text:
+                rows = embed_tokens(array, self.embed_dim)
+            else:
+                rows = embed(array, self.projection)
             if mode == "nan":
                 rows[:] = np.nan
             elif mode == "negate":

@@ -99,13 +99,34 @@ def test_the_service_rate_is_learned_from_busy_time_unless_pinned() -> None:
     learned = Admission(10.0, 1, Metrics())
     prior = learned.infer_s
     learned.infer_started()
-    learned._busy_since -= 0.8  # the call has been busy 0.8 s
+    learned._image_calls.since -= 0.8  # the call has been busy 0.8 s
     learned.infer_finished(32)
     assert learned.infer_s == pytest.approx(prior + 0.3 * (0.8 / 32 - prior), rel=1e-3)
     pinned = admission(infer=0.2)
     pinned.infer_started()
     pinned.infer_finished(32)
     assert pinned.infer_s == 0.2
+
+
+def test_the_text_rate_is_learned_from_text_calls_alone() -> None:
+    a = Admission(10.0, 1, Metrics(), infer_s_per_image=0.2)
+    image_rate, text_prior = a.infer_s, a.text_infer_s
+    a.infer_started(text=True)
+    a._text_calls.since -= 0.32  # 32 texts in 0.32 s
+    a.infer_finished(32, text=True)
+    assert a.text_infer_s == pytest.approx(text_prior + 0.3 * (0.01 - text_prior), rel=1e-3)
+    assert a.infer_s == image_rate  # the image rate is not touched
+    assert a.text_cost(20) < a.image_cost(20_000)  # a query costs less than a photo
+    with a.reserve(0) as held:
+        held.add_text(20)
+        assert a.images_in_flight == 1  # items: texts count too
+        assert a.backlog_s == pytest.approx(a.text_cost(20))
+
+
+def test_a_text_over_the_horizon_is_refused_like_an_image() -> None:
+    a = admission(horizon=1.0)
+    with a.reserve(0) as held, pytest.raises(LimitExceeded):
+        held.add_text(1_000_000_000)  # ~100 s of tokenising
 
 
 def test_decode_cost_is_learned_per_byte() -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 
 import pytest
 
 from gateway.errors import InvalidFields, LimitExceeded, MalformedRequest
 from gateway.http import parsing
+from gateway.pipeline.items import TextItem
 
 BOUNDARY = "b0undary"
 
@@ -54,13 +56,53 @@ def test_multipart_keeps_arrival_order_and_reads_options(chunk: int) -> None:
     assert (parsed.normalize, parsed.encoding_format, parsed.model) == (False, "base64", "ViT-B-32")
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_multipart_text_fields_are_texts_in_arrival_order(chunk: int) -> None:
+    raw = body([
+        ("text", "a photo of a café".encode(), None),
+        ("image", b"first", "1.jpg"),
+        ("text", b"  spaces kept  ", None),
+        ("text", b"from a file", "query.txt"),
+        ("image", b"second", "2.jpg"),
+    ])  # fmt: skip
+    assert parse(raw, chunk).items == [
+        TextItem("a photo of a café"), b"first", TextItem("  spaces kept  "),
+        TextItem("from a file"), b"second",
+    ]  # fmt: skip
+
+
+def test_multipart_text_in_a_declared_charset_and_a_wrong_one() -> None:
+    latin = (
+        (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="text"\r\n'
+            "Content-Type: text/plain; charset=latin-1\r\n\r\n"
+        ).encode()
+        + "café".encode("latin-1")
+        + f"\r\n--{BOUNDARY}--\r\n".encode()
+    )
+    assert parse(latin).items == [TextItem("café")]
+    with pytest.raises(MalformedRequest, match="form field 'text' is not valid utf-8"):
+        parse(body([("text", "café".encode("latin-1"), None)]))
+
+
+def test_multipart_reports_each_item_as_it_completes() -> None:
+    seen: list[object] = []
+    raw = body([("image", b"x", "1.jpg"), ("text", b"a cat", None), ("model", b"m", None)])
+    asyncio.run(
+        parsing.parse_multipart(
+            chunked(raw, 5), BOUNDARY, max_images=8, max_image_bytes=100, on_item=seen.append
+        )
+    )
+    assert seen == [b"x", TextItem("a cat")]  # options are not items
+
+
 def test_multipart_limits() -> None:
     with pytest.raises(LimitExceeded) as too_big:
         parse(body([("image", b"ok", "a"), ("image", b"x" * 2000, "b")]))
     assert too_big.value.index == 1
     with pytest.raises(LimitExceeded):
         parse(body([("image", b"x", str(i)) for i in range(9)]), max_images=8)
-    with pytest.raises(MalformedRequest, match="no images"):
+    with pytest.raises(MalformedRequest, match="no items"):
         parse(body([("model", b"ViT-B-32", None)]))
 
 
@@ -78,13 +120,78 @@ def test_multipart_malformed() -> None:
 
 def test_json_forms() -> None:
     one = parsing.parse_json(b'{"input": "QUJD"}', 4, 1000)
-    assert one.items == ["QUJD"]
+    assert one.items == [TextItem("QUJD")]  # a string is a text
     assert (one.encoding_format, one.normalize, one.model) == ("float", None, None)
     many = parsing.parse_json(
         b'{"input": ["a", "b"], "encoding_format": "base64", "user": "u"}', 4, 1000
     )
-    assert many.items == ["a", "b"]
+    assert many.items == [TextItem("a"), TextItem("b")]
     assert many.encoding_format == "base64"
+
+
+#: base64 of a JPEG's first bytes (ff d8 ff e0 ...), as the image-only API was sent images
+JPEG_B64 = base64.b64encode(b"\xff\xd8\xff\xe0" + bytes(range(60))).decode()
+DATA_URI = "data:image/jpeg;base64," + JPEG_B64
+
+
+def items_of(input_json: str, modality: str | None = None) -> list[object]:
+    extra = f', "modality": "{modality}"' if modality else ""
+    raw = f'{{"input": {input_json}{extra}}}'.encode()
+    return list(parsing.parse_json(raw, 8, 10_000).items)
+
+
+def test_json_strings_are_texts_unless_image_data_uris_or_the_modality_says_so() -> None:
+    assert items_of(f'["a cat", "{DATA_URI}"]') == [TextItem("a cat"), DATA_URI]
+    assert items_of(f'["{JPEG_B64}", "{DATA_URI}"]', "image") == [JPEG_B64, DATA_URI]
+    # modality text: every string is a text, even one that looks like an image
+    assert items_of(f'["{DATA_URI}", "{JPEG_B64}"]', "text") == [
+        TextItem(DATA_URI), TextItem(JPEG_B64),
+    ]  # fmt: skip
+    # other data: URIs are texts (only image ones are images)
+    assert items_of('["data:text/plain,hi"]') == [TextItem("data:text/plain,hi")]
+
+
+def test_json_objects_say_what_they_are() -> None:
+    found = items_of(f'[{{"text": "a dog"}}, {{"image": "{JPEG_B64}"}}, "a bird"]')
+    assert found == [TextItem("a dog"), JPEG_B64, TextItem("a bird")]
+    assert items_of(f'[{{"image": "{JPEG_B64}"}}]', "image") == [JPEG_B64]
+
+
+@pytest.mark.parametrize(
+    ("input_json", "modality", "expected"),
+    [
+        ('[{"text": "a", "image": "b"}]', None, 'input[0] must have exactly one of "text"'),
+        ('["x", {}]', None, 'input[1] must have exactly one of "text"'),
+        ('["x", {"text": "a"}]', "image", 'input[1] is an {"text": ...} object but'),
+        ('[{"image": "QUJD"}]', "text", 'input[0] is an {"image": ...} object but'),
+        ('[{"txt": "a"}]', None, "invalid embeddings request"),
+    ],
+)
+def test_json_objects_that_contradict_themselves_or_the_modality(
+    input_json: str, modality: str | None, expected: str
+) -> None:
+    with pytest.raises(InvalidFields) as raised:
+        items_of(input_json, modality)
+    assert expected in raised.value.reason
+
+
+@pytest.mark.parametrize(
+    "start", [b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"RIFF\0\0\0\0WEBP", b"GIF89a"]
+)
+def test_a_bare_base64_image_is_refused_as_ambiguous_naming_the_item(start: bytes) -> None:
+    """Clients of the image-only API sent images as bare base64: embedding them as texts
+    would answer nonsense silently. They get a 422 saying how to send them."""
+    encoded = base64.b64encode(start + bytes(range(48))).decode()
+    with pytest.raises(InvalidFields) as raised:
+        items_of(f'["a cat", "{encoded}"]')
+    assert raised.value.index == 1
+    assert "looks like a base64-encoded image" in raised.value.reason
+    assert '"modality": "image"' in raised.value.reason
+    assert items_of(f'["{encoded}"]', "image") == [encoded]
+    # not base64 after the start (a sentence): a text
+    assert items_of('["/9j/ is how a base64 JPEG starts"]') == [
+        TextItem("/9j/ is how a base64 JPEG starts")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -155,7 +262,7 @@ def test_multipart_image_count_limit_is_inclusive() -> None:
     assert len(parse(body([("image", b"x", str(i)) for i in range(8)]), max_images=8).items) == 8
     with pytest.raises(LimitExceeded) as raised:
         parse(body([("image", b"x", str(i)) for i in range(9)]), max_images=8)
-    assert raised.value.reason == "9 images in one request; the limit is 8"
+    assert raised.value.reason == "9 items in one request; the limit is 8"
     assert raised.value.index == 8
 
 
@@ -165,8 +272,8 @@ def test_multipart_stops_parsing_at_the_segment_limit() -> None:
         parse(body([("image", b"x", str(i)) for i in range(50)]), max_images=2)
     assert raised.value.index == 6  # 2 images + 4 option fields were allowed
     assert raised.value.reason == (
-        "multipart limit reached at part 6: Maximum segment count exceeded (at most 2 images "
-        "of at most 1000 bytes each)"
+        "multipart limit reached at part 6: Maximum segment count exceeded (at most 2 items, "
+        "each part at most 1000 bytes)"
     )
 
 
@@ -200,7 +307,7 @@ def test_multipart_malformed_message() -> None:
 def test_no_images_message() -> None:
     with pytest.raises(MalformedRequest) as raised:
         parse(body([("model", b"m", None)]))
-    assert raised.value.reason == "no images in the request"
+    assert raised.value.reason == "no items (images or texts) in the request"
 
 
 def test_json_passes_every_option_through() -> None:
@@ -209,7 +316,7 @@ def test_json_passes_every_option_through() -> None:
         b' "skip_invalid": true, "dimensions": 512, "user": "u", "unknown": 1}'
     )
     parsed = parsing.parse_json(raw, 4, 1000)
-    assert parsed == parsing.ParsedRequest(["a"], "ViT-B-32", "base64", False, True)
+    assert parsed == parsing.ParsedRequest([TextItem("a")], "ViT-B-32", "base64", False, True)
 
 
 def test_json_count_limit_is_inclusive() -> None:

@@ -103,7 +103,7 @@ def test_metrics_exposition_and_exemplars() -> None:
     metrics.request_seconds.labels("/v1/embeddings", "POST", "200").observe(
         0.2, {"trace_id": "ab" * 16}
     )
-    metrics.triton_batch.observe(32)
+    metrics.triton_batch.labels("image").observe(32)
     metrics.inflight.set(5)
     text, content_type = metrics.render(openmetrics_format=False)
     assert content_type.startswith("text/plain")

@@ -1,0 +1,86 @@
+"""A request's texts to token rows: checked one by one, then tokenised in the thread pool with
+the model's own tokenizer (gateway/text), loaded once per process from the file the model
+repository names (after the worker's fork: ``tokenizers`` keeps threads of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway.backend.protocol import ModelInfo
+from gateway.errors import EmbeddingError, InvalidText, LimitExceeded, ModalityUnavailable
+from gateway.observability.metrics import Metrics
+from gateway.pipeline.items import TextItem
+from gateway.text.tokenizer import Tokenizer
+
+# One request's texts are tokenised by one pool thread; the pool spreads requests over the cores,
+# so the tokenizer's own thread pool would only oversubscribe them.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    tokens: np.ndarray  # int32 [n_ok, context_length]
+    indices: tuple[int, ...]  # the request index of each row
+    #: Tokens the model reads per row (start and end included, padding not), summed.
+    token_count: int
+
+
+class TextEncoder:
+    def __init__(self, pool: Executor, max_chars: int, metrics: Metrics) -> None:
+        self._pool = pool
+        self.max_chars = max_chars
+        self._metrics = metrics
+        #: per tokenizer file: the loaded tokenizer, or why it could not be loaded
+        self._tokenizers: dict[tuple[str, int], Tokenizer | str] = {}
+
+    def tokenizer(self, model: ModelInfo) -> Tokenizer:
+        """The model's tokenizer, or ModalityUnavailable saying why there is none."""
+        if model.text is None:
+            raise ModalityUnavailable(
+                f"this model embeds images only: {model.text_unavailable or 'no text model'}"
+            )
+        key = (model.text.tokenizer_file, model.text.context_length)
+        loaded = self._tokenizers.get(key)
+        if loaded is None:
+            try:
+                loaded = Tokenizer.from_file(*key)
+            except Exception as exc:  # a missing or foreign file: text cannot be served
+                loaded = f"the tokenizer file {key[0]} cannot be loaded by the gateway: {exc}"
+            self._tokenizers[key] = loaded
+        if isinstance(loaded, str):
+            raise ModalityUnavailable(loaded)
+        return loaded
+
+    def check(self, text: str, index: int) -> EmbeddingError | None:
+        """Why ``text`` cannot be embedded, before any work is spent on it."""
+        if len(text) > self.max_chars:
+            return LimitExceeded(
+                f"text is {len(text)} characters; the limit is {self.max_chars}",
+                index=index,
+                limit=self.max_chars,
+            )
+        if not text.strip():
+            return InvalidText("text is empty or only whitespace", index=index)
+        return None
+
+    async def encode(
+        self, texts: Sequence[TextItem], positions: Sequence[int], tokenizer: Tokenizer
+    ) -> TokenBatch:
+        """Token rows for texts already checked; one pool task for them all."""
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(
+            self._pool, tokenizer.encode_batch, [item.text for item in texts]
+        )
+        self._metrics.tokenize_seconds.observe(time.perf_counter() - started)
+        self._metrics.texts.inc(len(texts))
+        # each row ends with the end-of-text token (truncated texts keep it last)
+        lengths = np.argmax(rows == tokenizer.end_id, axis=1) + 1
+        return TokenBatch(rows, tuple(positions), int(lengths.sum()))
