@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from types import TracebackType
@@ -51,6 +52,8 @@ class AsyncClient:
             url, api_key, batch_size, concurrency, timeout, retries, dtype=dtype
         )
         self.compact = compact if isinstance(compact, CompactOptions) else CompactOptions(compact)
+        #: ``compact`` sized for the served model, once asked (``_compact_options``)
+        self._sized: CompactOptions | None = None
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self._http = httpx.AsyncClient(
             base_url=url, timeout=timeout, limits=limits, transport=transport
@@ -60,17 +63,19 @@ class AsyncClient:
 
     async def embed(self, images: Sequence[ImageLike]) -> np.ndarray:
         """float32 ``[len(images), D]`` in input order (unit length)."""
+        options = await self._compact_options()
         payloads = await asyncio.gather(
-            *(asyncio.to_thread(compact, image, self.compact) for image in images)
+            *(asyncio.to_thread(compact, image, options) for image in images)
         )
         batches = chunks(list(payloads), self.settings.batch_size)
         results = await asyncio.gather(*(self.embed_bytes(batch) for batch in batches))
         return np.concatenate(results) if results else np.empty((0, 0), np.float32)
 
     async def embed_valid(self, images: Sequence[ImageLike]) -> Embedded:
+        options = await self._compact_options()
         """What can be embedded, and why the rest could not (``Client.embed_valid``)."""
         prepared = await asyncio.gather(
-            *(asyncio.to_thread(prepare, i, image, self.compact) for i, image in enumerate(images))
+            *(asyncio.to_thread(prepare, i, image, options) for i, image in enumerate(images))
         )
         local = [item for item in prepared if isinstance(item, ItemError)]
         good = [(i, item) for i, item in enumerate(prepared) if isinstance(item, bytes)]
@@ -104,6 +109,20 @@ class AsyncClient:
         """One request for already-prepared image bytes, retried on 429/5xx."""
         read = partial(parse, dtype=self.settings.dtype)
         return await self._send(embed_request(batch, self.settings), read)
+
+    async def _compact_options(self) -> CompactOptions:
+        """``compact`` sized for the served model (its input size and resize mode, from
+        ``/v1/models``), asked once; the defaults (224-px models) if the gateway cannot say."""
+        if self._sized is None:
+            sized = self.compact
+            if sized.enabled:
+                # if the gateway cannot say, the request itself will report what is wrong
+                with contextlib.suppress(
+                    ClientError, httpx.HTTPError, LookupError, TypeError, ValueError
+                ):
+                    sized = sized.for_model(await self.model_info())
+            self._sized = sized
+        return self._sized
 
     async def model_info(self) -> dict[str, Any]:
         """The served model (``GET /v1/models``), asked once without retries."""

@@ -132,8 +132,8 @@ def cli() -> None:
     "--no-shrink",
     is_flag=True,
     show_default="off",
-    help="Upload the original files instead of compact 256-px JPEGs (HEIC, AVIF and GIF are "
-    "converted to JPEG either way: the gateway does not read them).",
+    help="Upload the original files instead of compact JPEGs sized for the model (HEIC, AVIF "
+    "and GIF are converted to JPEG either way: the gateway does not read them).",
 )
 @click.option(
     "--checkpoint-every",

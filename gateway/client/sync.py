@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,8 @@ class Client:
             url, api_key, batch_size, concurrency, timeout, retries, dtype=dtype
         )
         self.compact = compact if isinstance(compact, CompactOptions) else CompactOptions(compact)
+        #: ``compact`` sized for the served model, once asked (``_compact_options``)
+        self._sized: CompactOptions | None = None
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self._http = httpx.Client(base_url=url, timeout=timeout, limits=limits, transport=transport)
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="clip-client")
@@ -59,7 +62,8 @@ class Client:
 
     def embed(self, images: Sequence[ImageLike]) -> np.ndarray:
         """float32 ``[len(images), D]`` in input order (unit length)."""
-        payloads = list(self._pool.map(lambda image: compact(image, self.compact), images))
+        options = self._compact_options()
+        payloads = list(self._pool.map(lambda image: compact(image, options), images))
         results = list(self._pool.map(self.embed_bytes, chunks(payloads, self.settings.batch_size)))
         return np.concatenate(results) if results else np.empty((0, 0), np.float32)
 
@@ -68,7 +72,9 @@ class Client:
         input: the gateway's ``skip_invalid`` for bad images, the client's own reason for
         files it cannot read. Raises only for the request as a whole (unreachable, refused)."""
         prepared = list(
-            self._pool.map(partial(prepare, options=self.compact), range(len(images)), images)
+            self._pool.map(
+                partial(prepare, options=self._compact_options()), range(len(images)), images
+            )
         )
         local = [item for item in prepared if isinstance(item, ItemError)]
         good = [(i, item) for i, item in enumerate(prepared) if isinstance(item, bytes)]
@@ -99,6 +105,20 @@ class Client:
         """One request for already-prepared image bytes, retried on 429/5xx."""
         read = partial(parse, dtype=self.settings.dtype)
         return self._send(embed_request(batch, self.settings), read)
+
+    def _compact_options(self) -> CompactOptions:
+        """``compact`` sized for the served model (its input size and resize mode, from
+        ``/v1/models``), asked once; the defaults (224-px models) if the gateway cannot say."""
+        if self._sized is None:
+            sized = self.compact
+            if sized.enabled:
+                # if the gateway cannot say, the request itself will report what is wrong
+                with contextlib.suppress(
+                    ClientError, httpx.HTTPError, LookupError, TypeError, ValueError
+                ):
+                    sized = sized.for_model(self.model_info())
+            self._sized = sized
+        return self._sized
 
     def model_info(self) -> dict[str, Any]:
         """The served model (``GET /v1/models``), asked once without retries: a quick check

@@ -303,11 +303,19 @@ def decode(
 
 
 def decode_scaled(
-    data: bytes, header: JpegHeader, target: int, *, max_scans: int, dc_only: bool
+    data: bytes,
+    header: JpegHeader,
+    target: int,
+    *,
+    max_scans: int,
+    dc_only: bool,
+    long_side: bool = False,
 ) -> np.ndarray:
     """Walk and decode in one call (the client's compact upload)."""
-    layout = walk(data, max_scans=max_scans, dc_only_for=target if dc_only else None)
-    return decode(data, layout, target)
+    layout = walk(
+        data, max_scans=max_scans, dc_only_for=target if dc_only else None, long_side=long_side
+    )
+    return decode(data, layout, target, long_side=long_side)
 
 
 def _decode(data: bytes, min_height: int, min_width: int, colorspace: str = "RGB") -> np.ndarray:

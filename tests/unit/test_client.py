@@ -55,14 +55,57 @@ def test_compact_png_and_pil_inputs() -> None:
     assert compact(BIG, CompactOptions(enabled=False)) is BIG
 
 
+#: ``GET /v1/models`` of a 224-px model: what the clients ask once to size their uploads.
+MODELS = {"object": "list", "data": [{"id": "ViT-B-32", "image_size": 224,
+                                      "preprocessing": {"resize_mode": "shortest"}}]}  # fmt: skip
+
+
 def answers(*responses: httpx.Response) -> tuple[httpx.MockTransport, list[httpx.Request]]:
+    """``responses`` to the embedding requests, in order (``seen``); /v1/models answered aside."""
     queue, seen = list(responses), []
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json=MODELS)
         seen.append(request)
         return queue.pop(0)
 
     return httpx.MockTransport(handler), seen
+
+
+@pytest.mark.parametrize(
+    ("card", "side", "long_side"),
+    [
+        ({"image_size": 224, "preprocessing": {"resize_mode": "shortest"}}, 256, False),
+        ({"image_size": 256, "preprocessing": {"resize_mode": "squash"}}, 293, False),
+        ({"image_size": 384, "preprocessing": {"resize_mode": "longest"}}, 439, True),
+        ({}, 256, False),  # an older gateway that does not say: the 224-px defaults
+    ],
+)
+def test_uploads_are_sized_for_the_served_model(card: dict, side: int, long_side: bool) -> None:
+    options = CompactOptions().for_model(card)
+    assert (options.short_side, options.long_side) == (side, long_side)
+    small = compact(BIG, options)  # 3264x2448
+    width, height = size(small)
+    assert (width if long_side else height) == side  # never below what the model reads
+
+
+def test_the_client_asks_the_model_once_and_sizes_uploads_for_it() -> None:
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/v1/models":
+            card = {"id": "m", "image_size": 384, "preprocessing": {"resize_mode": "shortest"}}
+            return httpx.Response(200, json={"object": "list", "data": [card]})
+        upload = request.content.split(b"\r\n\r\n", 1)[1]
+        assert min(size(upload)) == 439  # 8/7 of 384: the gateway resizes down, never up
+        return vectors(1)
+
+    with Client("http://gw", transport=httpx.MockTransport(handler)) as client:
+        client.embed([BIG])
+        client.embed([BIG])
+    assert asked == ["/v1/models", "/v1/embeddings", "/v1/embeddings"]
 
 
 def vectors(n: int) -> httpx.Response:
@@ -238,7 +281,13 @@ def test_texts_go_as_json_with_the_text_modality() -> None:
 
 
 def test_model_info_asks_once() -> None:
-    transport, seen = answers(httpx.Response(200, json={"data": [{"id": "ViT-B-32"}]}))
-    with Client("http://gw", transport=transport, api_key="k") as client:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"data": [{"id": "ViT-B-32"}]})
+
+    with Client("http://gw", transport=httpx.MockTransport(handler), api_key="k") as client:
         assert client.model_info()["id"] == "ViT-B-32"
+    assert len(seen) == 1
     assert seen[0].url.path == "/v1/models" and seen[0].headers["authorization"] == "Bearer k"
