@@ -21,7 +21,9 @@ import open_clip
 import torch
 from PIL import Image, ImageOps
 
-Perturbation = Literal["none", "channel-swap", "no-rotation", "imagenet-mean-std"]
+Perturbation = Literal[
+    "none", "channel-swap", "no-rotation", "imagenet-mean-std", "shortest-crop", "squash"
+]
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -49,6 +51,8 @@ def unit(vectors: np.ndarray) -> np.ndarray:
 def embed_image(data: bytes, perturb: Perturbation = "none", name: str = "ViT-B-32") -> np.ndarray:
     """Unit-length float64 embedding of encoded image bytes, open_clip's way."""
     clip, transform = model(name)
+    if perturb in ("shortest-crop", "squash"):  # the model's transform, another resize mode
+        transform = _with_resize_mode(transform, perturb, name)
     image = Image.open(io.BytesIO(data))
     if perturb != "no-rotation":
         image = ImageOps.exif_transpose(image)
@@ -65,8 +69,20 @@ def embed_image(data: bytes, perturb: Perturbation = "none", name: str = "ViT-B-
         return unit(clip.encode_image(x[None]).numpy()[0])
 
 
-def embed_images(images: list[bytes], perturb: Perturbation = "none") -> np.ndarray:
-    return np.stack([embed_image(data, perturb) for data in images])
+def embed_images(
+    images: list[bytes], perturb: Perturbation = "none", name: str = "ViT-B-32"
+) -> np.ndarray:
+    return np.stack([embed_image(data, perturb, name) for data in images])
+
+
+def _with_resize_mode(transform: Any, perturb: str, name: str) -> Any:
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    mean, std = _normalize(transform)
+    size = model(name)[0].visual.image_size
+    mode = "shortest" if perturb == "shortest-crop" else "squash"
+    cfg = PreprocessCfg(size=size, mean=mean, std=std, resize_mode=mode)
+    return image_transform_v2(cfg, is_train=False)
 
 
 def embed_pixels(pixels: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:

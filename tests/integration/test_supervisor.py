@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from gateway.runtime.processes import ReservedPort, reserve_port
-from tests import samples
+from tests import reference, samples
 from tests.controlled import wait_until
 from tests.metrics import sample
 
@@ -360,9 +361,28 @@ def test_the_container_refuses_to_serve_the_network_without_a_key(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("clip-gateway-")]
 
 
+#: SigLIP images as its own pipeline squashes them (not cropped): wide, tall, EXIF-rotated,
+#: PNG and a camera photo. Measured (random weights): mean 0.999998, min 0.999991; the same
+#: photos cropped as ViT-B/32 is (the wrong resize mode): mean 0.896.
+SIGLIP_MEAN_LIMIT = 0.995
+
+
+def siglip_photos() -> list[bytes]:
+    from bench.photos import CAMERA_SIZES, jpeg, photo
+
+    return [
+        samples.encode(samples.small_photo(11, (900, 300)), "PNG"),
+        samples.encode(samples.small_photo(12, (300, 800)), "JPEG", quality=92),
+        samples.oriented_jpeg(6, seed=13),
+        jpeg(photo(*CAMERA_SIZES[8], seed=14)),
+        samples.compact(15),
+    ]
+
+
 def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
     """``make serve CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=random``: exported by the launch path
-    (or found in the cache), served with its own dimension, and named by its own id."""
+    (or found in the cache), served with its own dimension, preprocessing (squash, mean/std 0.5)
+    and id; faithful to open_clip's own pipeline for it; texts refused, saying why."""
     ports = [reserve_port() for _ in range(4)]
     env = {
         "GATEWAY_SCRATCH_DIR": str(tmp_path),
@@ -389,9 +409,25 @@ def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
         wait_until(ready, "the launched SigLIP gateway is ready", timeout=600, every=0.5)
         (model,) = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
         assert model["id"] == "ViT-B-16-SigLIP"
-        answer = embed(url)
-        assert answer.status_code == 200
-        assert len(answer.json()["data"][0]["embedding"]) == 768
+        assert model["modalities"] == ["image"] and "Hugging Face" in model["text_unavailable"]
+        assert model["preprocessing"]["resize_mode"] == "squash"
+        assert model["preprocessing"]["mean"] == [0.5, 0.5, 0.5]
+        photos = siglip_photos()
+        form = [("image", (f"{i}", p, "image/jpeg")) for i, p in enumerate(photos)]
+        answer = httpx.post(f"{url}/v1/embeddings", files=form, timeout=120)
+        assert answer.status_code == 200, answer.text[:300]
+        got = np.array([row["embedding"] for row in answer.json()["data"]])
+        assert got.shape == (len(photos), 768)
+        cosines = reference.cosines(got, reference.embed_images(photos, name="ViT-B-16-SigLIP"))
+        cropped = reference.cosines(
+            got, reference.embed_images(photos, "shortest-crop", name="ViT-B-16-SigLIP")
+        )
+        print(f"\nSigLIP fidelity: mean {cosines.mean():.6f} min {cosines.min():.6f}; "
+              f"had it cropped: mean {cropped.mean():.6f}")  # fmt: skip
+        assert cosines.mean() >= SIGLIP_MEAN_LIMIT
+        assert cropped.mean() < SIGLIP_MEAN_LIMIT  # the limit would catch the wrong resize mode
+        text = httpx.post(f"{url}/v1/embeddings", json={"input": ["a cat"]}, timeout=30)
+        assert text.status_code == 400 and text.json()["type"].endswith("/modality-unavailable")
         process.send_signal(signal.SIGTERM)
         assert process.wait(120) == 0
     finally:
