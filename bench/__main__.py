@@ -1,10 +1,11 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
-``footprint`` · ``stops``.
+``footprint`` · ``stops`` · ``texts``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
 measures what OpenTelemetry costs at 0% and 100% sampling; ``footprint`` reads the memory of
-every process the real launch path starts; ``stops`` times SIGTERM → exit in every phase.
+every process the real launch path starts; ``stops`` times SIGTERM → exit in every phase;
+``texts`` measures text and mixed requests.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                 "--photos", choices=("compact", "camera"), default="compact",
                 help="compact JPEGs, one per request, or 8-24 MP camera photos, four",
             )  # fmt: skip
+    texts = commands.add_parser("texts", help="bench/texts.py")
+    texts.add_argument("--seconds", type=float, default=20.0, help="per cell and concurrency")
+    texts.add_argument("--smoke", action="store_true", help="seconds, for CI")
+    texts.add_argument("--out", type=Path, default=None)
     stops = commands.add_parser("stops", help="bench/stops.py")
     stops.add_argument("--rounds", type=int, default=3)
     stops.add_argument("--out", type=Path, default=None)
@@ -54,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
 
         stop_times.run(args.rounds, args.out or RESULTS / "stops")
         return 0
+    if args.command == "texts":
+        from bench import texts as text_bench
+
+        out = args.out or RESULTS / ("texts-smoke" if args.smoke else "texts")
+        found = text_bench.run(args.seconds, out, args.smoke)
+        print(out, flush=True)
+        return 1 if found["wrong"] or found["unexpected_5xx"] else 0
     if args.command == "run":
         from bench import runner
 

@@ -75,3 +75,20 @@ def test_footprint_smoke(tmp_path: Path) -> None:
     assert {"supervisor", "tritonserver", "gateway (serving process)"} <= roles
     assert not results["torch_loaded_anywhere"]
     assert results["serving_rss_mb"] > 0
+
+
+def test_texts_smoke(tmp_path: Path) -> None:
+    """Texts, mixed requests and images through the real stack: every answer right, a row per
+    shape and concurrency, the table written."""
+    done = bench("texts", "--smoke", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    results = json.loads((tmp_path / "texts.json").read_text())
+    assert results["wrong"] == 0 and results["unexpected_5xx"] == 0
+    cells = {(c["cell"], c["concurrency"]): c for c in results["cells"]}
+    assert set(cells) == {(name, n) for name in ("text x1", "text x32", "mixed 16+16", "image x32")
+                          for n in (1, 4)}  # fmt: skip
+    for cell in cells.values():
+        # 429: admission refused work beyond its horizon (a loaded 2-core machine); nothing else
+        assert cell["ok"] > 0 and set(cell["statuses"]) <= {"200", "429"}, cell
+    assert cells[("text x32", 1)]["server_ms_mean"]["tokenize"] > 0  # Server-Timing was read
+    assert "| text x32 | 4 |" in (tmp_path / "texts.md").read_text()
