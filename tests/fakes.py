@@ -142,5 +142,11 @@ class FakeBackend:
         self.touched += 1
         return self.mode != "unavailable"
 
+    def staging(self, count: int) -> np.ndarray | None:
+        return None  # decoded anywhere: no shared memory in process
+
+    def unstage(self, array: np.ndarray) -> None:
+        pass
+
     async def close(self) -> None:
         self.closed = True

@@ -103,6 +103,8 @@ class TritonBackend:
         self._shm_regions = shared_memory_regions
         self._pool: shm.RegionPool | None = None
         self._registered: set[str] = set()
+        #: regions lent out by ``staging``, by the address of the array over them
+        self._staged: dict[int, shm.Region] = {}
         self._info: ModelInfo | None = None
         self._info_lock = asyncio.Lock()
 
@@ -164,6 +166,25 @@ class TritonBackend:
         config: dict[str, Any] = answer["config"]
         return config
 
+    def staging(self, count: int) -> np.ndarray | None:
+        """A region's memory as the batch the decoders write into: ``infer`` then sends it by
+        name with no copy (4.8 MB per batch of 32 not copied on the event loop, and no fresh
+        pages for the kernel to fault in and zero)."""
+        info, pool = self._info, self._pool
+        if info is None or pool is None or not 0 < count <= info.max_batch_size:
+            return None
+        region = pool.acquire()
+        if region is None:
+            return None
+        array = region.view((count, info.image_size, info.image_size, 3))
+        self._staged[array.ctypes.data] = region
+        return array
+
+    def unstage(self, array: np.ndarray) -> None:
+        region = self._staged.pop(array.ctypes.data, None)
+        if region is not None and self._pool is not None and self._pool.capacity:
+            self._pool.release(region)
+
     async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
         return await self._infer(self.model_name, pixels, deadline, self._pool)
 
@@ -183,15 +204,16 @@ class TritonBackend:
             "triton.batch_size": int(batch.shape[0]),
         }
         with client_span(self._tracer, "triton.infer", attributes) as span:
-            region = pool.acquire() if pool is not None else None
+            staged = self._staged.get(batch.ctypes.data) if pool is not None else None
+            region = staged or (pool.acquire() if pool is not None else None)
             span.set_attribute("triton.input_transport", "shared_memory" if region else "grpc")
             try:
-                result = await self._call(model, batch, deadline, region)
+                result = await self._call(model, batch, deadline, region, staged is not None)
             except InferenceServerException as exc:
                 span.set_attribute("rpc.grpc.status_code", _status_name(exc))
                 raise translate(exc) from exc
             finally:
-                if region is not None and pool is not None:
+                if region is not None and pool is not None and staged is None:
                     pool.release(region)
             span.set_attribute("rpc.grpc.status_code", "OK")
         embeddings = result.as_numpy(OUTPUT_NAME)
@@ -201,14 +223,20 @@ class TritonBackend:
         return embeddings  # type: ignore[no-any-return]
 
     async def _call(
-        self, model: str, batch: np.ndarray, deadline: float, region: shm.Region | None
+        self,
+        model: str,
+        batch: np.ndarray,
+        deadline: float,
+        region: shm.Region | None,
+        in_place: bool = False,
     ) -> Any:
         name, dtype = _INPUTS[model == self.text_model_name]
         tensor = InferInput(name, list(batch.shape), dtype)
         if region is not None:
             try:
                 if await self._register(region):
-                    region.view(batch.shape)[...] = batch
+                    if not in_place:  # a staged batch was decoded into the region already
+                        region.view(batch.shape)[...] = batch
                     tensor.set_shared_memory(region.name, batch.nbytes)
                     return await self._send(model, tensor, deadline)
             except InferenceServerException as exc:

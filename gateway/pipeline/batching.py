@@ -58,12 +58,15 @@ class BatchDecoder:
         *,
         skip_invalid: bool,
         positions: Sequence[int] | None = None,
+        out: np.ndarray | None = None,
     ) -> DecodedBatch:
         """All items, or raise the first bad one's error; with ``skip_invalid`` keep the good.
-        ``positions``: each item's index in the request (default: its index here)."""
+        ``positions``: each item's index in the request (default: its index here). ``out``: where
+        to decode to (``[n, S, S, 3]``, e.g. a shared-memory region the backend sends from);
+        ``pixels`` is that very array when every item decoded."""
         where = positions if positions is not None else range(len(items))
         size = options.size
-        batch = np.empty((len(items), size, size, 3), dtype=np.uint8)
+        batch = np.empty((len(items), size, size, 3), dtype=np.uint8) if out is None else out
         with self._tracer.start_as_current_span("preprocess") as span:
             submitted = time.time_ns()
             results = await self._run(items, batch, options)
@@ -107,8 +110,12 @@ class BatchDecoder:
         try:
             await done.all_finished
         except asyncio.CancelledError:
-            for task in tasks:
-                task.cancel()  # decodes still queued never run
+            # decodes still queued never run; those running write into ``batch``, which may be
+            # a shared-memory region lent for this request: it must not be lent again before
+            # they are done (a few milliseconds)
+            running = [task for task in tasks if not task.cancel()]
+            if running:
+                await asyncio.wait([asyncio.wrap_future(task) for task in running])
             raise
         return results
 

@@ -206,16 +206,24 @@ class EmbeddingService:
             fill_color=pre.fill_color,
         )
         images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
-        started = time.perf_counter()
-        batch = await self._decoder.decode(
-            images, options, skip_invalid=skip_invalid, positions=positions
-        )
-        decoded_at = time.perf_counter()
-        if len(batch.pixels):
-            limit = min(self._settings.max_batch_size or model.max_batch_size, model.max_batch_size)
-            vectors = await self._infer(self._backend.infer, batch.pixels, limit, deadline, False)
-        else:
-            vectors = np.empty((0, model.embed_dim), dtype=np.float32)
+        limit = min(self._settings.max_batch_size or model.max_batch_size, model.max_batch_size)
+        # one call's worth: decoded straight into what the backend sends from, when it can
+        staged = self._backend.staging(len(images)) if len(images) <= limit else None
+        try:
+            started = time.perf_counter()
+            batch = await self._decoder.decode(
+                images, options, skip_invalid=skip_invalid, positions=positions, out=staged
+            )
+            decoded_at = time.perf_counter()
+            if len(batch.pixels):
+                vectors = await self._infer(
+                    self._backend.infer, batch.pixels, limit, deadline, False
+                )
+            else:
+                vectors = np.empty((0, model.embed_dim), dtype=np.float32)
+        finally:
+            if staged is not None:
+                self._backend.unstage(staged)
         return _Part(
             "image",
             vectors,

@@ -222,3 +222,30 @@ def test_an_unreachable_backend_is_unavailable(
             await unavailable.close()
 
     asyncio.run(check())
+
+
+def test_a_staged_batch_is_sent_from_its_own_region(control_triton) -> None:
+    """The gateway decodes into a region the backend lends (no copy on the event loop): the
+    rows are the same as a batch handed over from anywhere, no second region is made for it,
+    and the region goes back to the pool for the next request."""
+
+    async def check() -> None:
+        backend = TritonBackend(control_triton[0].grpc_url, "clip_image", shared_memory_regions=2)
+        try:
+            assert backend.staging(5) is None  # nothing known about the model yet
+            await backend.model_info()
+            expected = await backend.infer(PIXELS, deadline=soon())
+            staged = backend.staging(5)
+            assert staged is not None and staged.shape == PIXELS.shape
+            staged[...] = PIXELS
+            np.testing.assert_array_equal(await backend.infer(staged, deadline=soon()), expected)
+            assert backend._pool is not None and len(backend._pool.created) == 1
+            backend.unstage(staged)
+            again = backend.staging(5)
+            assert again is not None and again.ctypes.data == staged.ctypes.data  # reused
+            assert backend.staging(33) is None  # more than one call's worth
+            backend.unstage(again)
+        finally:
+            await backend.close()
+
+    asyncio.run(check())

@@ -252,3 +252,58 @@ def test_decode_histogram_observes_the_worker_time_in_seconds(serial: Harness) -
     decode = serial.spans()["decode"]  # one image: the span is exactly its decode interval
     seconds = serial.sample("gateway_image_decode_seconds_sum", format="png")
     assert seconds == (decode.end_time - decode.start_time) / 1e9
+
+
+def test_decodes_into_the_array_it_is_given(harness: Harness) -> None:
+    """A backend may lend the memory it sends from (a shared-memory region): every row is
+    written there and, when all decoded, that very array is the batch."""
+    out = np.zeros((2, 224, 224, 3), np.uint8)
+    batch = asyncio.run(harness.decoder.decode([JPEG, PNG], OPTIONS, skip_invalid=False, out=out))
+    assert batch.pixels is out
+    np.testing.assert_array_equal(out[0], expected(JPEG)[0])
+    np.testing.assert_array_equal(out[1], expected(PNG)[0])
+
+
+def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cancelling a request cancels its queued decodes, but one already running writes into the
+    batch until it ends: the cancellation waits for it, so lent memory is not lent again while
+    a thread still writes to it."""
+    import threading
+
+    from gateway.pipeline import batching
+
+    started, proceed = threading.Event(), threading.Event()
+
+    def slow(data: bytes, out: np.ndarray, options: ImageOptions) -> object:
+        started.set()
+        proceed.wait(30)
+        out[...] = 7
+        return preprocess(JPEG, np.empty_like(out), options)
+
+    monkeypatch.setattr(batching, "preprocess", slow)
+    h = Harness(workers=1)
+    out = np.zeros((3, 224, 224, 3), np.uint8)
+
+    async def scenario() -> bool:
+        task = asyncio.ensure_future(h.decoder.decode([JPEG] * 3, OPTIONS, skip_invalid=False,
+                                                      out=out))  # fmt: skip
+        while not started.is_set():  # noqa: ASYNC110 - a worker thread's event
+            await asyncio.sleep(0.005)
+        task.cancel()
+        for _ in range(20):  # the cancellation is pending while the decode runs
+            await asyncio.sleep(0.005)
+        pending = not task.done()
+        proceed.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pending
+
+    try:
+        assert asyncio.run(scenario())
+        assert (out[0] == 7).all()  # the running decode finished before decode() returned
+        assert not out[1:].any() and h.pool.tasks == 3  # the queued ones never ran
+    finally:
+        proceed.set()
+        h.pool.shutdown()
