@@ -186,7 +186,7 @@ def test_a_vanished_client_has_its_work_cancelled(
     control.release()
     after = metrics(gw.url)
     calls = "gateway_triton_request_duration_seconds_count"
-    assert sample(after, calls, outcome="cancelled") == 1
+    assert sample(after, calls, model="image", outcome="cancelled") == 1
     assert sample(after, "gateway_inflight_images") == 0
 
 

@@ -261,9 +261,9 @@ def test_one_request_moves_every_metric_by_its_amount(traced: TracedStack) -> No
         ("gateway_request_duration_seconds_count", request, 1),
         ("gateway_images_total", {"format": "jpeg"}, 3),
         ("gateway_image_decode_seconds_count", {"format": "jpeg"}, 3),
-        ("gateway_triton_request_duration_seconds_count", {"outcome": "ok"}, 1),
-        ("gateway_triton_batch_size_count", {}, 1),
-        ("gateway_triton_batch_size_sum", {}, 3),
+        ("gateway_triton_request_duration_seconds_count", {"model": "image", "outcome": "ok"}, 1),
+        ("gateway_triton_batch_size_count", {"model": "image"}, 1),
+        ("gateway_triton_batch_size_sum", {"model": "image"}, 3),
     ]
 
     def read() -> tuple[list[float], float]:
