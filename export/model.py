@@ -135,8 +135,8 @@ def _create_pretrained(model_name: str, tag: str) -> nn.Module:
     except Exception as exc:  # hub/network errors come in many types; all mean the same here
         raise WeightsUnavailableError(
             f"could not fetch pretrained weights {tag!r} for {model_name}: {exc}\n"
-            "Either point at a local checkpoint file (--checkpoint PATH, or "
-            "CLIP_WEIGHTS=/path/to.bin for make serve), or use random weights explicitly for tests "
-            "and benchmarks "
-            "(--random-init, or CLIP_WEIGHTS=random)."
+            "Either point at a local checkpoint file (make serve CLIP_WEIGHTS=/path/to.bin, "
+            "clip-gateway serve --weights /path/to.bin, python -m export --checkpoint PATH), or "
+            "use random weights explicitly for tests and benchmarks (CLIP_WEIGHTS=random, "
+            "--weights random, --random-init)."
         ) from exc
