@@ -115,6 +115,7 @@ def render_tower_config(
         "max_queue_size": settings.max_queue_size,
         "instance_count": settings.instance_count,
         "cpu_threads": settings.cpu_threads,
+        "cpu_spinning": int(settings.cpu_spinning),
         "onnx_file": _onnx_file(settings, tower),
         "cuda_graph": int(settings.cuda_graph),
         "trt_cache_path": settings.trt_cache_path,

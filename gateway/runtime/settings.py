@@ -188,8 +188,13 @@ class RepositorySettings(BaseSettings):
     max_queue_size: int = Field(128, ge=0)
     #: Model instances (CPU: processes; GPU: execution contexts on the one GPU).
     instance_count: int = Field(1, ge=1)
-    #: ORT intra-op threads for the ``cpu`` profile; 0 lets ORT use every core.
+    #: ORT intra-op threads per model instance on the CPU profiles; 0 = the core plan's (the
+    #: launcher derives it from the CPUs it may use, gateway/runtime/plan.py; rendered by hand:
+    #: ORT's own default, every core).
     cpu_threads: int = Field(0, ge=0)
+    #: ORT's idle intra-op threads spin-wait for work (the Python backend's ``cpu`` profiles).
+    #: Off: on a CPU profile the model shares its cores with the gateway's decoding.
+    cpu_spinning: bool = False
     #: Graph precision for the ``cuda`` profile (``tensorrt`` always builds FP16 engines).
     cuda_precision: Literal["fp16", "fp32"] = "fp16"
     #: ONNX Runtime CUDA graphs: refused (true is an error). A graph is captured for one set of

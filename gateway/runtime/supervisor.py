@@ -122,7 +122,10 @@ class Supervisor:
                      gpu.compute_capability, gpu.memory_gib)  # fmt: skip
         base = self.settings.repository
         engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity)
-        repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
+        repository = base.model_copy(update={"trt_cache_path": str(engine_dir),
+                                              "cpu_threads": plan.model_threads(
+                                                  plan.usable_cpus(), base.instance_count,
+                                                  base.cpu_threads)})  # fmt: skip
         profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
         profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
