@@ -10,7 +10,8 @@ PORT ?= 8000
 # `random`. Another model needs its own weights, e.g. CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=webli.
 CLIP_MODEL ?= ViT-B-32
 CLIP_WEIGHTS ?= laion2b_s34b_b79k
-# Triton profile: cpu | cuda | tensorrt | auto (GPU profiles need an NGC tritonserver; deploy/).
+# Triton profile: cpu | cpu-int8 | cuda | tensorrt | auto (GPU profiles need an NGC tritonserver;
+# deploy/). cpu-int8: the INT8 graphs, quantized on first use and held to the quality gate.
 PROFILE ?= cpu
 HOST ?= 127.0.0.1
 # pillow-simd: Pillow's API with SIMD resampling (the resize is 5-8x faster here than stock
@@ -21,7 +22,7 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env serve test check lint format typecheck pytest mutation lock clean api-key
+.PHONY: install triton-env peer-env serve test check lint format typecheck pytest mutation lock clean api-key
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -47,6 +48,17 @@ $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server
 	@$(PYTHON) -m venv $(TRITON_ENV)
 	@$(TRITON_ENV)/bin/pip install --quiet --quiet -r requirements/triton-env.txt
 	@$(TRITON_ENV)/bin/pip install --quiet --quiet --no-deps -r requirements/triton-server.txt
+	@touch $@
+
+# The peer bench's Infinity (`python -m bench peers`), in a virtualenv of its own: its pins are not
+# ours. torch/torchvision are the builds on this machine's disk (others are multi-GB downloads);
+# infinity-emb 0.0.78 resolves with them; its image route needs aiohttp, which its extras lack.
+PEER_ENV ?= .peer-env
+peer-env: $(PEER_ENV)/.installed
+$(PEER_ENV)/.installed:
+	@$(PYTHON) -m venv $(PEER_ENV)
+	@$(PEER_ENV)/bin/pip install --quiet --quiet torch==2.14.1 torchvision==0.29.1 \
+	  'infinity-emb[server,torch,vision]==0.0.78' aiohttp
 	@touch $@
 
 # A few progress lines; Triton's and the gateway's logs go to a file (VERBOSE=1: the terminal).
@@ -89,7 +101,7 @@ lock:
 	  --python-platform x86_64-manylinux_2_28 --quiet -o requirements/lock.txt
 
 clean:
-	rm -rf $(VENV) $(TRITON_ENV) build mutants .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TRITON_ENV) $(PEER_ENV) build mutants .mypy_cache .ruff_cache .pytest_cache
 
 # An API key for deploy/compose (its `api_keys` secret), made once: a 0700 directory, the file
 # 0644 inside it (compose bind-mounts it; the image's user must read it). Prints nothing secret.

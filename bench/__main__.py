@@ -1,11 +1,13 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
-``footprint`` · ``stops`` · ``texts``.
+``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
 measures what OpenTelemetry costs at 0% and 100% sampling; ``footprint`` reads the memory of
 every process the real launch path starts; ``stops`` times SIGTERM → exit in every phase;
-``texts`` measures text and mixed requests.
+``texts`` measures text and mixed requests; ``peers`` puts Infinity beside the cpu and cpu-int8
+profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods (dynamic,
+static); ``plans`` the core plans.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", type=Path, default=None, help="default: bench/results/<suite>")
     run.add_argument(
         "--profile",
-        choices=("cpu", "cuda", "tensorrt"),
+        choices=("cpu", "cpu-int8", "cuda", "tensorrt"),
         default="cpu",
         help="Triton profile for B and C (GPU profiles need the NGC tritonserver)",
     )
@@ -50,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     texts.add_argument("--seconds", type=float, default=20.0, help="per cell and concurrency")
     texts.add_argument("--smoke", action="store_true", help="seconds, for CI")
     texts.add_argument("--out", type=Path, default=None)
+    peers = commands.add_parser("peers", help="bench/peers.py")
+    peers.add_argument("--smoke", action="store_true", help="one request per cell, for a check")
+    peers.add_argument("--systems", nargs="+", default=None, help="default: all three")
+    peers.add_argument("--out", type=Path, default=None)
+    quantization = commands.add_parser("quantization", help="bench/quantization.py")
+    quantization.add_argument("--reps", type=int, default=5)
+    quantization.add_argument("--out", type=Path, default=None)
+    plans = commands.add_parser("plans", help="bench/plans.py")
+    plans.add_argument("--profiles", nargs="+", default=["cpu-int8", "cpu"])
+    plans.add_argument("--out", type=Path, default=None)
     stops = commands.add_parser("stops", help="bench/stops.py")
     stops.add_argument("--rounds", type=int, default=3)
     stops.add_argument("--out", type=Path, default=None)
@@ -66,6 +78,24 @@ def main(argv: list[str] | None = None) -> int:
         found = text_bench.run(args.seconds, out, args.smoke)
         print(out, flush=True)
         return 1 if found["wrong"] or found["unexpected_5xx"] else 0
+    if args.command == "peers":
+        from bench import peers as peer_bench
+
+        limits = peer_bench.SMOKE if args.smoke else peer_bench.FULL
+        out = args.out or RESULTS / ("peers-smoke" if args.smoke else "peers")
+        peer_bench.run(out, limits, tuple(args.systems or peer_bench.SYSTEMS))
+        print(out, flush=True)
+        return 0
+    if args.command == "quantization":
+        from bench import quantization as int8_methods
+
+        int8_methods.run(args.out or RESULTS / "int8", args.reps)
+        return 0
+    if args.command == "plans":
+        from bench import plans as core_plans
+
+        core_plans.run(args.out or RESULTS / "plans", profiles=tuple(args.profiles))
+        return 0
     if args.command == "run":
         from bench import runner
 

@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from export import gate
 from export.build import ensure_exported
 from export.spec import (
     DEFAULT_MODEL,
@@ -43,7 +44,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-fp16", action="store_true", help="skip the FP16 variant")
     parser.add_argument("--force", action="store_true", help="re-export even if cached")
     parser.add_argument("--print-dir", action="store_true", help="print only the export directory")
+    parser.add_argument(
+        "--int8", action="store_true",
+        help="also quantize both towers to INT8 (the cpu-int8 profile) and run the quality gate",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-min-mean-cosine", type=float, default=gate.MIN_MEAN_COSINE,
+        help="the gate: mean cosine INT8 vs FP32 per tower on the calibration set",
+    )  # fmt: skip
+    parser.add_argument(
+        "--int8-min-cosine", type=float, default=gate.MIN_COSINE,
+        help="the gate: lowest single cosine INT8 vs FP32 per tower",
+    )  # fmt: skip
     return parser.parse_args(argv)
+
+
+#: Exit code of an export whose FP32 graphs are fine but whose INT8 files the gate refused.
+INT8_REFUSED = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,16 +79,23 @@ def main(argv: list[str] | None = None) -> int:
         # read by scripts, e.g. the Dockerfile)
         with contextlib.redirect_stdout(sys.stderr):
             exported = ensure_exported(
-                args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force
-            )
+                args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force,
+                int8=args.int8,
+            )  # fmt: skip
     except (WeightsUnavailableError, UnsupportedModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    refused = None
+    if args.int8:
+        thresholds = gate.Thresholds(args.int8_min_mean_cosine, args.int8_min_cosine)
+        refused = gate.refusal((exported.int8 or {}).get("figures", {}), thresholds)
+        if refused:
+            print(f"error: {refused}; the FP32 export is complete", file=sys.stderr)
     if args.print_dir:
         print(exported.directory)
     else:
         print(json.dumps({"directory": str(exported.directory)} | exported.manifest, indent=2))
-    return 0
+    return INT8_REFUSED if refused else 0
 
 
 if __name__ == "__main__":

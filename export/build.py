@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from export.spec import (
     cache_entry,
     default_cache_dir,
     export_code_version,
+    int8_code_version,
 )
 from gateway.backend.contract import (
     INPUT_NAME,
@@ -51,12 +53,23 @@ def ensure_exported(
     *,
     fp16: bool = True,
     force: bool = False,
+    int8: bool = False,
 ) -> ExportedModel:
-    """Return the cached export for these inputs, exporting (and parity-checking) it if missing."""
+    """Return the cached export for these inputs, exporting (and parity-checking) it if missing;
+    with ``int8``, its INT8 files and gate figures too (added to the entry once)."""
     target = cache_entry(model_name, weights, cache_dir or default_cache_dir(), fp16=fp16)
     if (target / MANIFEST).exists() and not force:
         log.info("export cache hit: %s", target)
-        return ExportedModel.open(target)
+    else:
+        _export_entry(target, model_name, weights, fp16)
+    exported = ExportedModel.open(target)
+    if int8 and (force or (exported.int8 or {}).get("code_version") != int8_code_version()):
+        _add_int8(exported, model_name, weights)
+        exported = ExportedModel.open(target)
+    return exported
+
+
+def _export_entry(target: Path, model_name: str, weights: Weights, fp16: bool) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
@@ -68,7 +81,32 @@ def ensure_exported(
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return ExportedModel.open(target)
+
+
+def _add_int8(exported: ExportedModel, model_name: str, weights: Weights) -> None:
+    """Quantize into a staging directory, move the files into the entry, then rewrite the
+    manifest: each step is an atomic rename, so a reader sees the old manifest or the new one,
+    and the new one only once its files are in place."""
+    from export import int8
+    from export.model import load
+
+    target = exported.directory
+    log.info("quantizing %s to INT8 and measuring it on the calibration set", model_name)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-int8-", dir=target.parent))
+    try:
+        section = int8.build(target, exported.manifest, load(model_name, weights), staging)
+        section["code_version"] = int8_code_version()
+        for name in section["files"].values():
+            os.replace(staging / name, target / name)
+        manifest = exported.manifest | {"int8": section}
+        manifest["files"] = {
+            p.name: p.stat().st_size for p in sorted(target.iterdir()) if p.name != MANIFEST
+        }
+        written = staging / MANIFEST
+        written.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(written, target / MANIFEST)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool) -> dict[str, Any]:

@@ -74,6 +74,9 @@ FP32_FILE = "model.onnx"
 FP16_FILE = "model_fp16.onnx"
 TEXT_FP32_FILE = "text.onnx"
 TEXT_FP16_FILE = "text_fp16.onnx"
+#: INT8 variants (``python -m export --int8``, export/int8.py), for the ``cpu-int8`` profile.
+INT8_FILE = "model_int8.onnx"
+TEXT_INT8_FILE = "text_int8.onnx"
 #: open_clip's CLIP BPE for ``tokenizers`` (export/tokenizer.py), when the model uses it.
 TOKENIZER_FILE = "tokenizer.json"
 # Sources whose text decides the exported bytes or the manifest: a change to any of them is a
@@ -91,6 +94,16 @@ _VERSIONED_SOURCES = (
 )
 
 
+#: Sources that decide the INT8 files and their figures. Their hash is recorded in the manifest's
+#: ``int8`` section: a change re-quantizes an existing export instead of exporting it again.
+_INT8_SOURCES = (
+    "export/calibration.py",
+    "export/gate.py",
+    "export/int8.py",
+    "export/quantize.py",
+)
+
+
 def default_cache_dir() -> Path:
     if explicit := os.environ.get("CLIP_GATEWAY_CACHE"):
         return Path(explicit)
@@ -99,9 +112,17 @@ def default_cache_dir() -> Path:
 
 
 def export_code_version() -> str:
+    return _hash_sources(_VERSIONED_SOURCES)
+
+
+def int8_code_version() -> str:
+    return _hash_sources(_INT8_SOURCES)
+
+
+def _hash_sources(sources: tuple[str, ...]) -> str:
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for rel in _VERSIONED_SOURCES:
+    for rel in sources:
         digest.update((root / rel).read_bytes())
     return digest.hexdigest()[:12]
 
@@ -131,6 +152,12 @@ class ExportedModel:
     def text_fp16(self) -> Path | None:
         path = self.directory / TEXT_FP16_FILE
         return path if path.exists() else None
+
+    @property
+    def int8(self) -> dict[str, Any] | None:
+        """The manifest's ``int8`` section (export/int8.py), when ``--int8`` was asked for."""
+        section: dict[str, Any] | None = self.manifest.get("int8")
+        return section
 
     @classmethod
     def open(cls, directory: Path) -> ExportedModel:

@@ -31,6 +31,16 @@ def exported():  # -> export.build.ExportedModel (torch is imported lazily, only
 
 
 @pytest.fixture(scope="session")
+def exported_int8(exported):  # -> export.build.ExportedModel
+    """The same export with its INT8 files and gate figures (``--int8``): only the tests that
+    need INT8 ask for it, so CI quantizes (about a minute) only when they run."""
+    from export.build import ensure_exported
+    from export.spec import Weights
+
+    return ensure_exported("ViT-B-32", Weights.random(0), int8=True)
+
+
+@pytest.fixture(scope="session")
 def clip_tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """open_clip's CLIP BPE as the exporter writes it (export/tokenizer.py), without a model."""
     from export.tokenizer import write_clip_bpe

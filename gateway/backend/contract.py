@@ -23,6 +23,11 @@ PREPROCESS_PARAMETER: Final = "preprocess"
 #: canary image's in ``clip_image``, the canary text's in ``clip_text``.
 CANARY_PARAMETER: Final = "canary_embedding"
 
+#: ``clip_image`` and ``clip_text`` config parameter in the ``cpu-int8`` profile: the tower's
+#: precision (``int8``, or ``fp32`` where the operator allowed a fallback and says why), the
+#: quantization method and the export's quality-gate figures, as JSON; shown in /v1/models.
+QUANTIZATION_PARAMETER: Final = "quantization"
+
 #: The text tower's model in Triton, beside ``clip_image`` in every profile.
 TEXT_MODEL_NAME: Final = "clip_text"
 #: Token ids ``[batch, context_length]``, open_clip's framing (start, text, end, zero padding).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -54,6 +54,10 @@ class ModelInfo:
     text: TextModel | None = None
     #: Why texts cannot be embedded, when ``text`` is None.
     text_unavailable: str | None = None
+    #: Per tower (``image``, ``text``), its precision and the INT8 quality gate's figures, when
+    #: the profile is ``cpu-int8`` (the configs' quantization parameter; README "The cpu-int8
+    #: profile"). None: the export's own FP32/FP16 graphs, nothing quantized.
+    quantization: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def image_preprocessing(self) -> Preprocessing:

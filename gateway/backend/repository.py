@@ -19,6 +19,7 @@ from gateway.backend.contract import (
     INPUT_NAME,
     OUTPUT_NAME,
     PREPROCESS_PARAMETER,
+    QUANTIZATION_PARAMETER,
     TEXT_INPUT_NAME,
     TEXT_MODEL_NAME,
     TEXT_OUTPUT_NAME,
@@ -27,7 +28,7 @@ from gateway.backend.contract import (
     TOKENIZER_PARAMETER,
     TRITON_MODEL_NAME,
 )
-from gateway.runtime.settings import PROFILES, RepositorySettings
+from gateway.runtime.settings import CPU_PROFILES, PROFILES, RepositorySettings
 
 #: The exporter's tokenizer file (export/spec.py TOKENIZER_FILE), placed beside clip_text's config.
 TOKENIZER_FILE = "tokenizer.json"
@@ -46,6 +47,7 @@ class Tower:
     embed_dim: int
     fp32_file: str
     fp16_file: str
+    int8_file: str
     #: How warm-up requests are filled: pixels can be anything, token ids must be in the vocabulary.
     warmup_fill: str
 
@@ -53,13 +55,13 @@ class Tower:
 def image_tower(image_size: int, embed_dim: int) -> Tower:
     return Tower(TRITON_MODEL_NAME, INPUT_NAME, mc.TYPE_UINT8, "FORMAT_NHWC",
                  (image_size, image_size, 3), OUTPUT_NAME, embed_dim,
-                 "model.onnx", "model_fp16.onnx", "random_data")  # fmt: skip
+                 "model.onnx", "model_fp16.onnx", "model_int8.onnx", "random_data")  # fmt: skip
 
 
 def text_tower(context_length: int, embed_dim: int) -> Tower:
     return Tower(TEXT_MODEL_NAME, TEXT_INPUT_NAME, mc.TYPE_INT32, "FORMAT_NONE",
                  (context_length,), TEXT_OUTPUT_NAME, embed_dim,
-                 "text.onnx", "text_fp16.onnx", "zero_data")  # fmt: skip
+                 "text.onnx", "text_fp16.onnx", "text_int8.onnx", "zero_data")  # fmt: skip
 
 
 def default_templates() -> Path:
@@ -113,6 +115,7 @@ def render_tower_config(
         "max_queue_size": settings.max_queue_size,
         "instance_count": settings.instance_count,
         "cpu_threads": settings.cpu_threads,
+        "cpu_spinning": int(settings.cpu_spinning),
         "onnx_file": _onnx_file(settings, tower),
         "cuda_graph": int(settings.cuda_graph),
         "trt_cache_path": settings.trt_cache_path,
@@ -133,14 +136,16 @@ def render_tower_config(
 
 
 def _profile_template(settings: RepositorySettings) -> str:
-    if settings.profile == "cpu" and settings.cpu_backend == "onnxruntime":
-        return "cpu_onnxruntime"
+    if settings.profile in CPU_PROFILES:
+        return "cpu_onnxruntime" if settings.cpu_backend == "onnxruntime" else "cpu"
     return settings.profile
 
 
 def _onnx_file(settings: RepositorySettings, tower: Tower) -> str:
     if settings.profile == "cuda" and settings.cuda_precision == "fp16":
         return tower.fp16_file
+    if settings.profile == "cpu-int8":
+        return tower.int8_file
     return tower.fp32_file
 
 
@@ -151,6 +156,7 @@ def render(
     templates: Path | None = None,
     *,
     link: bool = True,
+    int8_fallback: str | None = None,
 ) -> Path:
     """Write ``out_dir/<model>/{config.pbtxt,1/...}`` for ``settings.profile``; return ``out_dir``.
 
@@ -158,9 +164,18 @@ def render(
     (``link=True``) or copied (for images and volumes that must not point elsewhere). Exports
     made before the text tower existed render ``clip_image`` only, and so do exports whose
     tokenizer the gateway cannot reproduce (``clip_image`` then carries the reason).
+
+    ``cpu-int8`` renders the INT8 files (the launcher has held their figures to the quality
+    gate), each config with its tower's figures and INT8 canary; with ``int8_fallback`` (why
+    INT8 is not served) the FP32 files instead, the configs saying so.
     """
     templates = templates or settings.templates_dir or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
+    if settings.profile == "cpu-int8" and int8_fallback is not None:
+        served = settings.model_copy(update={"profile": "cpu"})
+        render(served, export_dir, out_dir, templates, link=link)
+        _quantization(out_dir, manifest, int8_fallback)
+        return out_dir
     image = image_tower(manifest["image_size"], manifest["embed_dim"])
     config = render_tower_config(settings, image, templates)
     if canary := manifest.get("canary_embedding"):
@@ -180,7 +195,36 @@ def render(
         model_dir = _model_dir(settings, text, export_dir, out_dir, templates, link)
         _text_parameters(config, manifest, export_dir, model_dir, link)
         (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+    if settings.profile == "cpu-int8":
+        _quantization(out_dir, manifest, None)
     return out_dir
+
+
+def _quantization(out_dir: Path, manifest: dict[str, Any], fallback: str | None) -> None:
+    """Each rendered tower's quantization parameter: precision, method and the gate's figures
+    (README "The cpu-int8 profile"); served INT8 also gets the INT8 graph's own canary."""
+    int8 = manifest.get("int8") or {}
+    for model_name, kind in ((TRITON_MODEL_NAME, "image"), (TEXT_MODEL_NAME, "text")):
+        path = out_dir / model_name / "config.pbtxt"
+        if not path.exists():
+            continue
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+        value: dict[str, Any] = {"precision": "fp32" if fallback else "int8"}
+        if fallback:
+            value |= {"requested": "int8", "fallback": fallback}
+        value |= {key: int8[key] for key in ("method", "weights", "activations") if key in int8}
+        if figures := (int8.get("figures") or {}).get(kind):
+            value |= {
+                "calibration_set": figures.get("set"),
+                "cosine_vs_fp32": figures.get("vs_fp32"),
+                "cosine_vs_open_clip": figures.get("vs_open_clip"),
+                "gate": int8.get("thresholds"),
+            }
+        canary = (int8.get("canary_embedding") or {}).get(kind)
+        if not fallback and canary:
+            config.parameters[CANARY_PARAMETER].string_value = canary
+        config.parameters[QUANTIZATION_PARAMETER].string_value = json.dumps(value)
+        path.write_text(text_format.MessageToString(config))
 
 
 def _model_dir(
@@ -200,7 +244,8 @@ def _model_dir(
     onnx_name = _onnx_file(settings, tower)
     source = export_dir / onnx_name
     if not source.exists():
-        raise FileNotFoundError(f"{source} is missing: export with FP16 or set cuda_precision=fp32")
+        how = "--int8" if settings.profile == "cpu-int8" else "FP16 or set cuda_precision=fp32"
+        raise FileNotFoundError(f"{source} is missing: export with {how}")
     _place(source, version_dir / onnx_name, link)
     if _profile_template(settings) == "cpu":  # the Python backend runs ONNX Runtime itself
         shutil.copy2(templates / "python" / "model.py", version_dir / "model.py")

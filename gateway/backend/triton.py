@@ -34,6 +34,7 @@ from gateway.backend.contract import (
     INPUT_NAME,
     OUTPUT_NAME,
     PREPROCESS_PARAMETER,
+    QUANTIZATION_PARAMETER,
     TEXT_INPUT_NAME,
     TEXT_MODEL_NAME,
     TEXT_OUTPUT_NAME,
@@ -331,7 +332,21 @@ def parse_model_config(config: dict[str, Any]) -> ModelInfo:
         canary=decode_reference(canary) if canary else None,
         preprocessing=preprocessing,
         text_unavailable=parameters.get(TEXT_UNAVAILABLE_PARAMETER),
+        quantization=_quantization(parameters, "image", None),
     )
+
+
+def _quantization(
+    parameters: dict[str, str], tower: str, known: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """``known`` with this tower's quantization parameter (JSON) added, when it has one."""
+    if QUANTIZATION_PARAMETER not in parameters:
+        return known
+    try:
+        value = json.loads(parameters[QUANTIZATION_PARAMETER])
+    except ValueError as exc:
+        raise BackendFailed(f"unreadable quantization parameter of the {tower} model") from exc
+    return (known or {}) | {tower: value}
 
 
 #: Each model's input tensor: its name and Triton type (False: image, True: text).
@@ -402,4 +417,5 @@ def parse_text_config(info: ModelInfo, config: dict[str, Any]) -> ModelInfo:
         tokenizer_file=parameters[TOKENIZER_FILE_PARAMETER],
         canary=decode_reference(canary) if canary else None,
     )
-    return dataclasses.replace(info, text=text)
+    quantization = _quantization(parameters, "text", info.quantization)
+    return dataclasses.replace(info, text=text, quantization=quantization)

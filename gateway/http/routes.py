@@ -282,6 +282,7 @@ async def list_models(state: State) -> ModelList:
         context_length=info.text.context_length if info.text else msgspec.UNSET,
         preprocessing=preprocessing,
         text_unavailable=text_unavailable,
+        quantization=info.quantization if info.quantization is not None else msgspec.UNSET,
     )
     return ModelList("list", [ready])
 

@@ -4,7 +4,7 @@ OpenAPI document is generated from them (gateway/http/docs.py), and tests hold r
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -126,6 +126,10 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     preprocessing: ImagePreprocessing | msgspec.UnsetType = msgspec.UNSET
     #: Why texts cannot be embedded, when ``text`` is not among the modalities.
     text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
+    #: Per tower (``image``, ``text``): ``precision`` (``int8``; ``fp32`` with ``fallback``, why,
+    #: when INT8 was asked for and refused), the method and the INT8 quality gate's figures.
+    #: Only with the ``cpu-int8`` profile.
+    quantization: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelList(msgspec.Struct):

@@ -4,6 +4,7 @@ never enters the launcher or the servers; a stop request terminates the exporter
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -17,10 +18,16 @@ from gateway.runtime.settings import LaunchSettings
 
 
 def find_or_export(
-    launch: LaunchSettings, progress: Callable[[str], None], stop: threading.Event
+    launch: LaunchSettings,
+    progress: Callable[[str], None],
+    stop: threading.Event,
+    *,
+    int8: bool = False,
 ) -> Path:
     """The export to serve: the configured directory, or the cache entry for model +
-    weights, exported first if missing (in a child process: it imports torch)."""
+    weights, exported first if missing (in a child process: it imports torch); with ``int8``
+    (the ``cpu-int8`` profile) its INT8 files and gate figures too. A baked directory is served
+    as it is: the launcher's gate refuses one without INT8 figures."""
     if launch.model_dir is not None:
         if not (launch.model_dir / "manifest.json").is_file():
             raise LaunchError(f"{launch.model_dir} is not an export (no manifest.json)")
@@ -29,6 +36,7 @@ def find_or_export(
         WeightsUnavailableError,
         cache_entry,
         default_cache_dir,
+        int8_code_version,
         weights_from_spec,
     )
 
@@ -38,19 +46,32 @@ def find_or_export(
         entry = cache_entry(launch.model, weights, cache)
     except WeightsUnavailableError as exc:
         raise LaunchError(str(exc)) from exc
-    if (entry / "manifest.json").is_file():
+    manifest = entry / "manifest.json"
+    if manifest.is_file() and not (
+        int8
+        and json.loads(manifest.read_text()).get("int8", {}).get("code_version")
+        != int8_code_version()
+    ):
         progress(f"model {launch.model} ({weights.describe()}) from {entry}")
         return entry
-    progress(f"exporting {launch.model} ({weights.describe()}) to ONNX, once...")
+    what = "quantizing to INT8" if manifest.is_file() else "exporting to ONNX"
+    progress(f"{what}: {launch.model} ({weights.describe()}), once...")
     started = time.monotonic()
-    _export(launch, cache, stop)
-    progress(f"exported in {time.monotonic() - started:.0f} s into {entry}")
+    _export(launch, cache, stop, int8)
+    progress(f"done in {time.monotonic() - started:.0f} s: {entry}")
     return entry
 
 
-def _export(launch: LaunchSettings, cache: Path, stop: threading.Event) -> None:
+#: ``python -m export``'s exit code when the FP32 export is fine and only INT8 was refused by
+#: the gate (export/__main__.py): the launcher checks the figures itself, against its settings.
+INT8_REFUSED = 3
+
+
+def _export(launch: LaunchSettings, cache: Path, stop: threading.Event, int8: bool) -> None:
     command = [sys.executable, "-m", "export", "--model", launch.model, "--weights",
                launch.weights, "--cache-dir", str(cache), "--print-dir"]  # fmt: skip
+    if int8:
+        command.append("--int8")
     # the exporter's chatter (hundreds of lines) goes to a file, never to the terminal
     with tempfile.TemporaryFile() as output:
         child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
@@ -64,7 +85,7 @@ def _export(launch: LaunchSettings, cache: Path, stop: threading.Event) -> None:
     if launch.log_file is not None:
         with open(launch.log_file, "a") as log_file:
             log_file.write(text)
-    if child.returncode != 0:
+    if child.returncode != 0 and not (int8 and child.returncode == INT8_REFUSED):
         detail = text.strip().splitlines()[-12:] or ["(no output)"]
         if "No module named" in text:
             detail.append("the exporter needs: pip install 'clip-gateway[export]'")

@@ -96,6 +96,19 @@ def worker_plan(
     return WorkerPlan(workers, threads)
 
 
+def model_threads(cpus: int, instances: int = 1, threads: int = 0) -> int:
+    """ONNX Runtime intra-op threads per model instance on the CPU profiles, where not set (0).
+
+    ORT's own default is one thread per physical core of the *host*, blind to the cgroup quota:
+    a pod limited to 2 CPUs on a 64-core node would run 64 threads per instance. The plan gives
+    the instances the usable CPUs between them; they share those with the decode threads, which
+    is why ORT's idle threads do not spin-wait (``RepositorySettings.cpu_spinning``) and why
+    inter-op parallelism stays off (one thread: the graphs run node after node). The plans
+    compared on 2 CPUs are in bench/results/plans.
+    """
+    return threads or max(1, cpus // max(1, instances))
+
+
 def plan_for(workers: int, threads: int, decode_mib: int, root: Path = CGROUP) -> WorkerPlan:
     """The plan for this container: its CPU quota and memory limit, the settings' overrides."""
     return worker_plan(

@@ -18,10 +18,15 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from export.gate import MIN_COSINE, MIN_MEAN_COSINE
+
 MiB = 1 << 20
-#: Triton execution profiles (triton/profiles/*.pbtxt).
-Profile = Literal["cpu", "cuda", "tensorrt"]
-PROFILES: tuple[Profile, ...] = ("cpu", "cuda", "tensorrt")
+#: Triton execution profiles (triton/profiles/*.pbtxt); ``cpu-int8`` is the ``cpu`` profile
+#: serving the export's INT8 files (``python -m export --int8``).
+Profile = Literal["cpu", "cpu-int8", "cuda", "tensorrt"]
+PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cuda", "tensorrt")
+#: The profiles that run the model on the CPU (ONNX Runtime's CPU EP): the core plan applies.
+CPU_PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8")
 
 
 class ServerSettings(BaseSettings):
@@ -166,9 +171,10 @@ class RepositorySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GATEWAY_TRITON_", frozen=True)
 
-    #: Execution profile: ``cpu`` (Python backend + ORT CPU EP), ``cuda`` (ORT CUDA EP),
-    #: ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``: chosen by the launcher for the GPU it
-    #: finds (gateway/runtime/profiles.py). Rendering needs a concrete one.
+    #: Execution profile: ``cpu`` (Python backend + ORT CPU EP), ``cpu-int8`` (the same, with
+    #: the export's INT8 files, held to the quality gate), ``cuda`` (ORT CUDA EP), ``tensorrt``
+    #: (ORT TensorRT EP, FP16), or ``auto``: chosen by the launcher for the GPU it finds
+    #: (gateway/runtime/profiles.py). Rendering needs a concrete one.
     profile: Profile | Literal["auto"] = "cpu"
     #: Largest batch Triton accepts; the gateway splits bigger requests to fit.
     max_batch_size: int = Field(32, ge=1, le=1024)
@@ -182,8 +188,13 @@ class RepositorySettings(BaseSettings):
     max_queue_size: int = Field(128, ge=0)
     #: Model instances (CPU: processes; GPU: execution contexts on the one GPU).
     instance_count: int = Field(1, ge=1)
-    #: ORT intra-op threads for the ``cpu`` profile; 0 lets ORT use every core.
+    #: ORT intra-op threads per model instance on the CPU profiles; 0 = the core plan's (the
+    #: launcher derives it from the CPUs it may use, gateway/runtime/plan.py; rendered by hand:
+    #: ORT's own default, every core).
     cpu_threads: int = Field(0, ge=0)
+    #: ORT's idle intra-op threads spin-wait for work (the Python backend's ``cpu`` profiles).
+    #: Off: on a CPU profile the model shares its cores with the gateway's decoding.
+    cpu_spinning: bool = False
     #: Graph precision for the ``cuda`` profile (``tensorrt`` always builds FP16 engines).
     cuda_precision: Literal["fp16", "fp32"] = "fp16"
     #: ONNX Runtime CUDA graphs: refused (true is an error). A graph is captured for one set of
@@ -227,7 +238,7 @@ class RepositorySettings(BaseSettings):
     def warmup(self) -> tuple[int, ...]:
         if self.warmup_batch_sizes is not None:
             return tuple(sorted(set(self.warmup_batch_sizes)))
-        if self.profile == "cpu":
+        if self.profile in CPU_PROFILES:
             return (1,)
         return tuple(sorted({1, *self.preferred, self.max_batch_size}))
 
@@ -249,6 +260,13 @@ class LaunchSettings(BaseSettings):
     cache_dir: Path | None = None
     #: Measure both GPU profiles on first start and keep the winner (cached with the engines).
     calibrate: bool = False
+    #: ``cpu-int8`` when the quality gate refuses the export's INT8 files: serve the FP32 files
+    #: (saying so in the log and in /v1/models) instead of refusing to start.
+    int8_fallback: bool = False
+    #: The INT8 quality gate (export/gate.py): mean and lowest cosine, INT8 vs FP32, each tower
+    #: must reach on the export's calibration set, checked again at every ``cpu-int8`` start.
+    int8_min_mean_cosine: float = Field(MIN_MEAN_COSINE, gt=0, le=1)
+    int8_min_cosine: float = Field(MIN_COSINE, gt=0, le=1)
     #: Triton's loopback ports, never published; 0 = reserve free ones.
     triton_grpc_port: int = Field(0, ge=0, le=65535)
     triton_http_port: int = Field(0, ge=0, le=65535)

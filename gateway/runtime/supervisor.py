@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from export import gate
 from export.spec import model_identity
 from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from gateway.backend.repository import render, rendered_config
@@ -70,6 +71,8 @@ class Supervisor:
         self.triton_ready = False
         self.gateway: GatewayProcess | None = None
         self.scratch: Path | None = None
+        #: ``cpu-int8`` refused by the quality gate and served as FP32 (GATEWAY_INT8_FALLBACK): why
+        self.int8_fallback: str | None = None
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         # only flags here: printing from a signal handler can re-enter a stream's write
@@ -108,7 +111,10 @@ class Supervisor:
         deadline = time.monotonic() + launch.startup_timeout_s
         for problem in self.timings.problems():
             log.warning("%s", problem)
-        export_dir = exports.find_or_export(launch, self.progress, self.stop_requested)
+        int8 = self.settings.repository.profile == "cpu-int8"
+        export_dir = exports.find_or_export(launch, self.progress, self.stop_requested, int8=int8)
+        if int8:
+            self.int8_fallback = self.int8_gate(export_dir)
         identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
         gpu = profiles.detect() if self.settings.repository.profile == "auto" else None
         if gpu is not None:
@@ -116,7 +122,10 @@ class Supervisor:
                      gpu.compute_capability, gpu.memory_gib)  # fmt: skip
         base = self.settings.repository
         engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity)
-        repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
+        repository = base.model_copy(update={"trt_cache_path": str(engine_dir),
+                                              "cpu_threads": plan.model_threads(
+                                                  plan.usable_cpus(), base.instance_count,
+                                                  base.cpu_threads)})  # fmt: skip
         profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
         profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
@@ -166,7 +175,8 @@ class Supervisor:
         assert self.scratch is not None
         launch = self.settings.launch
         install = TritonInstall.discover()
-        rendered = render(repository, export_dir, self.scratch / "model_repository")
+        rendered = render(repository, export_dir, self.scratch / "model_repository",
+                          int8_fallback=self.int8_fallback)  # fmt: skip
         backend = rendered_config(rendered).backend
         if not (install.backend_dir / backend).is_dir():
             raise LaunchError(
@@ -203,6 +213,24 @@ class Supervisor:
         finally:
             if lock is not None:
                 lock.release(completed=self.triton_ready)
+
+    def int8_gate(self, export_dir: Path) -> str | None:
+        """``cpu-int8``: the export's INT8 figures held to this launch's thresholds. Refused:
+        a LaunchError saying why, or with GATEWAY_INT8_FALLBACK the reason (FP32 is served)."""
+        launch = self.settings.launch
+        manifest = json.loads((export_dir / "manifest.json").read_text())
+        thresholds = gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
+        refused = gate.refusal((manifest.get("int8") or {}).get("figures", {}), thresholds)
+        if refused is None:
+            return None
+        if not launch.int8_fallback:
+            raise LaunchError(
+                f"{refused}. Serve FP32 with the cpu profile, or set GATEWAY_INT8_FALLBACK=true "
+                "to fall back to it"
+            )
+        log.warning("%s; serving the FP32 files instead (GATEWAY_INT8_FALLBACK)", refused)
+        self.progress(f"INT8 refused, serving FP32 (GATEWAY_INT8_FALLBACK): {refused}")
+        return refused
 
     def choose_profile(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from litestar.testing import TestClient
@@ -79,3 +80,14 @@ def test_our_handlers_and_guards_never_hop_to_a_thread(client: TestClient) -> No
         assert inspect.iscoroutinefunction(handler.fn), handler.fn
         for guard in handler.resolve_guards():
             assert inspect.iscoroutinefunction(guard), guard
+
+
+def test_models_shows_the_quantization_the_backend_reports(
+    client: TestClient, fake: FakeBackend
+) -> None:
+    (entry,) = client.get("/v1/models").json()["data"]
+    assert "quantization" not in entry  # the FP32 profiles say nothing
+    reported = {"image": {"precision": "int8", "cosine_vs_fp32": {"mean": 0.9998}}}
+    fake.info = dataclasses.replace(fake.info, quantization=reported)
+    (entry,) = client.get("/v1/models").json()["data"]
+    assert entry["quantization"] == reported

@@ -221,3 +221,23 @@ def test_the_container_limits_are_read_from_cgroup_files(tmp_path: Path) -> None
     (tmp_path / "cpu.max").write_text("max 100000\n")
     (tmp_path / "memory.max").write_text("max\n")
     assert cgroup_cpu_quota(tmp_path) is None and cgroup_memory_limit(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("cpus", "instances", "threads", "expected"),
+    [(2, 1, 0, 2), (16, 2, 0, 8), (3, 2, 0, 1), (1, 4, 0, 1), (64, 1, 6, 6)],
+)
+def test_the_model_gets_the_usable_cpus_between_its_instances(
+    cpus: int, instances: int, threads: int, expected: int
+) -> None:
+    """ORT's own default counts the host's cores; the plan counts what the cgroup allows."""
+    from gateway.runtime.plan import model_threads
+
+    assert model_threads(cpus, instances, threads) == expected
+
+
+def test_a_cpu_quota_sets_the_model_threads(tmp_path: Path) -> None:
+    from gateway.runtime.plan import model_threads, usable_cpus
+
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: one whole CPU
+    assert model_threads(usable_cpus(tmp_path)) == 1

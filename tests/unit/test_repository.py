@@ -15,6 +15,7 @@ from gateway.backend.contract import (
     INPUT_NAME,
     OUTPUT_NAME,
     PREPROCESS_PARAMETER,
+    QUANTIZATION_PARAMETER,
     TEXT_INPUT_NAME,
     TEXT_MODEL_NAME,
     TEXT_OUTPUT_NAME,
@@ -299,3 +300,124 @@ def test_an_export_from_before_the_text_tower_renders_the_image_model_only(tmp_p
                   tmp_path / "repo")  # fmt: skip
     assert sorted(p.name for p in repo.iterdir()) == [TRITON_MODEL_NAME]
     assert PREPROCESS_PARAMETER not in read(repo, TRITON_MODEL_NAME).parameters
+
+
+INT8_SECTION = {
+    "method": "dynamic",
+    "weights": "int8, per output channel",
+    "files": {"image": "model_int8.onnx", "text": "text_int8.onnx"},
+    "figures": {
+        "image": {"set": "photos", "vs_fp32": {"mean": 0.9998, "min": 0.9997, "count": 48}},
+        "text": {"set": "captions", "vs_fp32": {"mean": 0.9993, "min": 0.999, "count": 96}},
+    },
+    "thresholds": {"min_mean_cosine": 0.998, "min_cosine": 0.99},
+    "canary_embedding": {"image": "AABAQA==", "text": "AACAQA=="},  # 3.0, 4.0 (float32 LE)
+}
+
+
+def int8_export(directory: Path) -> Path:
+    export = fake_export(directory, {"kind": "clip_bpe", "available": True,
+                                     "file": "tokenizer.json"})  # fmt: skip
+    for name in ("model_int8.onnx", "text_int8.onnx"):
+        (export / name).write_bytes(b"")
+    manifest = json.loads((export / "manifest.json").read_text())
+    # complete enough for the gateway to read back (parse_model_config)
+    manifest["preprocess"] |= {"interpolation": "bicubic", "mean": [0.5] * 3, "std": [0.5] * 3}
+    manifest["canary_embedding"] = "AACAPw=="  # FP32's: 1.0
+    manifest["towers"]["text"]["canary_embedding"] = "AAAAQA=="  # 2.0
+    (export / "manifest.json").write_text(json.dumps(manifest | {"int8": INT8_SECTION}))
+    return export
+
+
+def quantization(config: mc.ModelConfig) -> dict[str, object]:
+    value: dict[str, object] = json.loads(config.parameters[QUANTIZATION_PARAMETER].string_value)
+    return value
+
+
+def test_cpu_int8_renders_both_towers_int8_files_with_their_figures_and_canaries(
+    tmp_path: Path,
+) -> None:
+    repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
+                  tmp_path / "repo")  # fmt: skip
+    for model, kind, onnx_file, canary in (
+        (TRITON_MODEL_NAME, "image", "model_int8.onnx", "AABAQA=="),
+        (TEXT_MODEL_NAME, "text", "text_int8.onnx", "AACAQA=="),
+    ):
+        config = read(repo, model)
+        assert config.backend == "python"  # the cpu profile's Python backend, unchanged
+        assert config.parameters["onnx_file"].string_value == onnx_file
+        assert (repo / model / "1" / onnx_file).exists()
+        assert (repo / model / "1" / "model.py").exists()
+        # the INT8 graph's own export-time output: the canary checks what is served
+        assert config.parameters[CANARY_PARAMETER].string_value == canary
+        value = quantization(config)
+        assert value["precision"] == "int8" and value["method"] == "dynamic"
+        figures = INT8_SECTION["figures"][kind]  # type: ignore[index]
+        assert value["cosine_vs_fp32"] == figures["vs_fp32"]
+        assert value["gate"] == INT8_SECTION["thresholds"]
+
+
+def test_cpu_int8_falls_back_to_the_fp32_files_saying_why(tmp_path: Path) -> None:
+    why = "INT8 refused by the quality gate: image tower cosine vs FP32 min 0.98 < 0.99"
+    repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
+                  tmp_path / "repo", int8_fallback=why)  # fmt: skip
+    image, text = read(repo, TRITON_MODEL_NAME), read(repo, TEXT_MODEL_NAME)
+    assert image.parameters["onnx_file"].string_value == "model.onnx"
+    assert text.parameters["onnx_file"].string_value == "text.onnx"
+    assert image.parameters[CANARY_PARAMETER].string_value == "AACAPw=="  # FP32's reference
+    assert text.parameters[CANARY_PARAMETER].string_value == "AAAAQA=="
+    for config in (image, text):
+        value = quantization(config)
+        assert (value["precision"], value["requested"], value["fallback"]) == ("fp32", "int8", why)
+
+
+def test_the_fp32_cpu_profile_renders_no_quantization(tmp_path: Path) -> None:
+    repo = render(RepositorySettings(profile="cpu"), int8_export(tmp_path / "e"), tmp_path / "r")
+    for model in (TRITON_MODEL_NAME, TEXT_MODEL_NAME):
+        config = read(repo, model)
+        assert QUANTIZATION_PARAMETER not in config.parameters
+        assert not config.parameters["onnx_file"].string_value.endswith("_int8.onnx")
+
+
+def test_cpu_int8_without_int8_files_says_how_to_make_them(tmp_path: Path) -> None:
+    export = fake_export(tmp_path / "e", {"kind": "clip_bpe", "available": True,
+                                          "file": "tokenizer.json"})  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="export with --int8"):
+        render(RepositorySettings(profile="cpu-int8"), export, tmp_path / "repo")
+
+
+def as_triton_json(config: mc.ModelConfig) -> dict[str, object]:
+    """The config as Triton's get_model_config(as_json=True) hands it to the gateway."""
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(config, preserving_proto_field_name=True)
+
+
+def test_the_gateway_reads_each_towers_quantization_from_the_rendered_configs(
+    tmp_path: Path,
+) -> None:
+    from gateway.backend.triton import parse_model_config, parse_text_config
+
+    repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
+                  tmp_path / "repo")  # fmt: skip
+    info = parse_model_config(as_triton_json(read(repo, TRITON_MODEL_NAME)))
+    assert info.quantization is not None and set(info.quantization) == {"image"}
+    assert info.canary is not None and info.canary.tolist() == [3.0]  # the INT8 graph's
+    info = parse_text_config(info, as_triton_json(read(repo, TEXT_MODEL_NAME)))
+    assert info.quantization is not None
+    assert info.quantization["image"]["cosine_vs_fp32"]["mean"] == 0.9998
+    assert info.quantization["text"]["cosine_vs_fp32"]["min"] == 0.999
+    plain = render(RepositorySettings(profile="cpu"), int8_export(tmp_path / "p"), tmp_path / "r")
+    assert parse_model_config(as_triton_json(read(plain, TRITON_MODEL_NAME))).quantization is None
+
+
+def test_an_unreadable_quantization_parameter_is_a_backend_failure(tmp_path: Path) -> None:
+    from gateway.backend.triton import parse_model_config
+    from gateway.errors import BackendFailed
+
+    repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
+                  tmp_path / "repo")  # fmt: skip
+    config = read(repo, TRITON_MODEL_NAME)
+    config.parameters[QUANTIZATION_PARAMETER].string_value = "{not json"
+    with pytest.raises(BackendFailed, match="quantization parameter"):
+        parse_model_config(as_triton_json(config))

@@ -26,6 +26,12 @@ class TritonPythonModel:
         threads = int(params.get("intra_op_threads", "0") or 0)
         if threads > 0:
             options.intra_op_num_threads = threads
+        # nodes run one after another (ORT's default sequential mode): no inter-op pool needed
+        options.inter_op_num_threads = int(params.get("inter_op_threads", "1") or 1)
+        # idle intra-op threads spin-wait for the next op by default, burning the cores the
+        # gateway decodes on; the core plan turns it off (gateway/runtime/plan.py)
+        spinning = params.get("allow_spinning", "1")
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def execute(self, requests):

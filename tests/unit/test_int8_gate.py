@@ -1,0 +1,71 @@
+"""The INT8 quality gate (export/gate.py): which figures pass, and what a refusal says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from export.gate import MIN_COSINE, MIN_MEAN_COSINE, Thresholds, refusal
+from gateway.runtime.settings import LaunchSettings, ServerSettings
+
+
+def figures(image: tuple[float, float], text: tuple[float, float] | None = None) -> dict[str, Any]:
+    towers = {"image": {"vs_fp32": {"mean": image[0], "min": image[1], "count": 48}}}
+    if text is not None:
+        towers["text"] = {"vs_fp32": {"mean": text[0], "min": text[1], "count": 96}}
+    return towers
+
+
+def test_figures_above_both_thresholds_pass() -> None:
+    assert refusal(figures((0.9998, 0.9997), (0.9993, 0.999)), Thresholds()) is None
+
+
+def test_thresholds_are_inclusive() -> None:
+    assert refusal(figures((0.998, 0.99)), Thresholds(0.998, 0.99)) is None
+
+
+@pytest.mark.parametrize(
+    ("measured", "expected"),
+    [
+        (figures((0.997, 0.995)), ["image tower", "mean 0.99700 < 0.998", "(48 items)"]),
+        (figures((0.999, 0.985)), ["image tower", "min 0.98500 < 0.99"]),
+        (figures((0.9999, 0.9998), (0.99, 0.95)), ["text tower", "mean 0.99000", "min 0.95000"]),
+    ],
+)
+def test_a_tower_below_a_threshold_is_refused_with_its_numbers(
+    measured: dict[str, Any], expected: list[str]
+) -> None:
+    reason = refusal(measured, Thresholds())
+    assert reason is not None and reason.startswith("INT8 refused by the quality gate")
+    for part in expected:
+        assert part in reason
+
+
+def test_every_failing_tower_is_named() -> None:
+    reason = refusal(figures((0.5, 0.4), (0.6, 0.5)), Thresholds())
+    assert reason is not None and "image tower" in reason and "text tower" in reason
+
+
+def test_a_tighter_launch_threshold_refuses_what_the_export_accepted() -> None:
+    measured = figures((0.9998, 0.9997))
+    assert refusal(measured, Thresholds()) is None
+    assert refusal(measured, Thresholds(mean=0.99999)) is not None
+
+
+@pytest.mark.parametrize(
+    ("measured", "expected"),
+    [({}, "export again with --int8"), ({"image": {}}, "image tower: no cosine figures")],
+)
+def test_nothing_measured_is_refused(measured: dict[str, Any], expected: str) -> None:
+    reason = refusal(measured, Thresholds())
+    assert reason is not None and expected in reason
+
+
+def test_the_launch_settings_default_to_the_documented_gate(monkeypatch) -> None:
+    for name in ("GATEWAY_INT8_MIN_MEAN_COSINE", "GATEWAY_INT8_MIN_COSINE"):
+        monkeypatch.delenv(name, raising=False)
+    launch = LaunchSettings()
+    assert (launch.int8_min_mean_cosine, launch.int8_min_cosine) == (MIN_MEAN_COSINE, MIN_COSINE)
+    # an item the gate lets through is never one the readiness canary would call broken
+    assert ServerSettings.model_fields["canary_min_cosine"].default <= MIN_COSINE
