@@ -14,12 +14,15 @@ import uvicorn
 from gateway.http.protocol import DeadlineProtocol
 from gateway.observability.logs import configure, logging_config
 from gateway.runtime.plan import plan_for
-from gateway.runtime.settings import ServerSettings
+from gateway.runtime.settings import ServerSettings, exposure_problem
 
 
 def main() -> int:
     settings = ServerSettings()
     configure(settings.log_level, settings.log_format)
+    problem = exposure_problem(settings)
+    if problem is not None:  # the launcher checks first; run by hand, this process does
+        raise SystemExit(problem)
     planned = plan_for(settings.workers, settings.decode_threads, settings.max_decode_mib)
     # uvicorn's workers build their settings from the environment: make the plan theirs
     os.environ["GATEWAY_WORKERS"] = str(planned.workers)

@@ -38,3 +38,17 @@ def test_an_unreadable_keys_file_is_named(tmp_path: Path) -> None:
     problem = exposure_problem(ServerSettings(host="127.0.0.1", api_keys_file=missing))
     assert problem is not None and "GATEWAY_API_KEYS_FILE cannot be read" in problem
     assert str(missing) in problem
+
+
+def test_the_http_process_run_by_hand_refuses_an_open_address_without_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`python -m gateway.http` holds the same rule as the launcher, before binding anything."""
+    from gateway.http import __main__ as http_main
+
+    for name in ("GATEWAY_API_KEYS", "GATEWAY_API_KEYS_FILE", "GATEWAY_ANONYMOUS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GATEWAY_HOST", "0.0.0.0")
+    monkeypatch.setattr(http_main.uvicorn, "run", lambda *a, **k: pytest.fail("bound anyway"))
+    with pytest.raises(SystemExit, match="not a loopback address"):
+        http_main.main()
