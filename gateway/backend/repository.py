@@ -20,6 +20,7 @@ from gateway.backend.contract import (
     OUTPUT_NAME,
     PREPROCESS_PARAMETER,
     QUANTIZATION_PARAMETER,
+    TENSORRT_BLOCKERS_PARAMETER,
     TEXT_INPUT_NAME,
     TEXT_MODEL_NAME,
     TEXT_OUTPUT_NAME,
@@ -177,12 +178,14 @@ def render(
         _quantization(out_dir, manifest, int8_fallback)
         return out_dir
     image = image_tower(manifest["image_size"], manifest["embed_dim"])
-    config = render_tower_config(settings, image, templates)
+    image_settings = _tower_settings(settings, manifest, image)
+    config = render_tower_config(image_settings, image, templates)
+    _note_blockers(config, settings, manifest, image)
     if canary := manifest.get("canary_embedding"):
         config.parameters[CANARY_PARAMETER].string_value = canary
     if preprocess := manifest.get("preprocess"):
         config.parameters[PREPROCESS_PARAMETER].string_value = json.dumps(preprocess)
-    model_dir = _model_dir(settings, image, export_dir, out_dir, templates, link)
+    model_dir = _model_dir(image_settings, image, export_dir, out_dir, templates, link)
     tokenizer = manifest.get("tokenizer", {})
     if "text" in manifest.get("towers", {}) and not tokenizer.get("available"):
         # no tower Triton would load for nothing (a SigLIP text tower is 442 MB, and a TensorRT
@@ -191,13 +194,43 @@ def render(
     (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
     if "text" in manifest.get("towers", {}) and tokenizer.get("available"):
         text = text_tower(manifest["context_length"], manifest["embed_dim"])
-        config = render_text_config(settings, text.dims[0], text.embed_dim, templates)
-        model_dir = _model_dir(settings, text, export_dir, out_dir, templates, link)
+        text_settings = _tower_settings(settings, manifest, text)
+        config = render_text_config(text_settings, text.dims[0], text.embed_dim, templates)
+        _note_blockers(config, settings, manifest, text)
+        model_dir = _model_dir(text_settings, text, export_dir, out_dir, templates, link)
         _text_parameters(config, manifest, export_dir, model_dir, link)
         (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
     if settings.profile == "cpu-int8":
         _quantization(out_dir, manifest, None)
     return out_dir
+
+
+def _blockers(manifest: dict[str, Any], tower: Tower) -> list[str]:
+    """What TensorRT's ONNX parser would reject in the tower's graph (export/graph.py, recorded
+    in the manifest at export)."""
+    found = manifest.get("tensorrt_blockers") or {}
+    return list(found.get(tower.fp32_file) or []) + list(found.get(tower.fp16_file) or [])
+
+
+def _tower_settings(
+    settings: RepositorySettings, manifest: dict[str, Any], tower: Tower
+) -> RepositorySettings:
+    """The ``tensorrt`` profile serves a tower whose graph TensorRT cannot take whole on the CUDA
+    EP instead: ONNX Runtime would otherwise split it between a TensorRT engine and CUDA nodes
+    (the text tower's end-of-text pooling, ArgMax over int64 ids and GatherND, is outside the
+    parser's table), a partition never measured on a GPU here. The CUDA EP runs any graph."""
+    if settings.profile == "tensorrt" and _blockers(manifest, tower):
+        return settings.model_copy(update={"profile": "cuda"})
+    return settings
+
+
+def _note_blockers(
+    config: mc.ModelConfig, settings: RepositorySettings, manifest: dict[str, Any], tower: Tower
+) -> None:
+    if settings.profile == "tensorrt" and (blockers := _blockers(manifest, tower)):
+        config.parameters[TENSORRT_BLOCKERS_PARAMETER].string_value = (
+            "served on the CUDA EP: " + "; ".join(dict.fromkeys(blockers))
+        )
 
 
 def _quantization(out_dir: Path, manifest: dict[str, Any], fallback: str | None) -> None:

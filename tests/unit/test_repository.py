@@ -421,3 +421,30 @@ def test_an_unreadable_quantization_parameter_is_a_backend_failure(tmp_path: Pat
     config.parameters[QUANTIZATION_PARAMETER].string_value = "{not json"
     with pytest.raises(BackendFailed, match="quantization parameter"):
         parse_model_config(as_triton_json(config))
+
+
+def test_tensorrt_serves_a_graph_its_parser_cannot_take_whole_on_the_cuda_ep(
+    tmp_path: Path,
+) -> None:
+    """The text tower's pooling is outside onnx-tensorrt's table (recorded at export): rather
+    than a TensorRT/CUDA split nobody measured, clip_text runs on the CUDA EP and says why;
+    the image tower, which TensorRT takes whole, keeps its engine."""
+    export = fake_export(tmp_path / "export", {"kind": "clip_bpe", "available": True,
+                                               "file": "tokenizer.json"})  # fmt: skip
+    manifest = json.loads((export / "manifest.json").read_text())
+    pooling = "ArgMax (node_argmax) is not in TensorRT's supported ops"
+    blockers = {"model.onnx": [], "text.onnx": [pooling], "text_fp16.onnx": [pooling]}
+    manifest["tensorrt_blockers"] = blockers
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    settings = RepositorySettings(profile="tensorrt", trt_cache_path="/engines")
+    repo = render(settings, export, tmp_path / "repo")
+    image, text = read(repo, TRITON_MODEL_NAME), read(repo, TEXT_MODEL_NAME)
+    (image_accel,) = image.optimization.execution_accelerators.gpu_execution_accelerator
+    assert image_accel.name == "tensorrt" and "tensorrt_blockers" not in image.parameters
+    assert [a.name for a in text.optimization.execution_accelerators.gpu_execution_accelerator] \
+        != ["tensorrt"]  # fmt: skip
+    assert text.parameters["tensorrt_blockers"].string_value == f"served on the CUDA EP: {pooling}"
+    assert (repo / TEXT_MODEL_NAME / "1" / "text_fp16.onnx").exists()  # the cuda profile's file
+    cuda = read(render(RepositorySettings(profile="cuda"), export, tmp_path / "cuda"),
+                TEXT_MODEL_NAME)  # fmt: skip
+    assert text.optimization == cuda.optimization
