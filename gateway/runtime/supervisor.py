@@ -345,12 +345,21 @@ class Supervisor:
             self.scratch = None
 
 
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, except an unset (None) one: its help says what happens instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def serve(argv: list[str] | None = None) -> int:
     """``clip-gateway serve`` / ``make serve``: interactive, quiet, logs to a file."""
     parser = argparse.ArgumentParser(
         prog="clip-gateway serve",
         description="Export the model if needed, start Triton and the gateway in the foreground.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsShown,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -363,7 +372,10 @@ def serve(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", default="cpu", choices=["auto", *PROFILES], help="Triton profile"
     )
-    parser.add_argument("--cache-dir", type=Path, default=None, help="export cache directory")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None,
+        help="export cache directory (default: $CLIP_GATEWAY_CACHE or ~/.cache/clip-gateway)",
+    )  # fmt: skip
     parser.add_argument(
         "--log-file", type=Path, default=None,
         help="where Triton's and the gateway's logs go (default: <cache>/logs/serve.log)",
