@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.runtime.processes import Interrupted, LaunchError
+from gateway.runtime.processes import Interrupted, LaunchError, die_with_parent
 from gateway.runtime.settings import LaunchSettings
 
 
@@ -74,7 +74,9 @@ def _export(launch: LaunchSettings, cache: Path, stop: threading.Event, int8: bo
         command.append("--int8")
     # the exporter's chatter (hundreds of lines) goes to a file, never to the terminal
     with tempfile.TemporaryFile() as output:
-        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        # a launcher killed outright (SIGKILL, OOM) takes the exporter with it
+        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
+                                 preexec_fn=die_with_parent())  # fmt: skip
         while child.poll() is None:
             if stop.wait(0.2):
                 child.terminate()
