@@ -2,8 +2,10 @@
 entrypoint: how ORT's threads (and their spin-waiting), Triton's instances and the gateway's
 decode threads share this machine's cores (gateway/runtime/plan.py chose from these figures).
 
-Every plan is a set of settings the operator could give; ``PLANS[0]`` is what the launcher did
-before the core plan existed (ORT's own thread count with spinning, one decode thread per CPU).
+Every plan is a set of settings the operator could give; the first is what the launcher did
+before the core plan existed (ORT's own thread count with spinning, one decode thread per CPU),
+the last what the core plan now chooses on 2 CPUs (``gateway/runtime/plan.py``). Every plan
+names its instance count: the core plan's default changed from 1 to 2 after this run.
 """
 
 from __future__ import annotations
@@ -19,17 +21,20 @@ from bench.peers import FULL, Limits, machine, system
 
 PLANS: dict[str, dict[str, str]] = {
     "before: ORT default threads, spinning, decode 1/CPU": {
-        "GATEWAY_TRITON_CPU_THREADS": "0", "GATEWAY_TRITON_CPU_SPINNING": "true",
-        "GATEWAY_DECODE_THREADS": "0",
+        "GATEWAY_TRITON_INSTANCE_COUNT": "1", "GATEWAY_TRITON_CPU_THREADS": "0",
+        "GATEWAY_TRITON_CPU_SPINNING": "true", "GATEWAY_DECODE_THREADS": "0",
     },
     "ORT all CPUs, no spinning, decode 1/CPU": {
-        "GATEWAY_TRITON_CPU_SPINNING": "false", "GATEWAY_DECODE_THREADS": "0",
+        "GATEWAY_TRITON_INSTANCE_COUNT": "1", "GATEWAY_TRITON_CPU_SPINNING": "false",
+        "GATEWAY_DECODE_THREADS": "0",
     },
     "ORT all CPUs, no spinning, decode 1": {
-        "GATEWAY_TRITON_CPU_SPINNING": "false", "GATEWAY_DECODE_THREADS": "1",
+        "GATEWAY_TRITON_INSTANCE_COUNT": "1", "GATEWAY_TRITON_CPU_SPINNING": "false",
+        "GATEWAY_DECODE_THREADS": "1",
     },
     "ORT all CPUs, spinning, decode 1": {
-        "GATEWAY_TRITON_CPU_SPINNING": "true", "GATEWAY_DECODE_THREADS": "1",
+        "GATEWAY_TRITON_INSTANCE_COUNT": "1", "GATEWAY_TRITON_CPU_SPINNING": "true",
+        "GATEWAY_DECODE_THREADS": "1",
     },
     "2 instances x 1 ORT thread, no spinning, decode 1": {
         "GATEWAY_TRITON_INSTANCE_COUNT": "2", "GATEWAY_TRITON_CPU_THREADS": "1",

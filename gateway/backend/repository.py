@@ -114,7 +114,7 @@ def render_tower_config(
         "max_queue_delay_us": settings.max_queue_delay_us,
         "queue_timeout_us": settings.queue_timeout_us,
         "max_queue_size": settings.max_queue_size,
-        "instance_count": settings.instance_count,
+        "instance_count": settings.instance_count or 1,  # the launcher plans CPU instances
         "cpu_threads": settings.cpu_threads,
         "cpu_spinning": int(settings.cpu_spinning),
         "onnx_file": _onnx_file(settings, tower),

@@ -96,17 +96,33 @@ def worker_plan(
     return WorkerPlan(workers, threads)
 
 
-def model_threads(cpus: int, instances: int = 1, threads: int = 0) -> int:
-    """ONNX Runtime intra-op threads per model instance on the CPU profiles, where not set (0).
+@dataclass(frozen=True)
+class ModelPlan:
+    instances: int
+    threads: int
+
+
+#: Model instances per tower on the CPU profiles, where not set: two single-thread instances
+#: beat one two-thread instance on 2 CPUs (bench/results/plans, cpu-int8: +17 % img/s at batch
+#: 32 x 4, +21 % at 8 x 4, single-image p50 31 vs 28 ms): while one batch is in the
+#: single-threaded parts between the GEMMs (quantize, LayerNorm, softmax, the Python backend's
+#: hand-off), the other computes. More than two was not measured, and each instance holds a
+#: copy of the model in memory.
+CPU_MODEL_INSTANCES = 2
+
+
+def model_plan(cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:
+    """Model instances and ONNX Runtime intra-op threads per instance on the CPU profiles,
+    where not set (0).
 
     ORT's own default is one thread per physical core of the *host*, blind to the cgroup quota:
-    a pod limited to 2 CPUs on a 64-core node would run 64 threads per instance. The plan gives
-    the instances the usable CPUs between them; they share those with the decode threads, which
+    a pod limited to 2 CPUs on a 64-core node would run 64 threads per instance. The plan shares
+    the usable CPUs between the instances; they share those with the decode threads too, which
     is why ORT's idle threads do not spin-wait (``RepositorySettings.cpu_spinning``) and why
-    inter-op parallelism stays off (one thread: the graphs run node after node). The plans
-    compared on 2 CPUs are in bench/results/plans.
+    inter-op parallelism stays off (one thread: the graphs run node after node).
     """
-    return threads or max(1, cpus // max(1, instances))
+    instances = instances or max(1, min(CPU_MODEL_INSTANCES, cpus))
+    return ModelPlan(instances, threads or max(1, cpus // instances))
 
 
 def plan_for(workers: int, threads: int, decode_mib: int, root: Path = CGROUP) -> WorkerPlan:

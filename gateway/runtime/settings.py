@@ -186,8 +186,9 @@ class RepositorySettings(BaseSettings):
     queue_timeout_us: int = Field(30_000_000, ge=0)
     #: Requests waiting in Triton's queue before new ones are rejected (0 = unbounded).
     max_queue_size: int = Field(128, ge=0)
-    #: Model instances (CPU: processes; GPU: execution contexts on the one GPU).
-    instance_count: int = Field(1, ge=1)
+    #: Model instances per tower (CPU: processes; GPU: execution contexts on the one GPU);
+    #: 0 = the core plan's on the CPU profiles (gateway/runtime/plan.py), 1 on a GPU.
+    instance_count: int = Field(0, ge=0)
     #: ORT intra-op threads per model instance on the CPU profiles; 0 = the core plan's (the
     #: launcher derives it from the CPUs it may use, gateway/runtime/plan.py; rendered by hand:
     #: ORT's own default, every core).

@@ -44,6 +44,7 @@ from gateway.runtime.processes import (
     ProcessStartError,
 )
 from gateway.runtime.settings import (
+    CPU_PROFILES,
     PROFILES,
     Profile,
     RepositorySettings,
@@ -122,10 +123,7 @@ class Supervisor:
                      gpu.compute_capability, gpu.memory_gib)  # fmt: skip
         base = self.settings.repository
         engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity)
-        repository = base.model_copy(update={"trt_cache_path": str(engine_dir),
-                                              "cpu_threads": plan.model_threads(
-                                                  plan.usable_cpus(), base.instance_count,
-                                                  base.cpu_threads)})  # fmt: skip
+        repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
         profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
         profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
@@ -175,6 +173,14 @@ class Supervisor:
         assert self.scratch is not None
         launch = self.settings.launch
         install = TritonInstall.discover()
+        if repository.profile in CPU_PROFILES:
+            model = plan.model_plan(plan.usable_cpus(), repository.instance_count,
+                                    repository.cpu_threads)  # fmt: skip
+            repository = repository.model_copy(
+                update={"instance_count": model.instances, "cpu_threads": model.threads}
+            )
+            log.info("core plan: %d model instance(s) x %d ORT thread(s) per tower",
+                     model.instances, model.threads)  # fmt: skip
         rendered = render(repository, export_dir, self.scratch / "model_repository",
                           int8_fallback=self.int8_fallback)  # fmt: skip
         backend = rendered_config(rendered).backend
