@@ -51,13 +51,16 @@ class FakeBackend:
         embed_dim: int = 512,
         max_batch_size: int = 32,
         tokenizer_file: str | None = None,
+        instances: int = 1,
     ) -> None:
         text = None
         if tokenizer_file is not None:
-            text = TextModel("fake_text", CONTEXT_LENGTH, max_batch_size, str(tokenizer_file))
+            text = TextModel("fake_text", CONTEXT_LENGTH, max_batch_size, str(tokenizer_file),
+                             instances=instances)  # fmt: skip
         self.info = ModelInfo(
             "fake", image_size, embed_dim, max_batch_size, text=text,
             text_unavailable=None if text else "the fake backend has no text model",
+            instances=instances,
         )  # fmt: skip
         self.weights = projection(embed_dim)
         self.text_calls: list[int] = []

@@ -37,6 +37,8 @@ class TextModel:
     tokenizer_file: str
     #: Export-time embedding of ``contract.TEXT_CANARY``, when the config has one.
     canary: np.ndarray | None = field(default=None, compare=False)
+    #: Model instances that run calls side by side (the config's instance groups).
+    instances: int = 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class ModelInfo:
     #: the profile is ``cpu-int8`` (the configs' quantization parameter; README "The cpu-int8
     #: profile"). None: the export's own FP32/FP16 graphs, nothing quantized.
     quantization: dict[str, Any] | None = field(default=None, compare=False)
+    #: Model instances that run calls side by side (the config's instance groups): a request
+    #: larger than one image is split so every instance gets a share (pipeline/service.py).
+    instances: int = 1
 
     @property
     def image_preprocessing(self) -> Preprocessing:

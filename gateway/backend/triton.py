@@ -181,6 +181,15 @@ class TritonBackend:
         self._staged[array.ctypes.data] = region
         return array
 
+    def _staged_at(self, batch: np.ndarray) -> tuple[shm.Region | None, int]:
+        """The lent region ``batch`` lies in (all of a staged batch, or a run of its rows when
+        the request is split between model instances), and its byte offset there."""
+        start = batch.ctypes.data
+        for base, region in self._staged.items():
+            if base <= start and start + batch.nbytes <= base + region.byte_size:
+                return region, start - base
+        return None, 0
+
     def unstage(self, array: np.ndarray) -> None:
         region = self._staged.pop(array.ctypes.data, None)
         if region is not None and self._pool is not None and self._pool.capacity:
@@ -205,11 +214,13 @@ class TritonBackend:
             "triton.batch_size": int(batch.shape[0]),
         }
         with client_span(self._tracer, "triton.infer", attributes) as span:
-            staged = self._staged.get(batch.ctypes.data) if pool is not None else None
+            staged, offset = self._staged_at(batch) if pool is not None else (None, 0)
             region = staged or (pool.acquire() if pool is not None else None)
             span.set_attribute("triton.input_transport", "shared_memory" if region else "grpc")
             try:
-                result = await self._call(model, batch, deadline, region, staged is not None)
+                result = await self._call(
+                    model, batch, deadline, region, staged is not None, offset
+                )
             except InferenceServerException as exc:
                 span.set_attribute("rpc.grpc.status_code", _status_name(exc))
                 raise translate(exc) from exc
@@ -230,6 +241,7 @@ class TritonBackend:
         deadline: float,
         region: shm.Region | None,
         in_place: bool = False,
+        offset: int = 0,
     ) -> Any:
         name, dtype = _INPUTS[model == self.text_model_name]
         tensor = InferInput(name, list(batch.shape), dtype)
@@ -238,7 +250,7 @@ class TritonBackend:
                 if await self._register(region):
                     if not in_place:  # a staged batch was decoded into the region already
                         region.view(batch.shape)[...] = batch
-                    tensor.set_shared_memory(region.name, batch.nbytes)
+                    tensor.set_shared_memory(region.name, batch.nbytes, offset)
                     return await self._send(model, tensor, deadline)
             except InferenceServerException as exc:
                 if "shared memory" not in (exc.message() or "").lower():
@@ -333,7 +345,14 @@ def parse_model_config(config: dict[str, Any]) -> ModelInfo:
         preprocessing=preprocessing,
         text_unavailable=parameters.get(TEXT_UNAVAILABLE_PARAMETER),
         quantization=_quantization(parameters, "image", None),
+        instances=_instances(config),
     )
+
+
+def _instances(config: dict[str, Any]) -> int:
+    """Model instances the config runs side by side (its instance groups' counts)."""
+    groups = config.get("instance_group") or []
+    return max(1, sum(int(group.get("count", 1)) for group in groups)) if groups else 1
 
 
 def _quantization(
@@ -416,6 +435,7 @@ def parse_text_config(info: ModelInfo, config: dict[str, Any]) -> ModelInfo:
         max_batch_size=max(1, int(config.get("max_batch_size", 1))),
         tokenizer_file=parameters[TOKENIZER_FILE_PARAMETER],
         canary=decode_reference(canary) if canary else None,
+        instances=_instances(config),
     )
     quantization = _quantization(parameters, "text", info.quantization)
     return dataclasses.replace(info, text=text, quantization=quantization)

@@ -217,7 +217,7 @@ class EmbeddingService:
             decoded_at = time.perf_counter()
             if len(batch.pixels):
                 vectors = await self._infer(
-                    self._backend.infer, batch.pixels, limit, deadline, False
+                    self._backend.infer, batch.pixels, limit, deadline, False, model.instances
                 )
             else:
                 vectors = np.empty((0, model.embed_dim), dtype=np.float32)
@@ -242,9 +242,9 @@ class EmbeddingService:
         started = time.perf_counter()
         batch = await self.texts.encode(texts, positions, self.texts.tokenizer(model))
         tokenized_at = time.perf_counter()
-        vectors = await self._infer(
-            self._backend.infer_text, batch.tokens, model.text.max_batch_size, deadline, True
-        )
+        vectors = await self._infer(self._backend.infer_text, batch.tokens,
+                                    model.text.max_batch_size, deadline, True,
+                                    model.text.instances)  # fmt: skip
         return _Part(
             "text",
             vectors,
@@ -261,7 +261,11 @@ class EmbeddingService:
         limit: int,
         deadline: float,
         text: bool,
+        instances: int = 1,
     ) -> np.ndarray:
+        # several model instances (the CPU profiles' core plan): one request's rows are shared
+        # between them, or a lone batch of 32 would run on one instance's share of the cores
+        limit = min(limit, max(1, -(-len(batch) // max(1, instances))))
         chunks = [batch[i : i + limit] for i in range(0, len(batch), limit)]
         results = await asyncio.gather(
             *(self._infer_chunk(call, chunk, deadline, text) for chunk in chunks)

@@ -179,3 +179,25 @@ def test_an_unreadable_tokenizer_file_serves_images_and_says_why(
                            ).status_code == 200  # fmt: skip
         (card,) = client.get("/v1/models").json()["data"]
         assert card["modalities"] == ["image"]
+
+
+def test_a_request_is_shared_between_the_model_instances_in_order(
+    settings: ServerSettings, clip_tokenizer_file: Path
+) -> None:
+    """Two model instances (the CPU core plan): a request's images and texts are split so both
+    get a share instead of one taking the whole batch on its half of the cores; rows stay in
+    request order and a lone item is not split."""
+    fake = FakeBackend(max_batch_size=8, tokenizer_file=str(clip_tokenizer_file), instances=2)
+    images = [samples.compact(i) for i in range(7)]
+    texts = [f"photo number {i}" for i in range(5)]
+    with TestClient(create_app(settings, lambda *_: fake)) as client:
+        body = client.post("/v1/embeddings", json={"input": [data_uri(x) for x in images]})
+        rows = vectors(body.json())
+        assert sorted(fake.calls) == [3, 4]
+        for i, image in enumerate(images):
+            one = vectors(client.post("/v1/embeddings", json={"input": [data_uri(image)]}).json())
+            np.testing.assert_allclose(rows[i], one[0], atol=1e-6)
+        assert fake.calls[2:] == [1] * 7
+        text_rows = vectors(client.post("/v1/embeddings", json={"input": texts}).json())
+        np.testing.assert_allclose(text_rows, expected_texts(texts), atol=1e-6)
+        assert sorted(fake.text_calls) == [2, 3]

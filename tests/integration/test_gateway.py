@@ -292,3 +292,39 @@ def test_a_killed_workers_regions_are_removed_by_its_replacement(triton, start_g
     )
     assert not left & registered()  # unregistered from Triton by the new worker
     assert not [name for name in left if (Path("/dev/shm") / name).exists()]  # and unlinked
+
+
+def data_uri(image: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(image).decode()
+
+
+def test_json_texts_and_images_with_per_item_errors_over_http(http: httpx.Client) -> None:
+    """The text half's JSON forms and refusals on the real stack: objects, a forced modality,
+    a data-URI image among texts, skip_invalid naming bad texts, binary answers for texts, and
+    a bare base64 image refused as ambiguous unless modality says image."""
+    image = samples.compact(82)
+    payload = {"input": [{"text": "a red car"}, "", {"image": data_uri(image)}, "x" * 5000,
+                         "a photo of a cat"], "skip_invalid": True}  # fmt: skip
+    body = http.post("/v1/embeddings", json=payload).json()
+    assert [row["index"] for row in body["data"]] == [0, 2, 4]
+    assert [(e["index"], e["status"]) for e in body["errors"]] == [(1, 422), (3, 413)]
+    got = np.array([row["embedding"] for row in body["data"]], dtype=np.float32)
+    texts = reference.embed_tokens(reference.tokens(["a red car", "a photo of a cat"]))
+    assert reference.cosines(got[[0, 2]], texts).min() >= 0.9999
+    assert_matches(got[[1]], [image])
+    assert (body["usage"]["texts"], body["usage"]["images"]) == (2, 1)
+
+    empty = http.post("/v1/embeddings", json={"input": ["a cat", "   "]})
+    assert empty.status_code == 422 and empty.headers["content-type"].startswith(PROBLEM)
+    assert empty.json()["index"] == 1
+    forced = http.post("/v1/embeddings", json={"input": ["a red car"], "modality": "text"},
+                       headers={"Accept": "application/octet-stream"})  # fmt: skip
+    assert forced.status_code == 200 and forced.headers["x-embedding-shape"] == "1,512"
+    binary = np.frombuffer(forced.content, dtype="<f4").reshape(1, -1)
+    assert reference.cosines(binary, texts[:1]).min() >= 0.9999
+
+    bare = base64.b64encode(image).decode()
+    ambiguous = http.post("/v1/embeddings", json={"input": [bare]})
+    assert ambiguous.status_code == 422 and "modality" in ambiguous.json()["detail"]
+    as_image = rows(http.post("/v1/embeddings", json={"input": [bare], "modality": "image"}))
+    assert_matches(as_image, [image])

@@ -448,3 +448,18 @@ def test_tensorrt_serves_a_graph_its_parser_cannot_take_whole_on_the_cuda_ep(
     cuda = read(render(RepositorySettings(profile="cuda"), export, tmp_path / "cuda"),
                 TEXT_MODEL_NAME)  # fmt: skip
     assert text.optimization == cuda.optimization
+
+
+@pytest.mark.parametrize(("count", "instances"), [(0, 1), (1, 1), (2, 2), (3, 3)])
+def test_the_gateway_reads_how_many_instances_serve_each_tower(
+    tmp_path: Path, count: int, instances: int
+) -> None:
+    """What the service splits a request by: the rendered instance count (0 renders 1)."""
+    from gateway.backend.triton import parse_model_config, parse_text_config
+
+    settings = RepositorySettings(profile="cpu", instance_count=count)
+    repo = render(settings, int8_export(tmp_path / "export"), tmp_path / "repo")
+    info = parse_model_config(as_triton_json(read(repo, TRITON_MODEL_NAME)))
+    info = parse_text_config(info, as_triton_json(read(repo, TEXT_MODEL_NAME)))
+    assert info.instances == instances
+    assert info.text is not None and info.text.instances == instances
