@@ -41,7 +41,7 @@ PLANS: dict[str, dict[str, str]] = {
         "GATEWAY_TRITON_CPU_SPINNING": "false", "GATEWAY_DECODE_THREADS": "1",
     },
 }  # fmt: skip
-CELLS = ((32, 4), (8, 4), (1, 1), (1, 4))
+CELLS = ((32, 4), (32, 1), (8, 4), (1, 1), (1, 4))
 LIMITS = replace(FULL, seconds=15.0, requests=200)
 
 
