@@ -416,6 +416,9 @@ def test_compose_gateways(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     assert sorted(d[0] for d in devices) == [str(i) for i in range(len(gateways))]
     assert len({s["volumes"][0] for s in gateways.values()}) == len(gateways)  # cache per GPU
+    for service in gateways.values():  # a CPU share per gateway, which its plan then reads
+        assert interpolate(service["cpus"]) == "0"  # Docker's "no limit" unless set
+        assert interpolate(service["cpus"], {"CLIP_GATEWAY_CPUS": "8"}) == "8"
     for service in gateways.values():
         assert set(service["environment"]) <= KNOWN_ENV | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
         env = {
