@@ -6,6 +6,7 @@
   the old engine (and the canary would keep /readyz at 503).
 - **Keyed by the GPU model**: engines are built for the GPU they run on, and ORT's file names
   carry only the compute capability (an A10 and an A40 are both sm_86).
+- **Keyed by the build settings** (``build_key``): precision, batch range, workspace.
 - **One builder at a time**: pods that share the cache (a ReadWriteMany volume per GPU model)
   and start on an empty directory would build the same engine files concurrently; the first
   takes ``.build.lock`` (flock, honoured over NFS too) and builds, the others wait and then
@@ -38,8 +39,16 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu"
 
 
-def cache_dir(base: str | Path, gpu: str | None, identity: str) -> Path:
-    return Path(base) / (gpu_slug(gpu) if gpu else "any-gpu") / identity
+def build_key(max_batch: int, opt_batch: int, workspace_bytes: int) -> str:
+    """What an engine is built for besides the GPU and the model: FP16, the optimisation
+    profile's batch range and the builder's workspace. A change gets a directory of its own,
+    never depending on ONNX Runtime noticing that the cached profile no longer fits."""
+    return f"fp16-batch1-{max_batch}-opt{opt_batch}-ws{workspace_bytes >> 20}m"
+
+
+def cache_dir(base: str | Path, gpu: str | None, identity: str, build: str | None = None) -> Path:
+    directory = Path(base) / (gpu_slug(gpu) if gpu else "any-gpu") / identity
+    return directory / build if build else directory
 
 
 def has_engines(directory: Path) -> bool:

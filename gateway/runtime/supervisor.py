@@ -122,7 +122,11 @@ class Supervisor:
             log.info("GPU: %s, compute capability %s, %.0f GiB", gpu.name,
                      gpu.compute_capability, gpu.memory_gib)  # fmt: skip
         base = self.settings.repository
-        engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity)
+        build = engines.build_key(
+            base.max_batch_size, max(base.preferred), base.trt_workspace_bytes
+        )
+        engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity,
+                                       build)  # fmt: skip
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
         profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))

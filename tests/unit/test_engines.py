@@ -33,6 +33,17 @@ def test_each_gpu_model_gets_its_own_directory(tmp_path: Path) -> None:
     assert engines.gpu_slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
 
 
+def test_other_build_settings_get_other_engines(tmp_path: Path) -> None:
+    """A larger batch range or workspace builds anew rather than trusting old engines."""
+    base = engines.build_key(32, 32, 4 << 30)
+    assert base == "fp16-batch1-32-opt32-ws4096m"
+    others = {engines.build_key(64, 32, 4 << 30), engines.build_key(32, 16, 4 << 30),
+              engines.build_key(32, 32, 2 << 30)}  # fmt: skip
+    assert base not in others and len(others) == 3
+    directory = engines.cache_dir(tmp_path, "NVIDIA L4", "id", base)
+    assert directory == tmp_path / "nvidia-l4" / "id" / base
+
+
 def test_the_first_builder_locks_and_the_next_waits(tmp_path: Path) -> None:
     first = engines.BuildLock(tmp_path / "e", threading.Event())
     first.acquire(timeout=60)
