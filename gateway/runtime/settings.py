@@ -184,8 +184,11 @@ class RepositorySettings(BaseSettings):
     max_queue_delay_us: int = Field(2000, ge=0)
     #: Requests queued longer than this are rejected by Triton (the gateway answers 503).
     queue_timeout_us: int = Field(30_000_000, ge=0)
-    #: Requests waiting in Triton's queue before new ones are rejected (0 = unbounded).
-    max_queue_size: int = Field(128, ge=0)
+    #: Requests waiting in Triton's queue before new ones are rejected (0 = no count cap). The
+    #: gateway's admission bounds the queue in seconds of work (and the queue timeout its age);
+    #: a count cap would bite first on small requests (128 single images were ~5 s of work on
+    #: the CPU profile while admission allows 15 s), turning admission's 429s into 503s.
+    max_queue_size: int = Field(0, ge=0)
     #: Model instances per tower (CPU: processes; GPU: execution contexts on the one GPU);
     #: 0 = the core plan's on the CPU profiles (gateway/runtime/plan.py), 1 on a GPU.
     instance_count: int = Field(0, ge=0)
