@@ -4,8 +4,8 @@ By default glibc raises its mmap threshold after every large free (up to 32 MB),
 of big decodes later buffers come from arenas that are never returned, one arena per decode
 thread. ``tune`` fixes the threshold (big buffers are mmapped and unmapped when freed) and caps
 the arenas; ``Trimmer`` hands the rest back with ``malloc_trim`` after heavy work, at most once
-per ``interval_s``. Measured on bursts of large and hostile inputs: bench/results/hostile/hostile.md.
-Elsewhere than glibc these are no-ops.
+per ``interval_s``. Measured on bursts of large and hostile inputs:
+bench/results/hostile/hostile.md. Elsewhere than glibc these are no-ops.
 """
 
 from __future__ import annotations

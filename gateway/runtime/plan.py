@@ -102,16 +102,18 @@ class ModelPlan:
     threads: int
 
 
-#: Model instances per tower on the CPU profiles, where not set: two single-thread instances
-#: beat one two-thread instance on 2 CPUs (bench/results/plans, cpu-int8: +17 % img/s at batch
-#: 32 x 4, +21 % at 8 x 4, single-image p50 31 vs 28 ms): while one batch is in the
-#: single-threaded parts between the GEMMs (quantize, LayerNorm, softmax, the Python backend's
-#: hand-off), the other computes. More than two was not measured, and each instance holds a
-#: copy of the model in memory.
-CPU_MODEL_INSTANCES = 2
+#: Model instances per tower on the CPU profiles, where not set (bench/results/plans, 2 CPUs).
+#: ``cpu-int8``: two single-thread instances beat one two-thread instance (+12-24 % img/s
+#: with 4 clients; single-image p50 31 vs 28 ms): while one batch is in the single-threaded
+#: stretches between the INT8 GEMMs (dynamic quantization, LayerNorm, softmax, the Python
+#: backend's hand-off), the other computes. ``cpu`` (FP32): the GEMMs are nearly all of the
+#: time and scale over threads, so one instance with every thread is as fast with 4 clients and
+#: far better for one client (single image ~58 vs ~94 ms) and in memory (each instance holds
+#: a copy of the model: ~600 MB for both FP32 towers). More than two was not measured.
+CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2}
 
 
-def model_plan(cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:
+def model_plan(profile: str, cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:
     """Model instances and ONNX Runtime intra-op threads per instance on the CPU profiles,
     where not set (0).
 
@@ -121,7 +123,7 @@ def model_plan(cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:
     is why ORT's idle threads do not spin-wait (``RepositorySettings.cpu_spinning``) and why
     inter-op parallelism stays off (one thread: the graphs run node after node).
     """
-    instances = instances or max(1, min(CPU_MODEL_INSTANCES, cpus))
+    instances = instances or max(1, min(CPU_MODEL_INSTANCES.get(profile, 1), cpus))
     return ModelPlan(instances, threads or max(1, cpus // instances))
 
 

@@ -178,7 +178,8 @@ class Supervisor:
         launch = self.settings.launch
         install = TritonInstall.discover()
         if repository.profile in CPU_PROFILES:
-            model = plan.model_plan(plan.usable_cpus(), repository.instance_count,
+            model = plan.model_plan(repository.profile, plan.usable_cpus(),
+                                    repository.instance_count,
                                     repository.cpu_threads)  # fmt: skip
             repository = repository.model_copy(
                 update={"instance_count": model.instances, "cpu_threads": model.threads}

@@ -224,21 +224,24 @@ def test_the_container_limits_are_read_from_cgroup_files(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    ("cpus", "instances", "threads", "expected"),
-    [(2, 0, 0, (2, 1)), (1, 0, 0, (1, 1)), (16, 0, 0, (2, 8)), (3, 0, 0, (2, 1)),
-     (16, 4, 0, (4, 4)), (2, 1, 0, (1, 2)), (64, 1, 6, (1, 6))],
+    ("profile", "cpus", "instances", "threads", "expected"),
+    [("cpu-int8", 2, 0, 0, (2, 1)), ("cpu-int8", 1, 0, 0, (1, 1)),
+     ("cpu-int8", 16, 0, 0, (2, 8)), ("cpu-int8", 3, 0, 0, (2, 1)),
+     ("cpu", 2, 0, 0, (1, 2)), ("cpu", 16, 0, 0, (1, 16)),
+     ("cpu", 16, 4, 0, (4, 4)), ("cpu-int8", 2, 1, 0, (1, 2)), ("cpu", 64, 1, 6, (1, 6))],
 )  # fmt: skip
 def test_the_model_gets_the_usable_cpus_between_its_instances(
-    cpus: int, instances: int, threads: int, expected: tuple[int, int]
+    profile: str, cpus: int, instances: int, threads: int, expected: tuple[int, int]
 ) -> None:
     """ORT's own default counts the host's cores; the plan counts what the cgroup allows."""
     from gateway.runtime.plan import ModelPlan, model_plan
 
-    assert model_plan(cpus, instances, threads) == ModelPlan(*expected)
+    assert model_plan(profile, cpus, instances, threads) == ModelPlan(*expected)
 
 
 def test_a_cpu_quota_sets_the_model_plan(tmp_path: Path) -> None:
     from gateway.runtime.plan import ModelPlan, model_plan, usable_cpus
 
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: one whole CPU
-    assert model_plan(usable_cpus(tmp_path)) == ModelPlan(1, 1)
+    assert model_plan("cpu-int8", usable_cpus(tmp_path)) == ModelPlan(1, 1)
+    assert model_plan("cpu", usable_cpus(tmp_path)) == ModelPlan(1, 1)
