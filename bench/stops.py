@@ -42,6 +42,8 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 300) -> 
 
 
 def slow_templates(work: Path, hold: Path) -> Path:
+    """triton/ with the cpu profile's model held in ``initialize`` until ``hold/release``
+    (tests/models/slow_start.py): a long model load or engine build, for stop timings and tests."""
     templates = work / "templates"
     shutil.copytree(ROOT / "triton", templates)
     real = (ROOT / "triton" / "python" / "model.py").read_text()

@@ -9,7 +9,6 @@ directory behind and exit 0; a killed supervisor's children must stop by themsel
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.stops import slow_templates
 from gateway.runtime.processes import ReservedPort, reserve_port
 from tests import reference, samples
 from tests.controlled import wait_until
@@ -226,18 +226,6 @@ class Starting:
 
     def tree(self) -> set[int]:
         return descendants(self.process.pid)
-
-
-def slow_templates(tmp_path: Path, hold: Path) -> Path:
-    """triton/ with the cpu profile's model held in ``initialize`` until ``hold/release``."""
-    templates = tmp_path / "templates"
-    shutil.copytree(ROOT / "triton", templates)
-    real = (ROOT / "triton" / "python" / "model.py").read_text()
-    suffix = (ROOT / "tests" / "models" / "slow_start.py").read_text()
-    (templates / "python" / "model.py").write_text(
-        real + "\n" + suffix.replace("HOLD_DIR", str(hold))
-    )
-    return templates
 
 
 @pytest.fixture
