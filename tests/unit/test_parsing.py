@@ -336,3 +336,107 @@ def test_json_error_messages() -> None:
         parsing.parse_json(b'{"input": "a", "encoding_format": "hex"}', 4, 1000)
     assert raised.value.reason.startswith("invalid embeddings request: ")
     assert "encoding_format" in raised.value.reason
+
+
+@pytest.mark.parametrize(
+    ("input_json", "modality", "index"),
+    [
+        ('[{"text": "a", "image": "b"}]', None, 0),
+        ('["x", "y", {}]', None, 2),
+        ('["x", {"text": "a"}]', "image", 1),
+    ],
+)
+def test_contradicting_objects_name_their_item(
+    input_json: str, modality: str | None, index: int
+) -> None:
+    with pytest.raises(InvalidFields) as raised:
+        items_of(input_json, modality)
+    assert raised.value.index == index
+
+
+def test_the_ambiguous_base64_message_says_every_way_to_send_an_image() -> None:
+    encoded = base64.b64encode(b"\xff\xd8\xff" + bytes(48)).decode()
+    with pytest.raises(InvalidFields) as raised:
+        items_of(f'["{encoded}"]')
+    assert raised.value.reason == (
+        "input[0] looks like a base64-encoded image, not a text: send it as a "
+        'data:image/...;base64, URI or an {"image": ...} object, or set "modality": "image"'
+    )
+
+
+@pytest.mark.parametrize("max_bytes", [100, 3000, 3001])
+def test_a_string_may_be_as_long_as_base64_of_the_byte_limit_plus_a_data_header(
+    max_bytes: int,
+) -> None:
+    longest = 4 * -(-max_bytes // 3) + 256
+    (item,) = parsing.parse_json(f'{{"input": "{"a" * longest}"}}'.encode(), 4, max_bytes).items
+    assert item == TextItem("a" * longest)
+    parsing.parse_json(f'{{"input": ["{"a" * longest}"]}}'.encode(), 4, max_bytes)
+    for over in (f'"{"a" * (longest + 1)}"', f'["b", "{"a" * (longest + 1)}"]'):
+        with pytest.raises(LimitExceeded, match=f"item over {longest} characters"):
+            parsing.parse_json(f'{{"input": {over}}}'.encode(), 4, max_bytes)
+
+
+def test_hostile_nesting_is_malformed_json_not_a_crash() -> None:
+    deep = b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(MalformedRequest) as raised:
+        parsing.parse_json(deep, 8, 1000)
+    assert raised.value.reason == "malformed JSON: nested too deep"
+
+
+def channel(*messages: dict) -> parsing.Receive:
+    """An ASGI receive callable that hands out ``messages`` in order."""
+    queue = list(messages)
+
+    async def receive() -> dict:
+        return queue.pop(0)
+
+    return receive
+
+
+async def collect(chunks: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in chunks]
+
+
+def test_body_chunks_end_with_an_empty_chunk_and_skip_empty_messages() -> None:
+    receive = channel(
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "more_body": True},  # no body key at all
+        {"type": "http.request", "body": b"", "more_body": True},
+        {"type": "http.request", "body": b"cd"},  # more_body absent: the last
+    )
+    assert asyncio.run(collect(parsing.body_chunks(receive, 4))) == [b"ab", b"cd", b""]
+
+
+def test_body_chunks_allow_exactly_the_limit_and_refuse_one_byte_more() -> None:
+    exact = channel({"type": "http.request", "body": b"abc", "more_body": True},
+                    {"type": "http.request", "body": b"d", "more_body": False})  # fmt: skip
+    assert asyncio.run(collect(parsing.body_chunks(exact, 4))) == [b"abc", b"d", b""]
+    over = channel({"type": "http.request", "body": b"abc", "more_body": True},
+                   {"type": "http.request", "body": b"de", "more_body": False})  # fmt: skip
+    with pytest.raises(LimitExceeded) as raised:
+        asyncio.run(collect(parsing.body_chunks(over, 4)))
+    assert raised.value.reason == "request body over 4 bytes"
+    assert raised.value.extra == {"limit": 4}
+
+
+def test_a_client_that_disconnects_mid_body_is_gone() -> None:
+    from gateway.errors import ClientGone
+
+    receive = channel({"type": "http.request", "body": b"ab", "more_body": True},
+                      {"type": "http.disconnect"})  # fmt: skip
+    with pytest.raises(ClientGone, match="disconnected while sending"):
+        asyncio.run(collect(parsing.body_chunks(receive, 100)))
+
+
+@pytest.mark.parametrize("hint", [None, 0, 6, 9])
+def test_read_all_joins_the_chunks_in_one_buffer(hint: int | None) -> None:
+    body = asyncio.run(parsing.read_all(chunked(b"abcdef", 4), hint))
+    assert body == bytearray(b"abcdef") and isinstance(body, bytearray)
+
+
+def test_read_all_refuses_a_body_longer_than_declared() -> None:
+    with pytest.raises(MalformedRequest, match="longer than its Content-Length"):
+        asyncio.run(parsing.read_all(chunked(b"abcdefg", 4), 6))
+    with pytest.raises(MalformedRequest):
+        asyncio.run(parsing.read_all(chunked(b"abcdefg", 7), 6))
