@@ -14,6 +14,20 @@ TESTS = Path(__file__).parent
 #: The client suite runs in a client-only virtualenv (tests/integration/test_client_install.py).
 collect_ignore = ["client"]
 
+if TESTS.parent.name == "mutants":  # `make mutation` runs the suite from its copy in mutants/
+    # a mutant that a property test catches is caught at the first failing example; shrinking
+    # it (minutes of examples) would only make mutmut count the kill as a timeout
+    from hypothesis import Phase, settings
+
+    settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.load_profile("mutation")
+    # mutmut forks a child per mutant from a process that already ran the suite: torch's
+    # OpenMP pool does not survive a fork (the open_clip reference hung in to_tensor, and
+    # mutmut counted every such hang as a kill by timeout). One thread never starts the pool.
+    import torch
+
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

@@ -174,11 +174,23 @@ def test_deeply_progressive_jpeg_is_refused_before_decoding(gateway: GatewayProc
     assert "scans" in response.json()["detail"]
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/metrics"])
-def test_probes_stay_cheap_under_rejections(gateway: GatewayProcess, path: str) -> None:
-    for _ in range(20):
-        httpx.post(f"{gateway.url}/v1/embeddings", files=files(b"junk"))
-    assert httpx.get(f"{gateway.url}{path}").status_code == 200
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+def test_probes_still_answer_after_a_run_of_rejections(gateway: GatewayProcess, path: str) -> None:
+    """Rejected requests leave nothing behind that a probe would trip over: each is a 422
+    counted once, and the probe that follows answers 200."""
+    from tests.metrics import sample_or_zero
+
+    name, reason = "gateway_rejected_requests_total", {"reason": "invalid-image"}
+    before = sample_or_zero(httpx.get(f"{gateway.url}/metrics").text, name, **reason)
+    statuses = {
+        httpx.post(f"{gateway.url}/v1/embeddings", files=files(b"junk"), timeout=30).status_code
+        for _ in range(20)
+    }
+    assert statuses == {422}
+    probe = httpx.get(f"{gateway.url}{path}", timeout=30)
+    assert probe.status_code == 200
+    after = sample_or_zero(httpx.get(f"{gateway.url}/metrics").text, name, **reason)
+    assert after - before == 20
 
 
 def test_idle_and_trickling_connections_cannot_hold_slots(triton, start_gateway) -> None:

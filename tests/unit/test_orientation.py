@@ -96,6 +96,7 @@ def test_a_truncated_header_is_upright() -> None:
         (tiff(6).replace(b"\x12\x01\x03\x00", b"\x12\x01\x04\x00"), 1),  # LONG, not SHORT
         (tiff(6).replace(b"\x03\x00\x01\x00\x00\x00", b"\x03\x00\x02\x00\x00\x00"), 1),  # 2 values
     ],
+    ids=["not-42", "no-byte-order", "ifd-beyond", "0", "9", "1", "8", "long", "two-values"],
 )
 def test_malformed_or_out_of_range_orientations_are_upright(block: bytes, expected: int) -> None:
     assert orientation.from_tiff(block) == expected

@@ -189,16 +189,24 @@ def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
     # a worker that counted a request and held 7 images in flight, then died without stopping
     script = (
         "from gateway.observability.metrics import Metrics; m = Metrics(); "
-        "m.inflight.inc(7); m.images.labels('jpeg').inc(3)"
+        "m.inflight.inc(7); m.images.labels('jpeg').inc(3); import os; print(os.getpid())"
     )
-    dead = subprocess.run(
-        [sys.executable, "-c", script], env={**__import__("os").environ}, check=True
-    )
-    assert dead.returncode == 0
-    before = Metrics().render(False)[0].decode()
-    assert "gateway_inflight_images 7.0" in before
-    forgotten = forget_dead_workers(str(tmp_path))
-    assert len(forgotten) == 1
-    after = Metrics().render(False)[0].decode()
-    assert "gateway_inflight_images 7.0" not in after  # no live worker holds those images
+    dead = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
+    dead_pid = int(dead.stdout)
+    # a live worker holding 2 images: it says so, then waits for its stdin to close
+    live = subprocess.Popen(
+        [sys.executable, "-c", "from gateway.observability.metrics import Metrics; "
+         "Metrics().inflight.inc(2); print('held', flush=True); input()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert live.stdout is not None and live.stdout.readline() == "held\n"
+        before = Metrics().render(False)[0].decode()
+        assert "gateway_inflight_images 9.0" in before
+        forgotten = forget_dead_workers(str(tmp_path))
+        assert forgotten == [dead_pid] and live.pid not in forgotten
+        after = Metrics().render(False)[0].decode()
+    finally:
+        live.communicate("\n", timeout=30)
+    assert "gateway_inflight_images 2.0" in after  # the live worker's images, not the dead one's
     assert 'gateway_images_total{format="jpeg"} 3.0' in after
