@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
 from gateway.imaging import containers, jpeg, orientation
@@ -245,6 +245,8 @@ def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image,
         image = Image.open(io.BytesIO(data), formats=[kind.upper()])
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageTooLarge(str(exc)) from exc
+    except UnidentifiedImageError as exc:  # its message names a BytesIO object, not the file
+        raise InvalidImage(f"cannot read {kind} header: damaged or not a {kind} file") from exc
     except Exception as exc:  # Pillow raises many types for hostile headers
         raise InvalidImage(f"cannot read {kind} header: {exc}") from exc
     with image:

@@ -155,8 +155,11 @@ def test_work_that_exactly_fills_the_horizon_is_admitted() -> None:
     a.check(1.0)  # alone, exactly the horizon
     a.backlog_s = 0.5
     a.check(0.5)  # on top of a backlog, exactly the horizon
-    with pytest.raises(Overloaded, match=r"0\.5 s of work in flight; 0\.6 s more would not "):
+    with pytest.raises(Overloaded) as overloaded:
         a.check(0.625)
+    assert overloaded.value.reason == (
+        "0.5 s of work in flight; 0.6 s more would not finish within the request deadline"
+    )
     with pytest.raises(LimitExceeded) as too_large:
         a.check(0.1, request_total=1.23456)
     assert too_large.value.extra == {"cost_s": 1.235, "horizon_s": 1.0}
@@ -245,6 +248,11 @@ def test_overlapping_calls_count_their_busy_time_once(clock: Clock) -> None:
     a.infer_finished(4)  # t=0.6: 8 items in 0.6 busy seconds
     assert a.infer_s == pytest.approx(0.05 + 0.3 * (0.6 / 8 - 0.05))
     assert metrics.infer_seconds_per_image._value.get() == pytest.approx(a.infer_s)
+    # both calls have ended: the idle time before the next one is not busy time
+    first = a.infer_s
+    clock.now += 50.0
+    call(a, clock, 0.08, 8)
+    assert a.infer_s == pytest.approx(first + 0.3 * (0.01 - first))
 
 
 def test_idle_time_between_calls_is_not_busy_time(clock: Clock) -> None:

@@ -100,3 +100,28 @@ def test_a_truncated_header_is_upright() -> None:
 )
 def test_malformed_or_out_of_range_orientations_are_upright(block: bytes, expected: int) -> None:
     assert orientation.from_tiff(block) == expected
+
+
+def test_ifd_offsets_past_the_block_or_the_signed_range_are_upright() -> None:
+    block = tiff(6)
+    at_end = block[:4] + struct.pack("<I", len(block)) + block[8:]  # the IFD would start at end
+    assert orientation.from_tiff(at_end) == 1
+    huge = block[:4] + struct.pack("<I", 0xFFFF_FFF0) + block[8:]  # negative if read signed
+    assert orientation.from_tiff(huge) == 1
+
+
+def test_only_the_entries_the_ifd_declares_are_read() -> None:
+    """IFD0 declares one entry (the maker); an orientation entry right after it (the next IFD's
+    pointer and value area in a real file) is not IFD0's."""
+    maker = struct.pack("<HHII", 0x010F, 2, 4, 0)
+    stray = struct.pack("<HHIHH", orientation.TAG, 3, 1, 6, 0)
+    block = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + maker + stray
+    assert orientation.from_tiff(block) == 1
+    declared = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 2) + maker + stray
+    assert orientation.from_tiff(declared) == 6
+
+
+def test_an_entry_count_over_32767_is_a_large_count_not_a_negative_one() -> None:
+    block = tiff(6)
+    many = block[:8] + struct.pack("<H", 0x8001) + block[10:]  # capped by what the block holds
+    assert orientation.from_tiff(many) == 6

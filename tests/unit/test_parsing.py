@@ -425,8 +425,9 @@ def test_a_client_that_disconnects_mid_body_is_gone() -> None:
 
     receive = channel({"type": "http.request", "body": b"ab", "more_body": True},
                       {"type": "http.disconnect"})  # fmt: skip
-    with pytest.raises(ClientGone, match="disconnected while sending"):
+    with pytest.raises(ClientGone) as gone:
         asyncio.run(collect(parsing.body_chunks(receive, 100)))
+    assert gone.value.reason == "client disconnected while sending the request body"
 
 
 @pytest.mark.parametrize("hint", [None, 0, 6, 9])
@@ -436,7 +437,39 @@ def test_read_all_joins_the_chunks_in_one_buffer(hint: int | None) -> None:
 
 
 def test_read_all_refuses_a_body_longer_than_declared() -> None:
-    with pytest.raises(MalformedRequest, match="longer than its Content-Length"):
+    with pytest.raises(MalformedRequest) as longer:
         asyncio.run(parsing.read_all(chunked(b"abcdefg", 4), 6))
+    assert longer.value.reason == "request body longer than its Content-Length"
     with pytest.raises(MalformedRequest):
         asyncio.run(parsing.read_all(chunked(b"abcdefg", 7), 6))
+
+
+@pytest.mark.parametrize(
+    ("input_json", "index"),
+    [
+        ('"{long}"', 0),
+        ('["short", "{long}"]', 1),
+        ('[{{"text": "{long}"}}]', 0),
+        ('["a", "b", {{"image": "{long}"}}]', 2),
+        ('["a", ["b", "{long}"]]', 1),
+    ],
+)
+def test_an_over_long_string_names_the_item_that_holds_it(input_json: str, index: int) -> None:
+    longest = 4 * -(-100 // 3) + 256
+    raw = '{"input": ' + input_json.format(long="a" * (longest + 1)) + "}"
+    with pytest.raises(LimitExceeded) as raised:
+        parsing.parse_json(raw.encode(), 4, 100)
+    assert raised.value.index == index
+
+
+def test_the_token_budget_is_sixteen_per_item_allowed_plus_two() -> None:
+    """One item allowed: 16 x (1 + 2) = 48 tokens are scanned, then the input is refused as
+    too deep or too long (an item that holds lists is a type error msgspec reports after)."""
+    within = "[[[]" + ",1" * 21 + "]]"  # 4 + 42 + 2 = 48 tokens
+    over = "[[[]" + ",1" * 22 + "]]"  # 50 tokens
+    with pytest.raises(InvalidFields):  # scanned to the end: the schema decides
+        parsing.parse_json(f'{{"input": {within}}}'.encode(), 1, 1000)
+    with pytest.raises(MalformedRequest) as refused:
+        parsing.parse_json(f'{{"input": {over}}}'.encode(), 1, 1000)
+    assert refused.value.reason == "input nests too deep or holds too many tokens"
+    assert parsing.parse_json(b'{"input": ["a"]}', 1, 1000).items == [TextItem("a")]

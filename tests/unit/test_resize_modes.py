@@ -138,3 +138,51 @@ def test_source_box_is_where_upright_takes_a_box_from(orientation: int) -> None:
                     x0, y0, x1, y1 = (int(edge) for edge in box)
                     cut = upright(stored[y0:y1, x0:x1], orientation)
                     assert np.array_equal(cut, turned[top:bottom, left:right])
+
+
+def stored(image: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt)
+    return out.getvalue()
+
+
+def photo_in(mode: str) -> Image.Image:
+    """A 300x200 photo in Pillow ``mode`` (16-bit grey spans the full 0-65535 range)."""
+    rgb = samples.small_photo(7, (300, 200))
+    if mode == "I;16":
+        grey = np.asarray(rgb.convert("L"), np.uint16) * 257
+        return Image.frombytes("I;16", rgb.size, grey.astype("<u2").tobytes())
+    if mode in ("RGBA", "LA"):
+        converted = rgb.convert(mode)
+        converted.putalpha(Image.linear_gradient("L").resize((300, 200)))
+        return converted
+    return rgb.convert(mode)
+
+
+PIXEL_MODES = [("PNG", "L"), ("PNG", "LA"), ("PNG", "RGBA"), ("PNG", "P"), ("PNG", "I;16"),
+               ("PNG", "1"), ("GIF", "P"), ("WEBP", "RGBA")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "mode"), PIXEL_MODES)
+def test_every_pixel_mode_becomes_rgb_as_open_clip_converts_it(fmt: str, mode: str) -> None:
+    """Grey, grey+alpha, RGBA, palette, 16-bit and 1-bit images: open_clip's
+    ``.convert("RGB")`` (alpha dropped, grey repeated, the palette looked up) to rounding."""
+    data = stored(photo_in(mode), fmt)
+    assert Image.open(io.BytesIO(data)).mode == mode  # the file really holds that mode
+    for resize in MODES:
+        difference = np.abs(gateway(data, 224, resize, "bicubic") -
+                            reference(data, 224, resize, "bicubic", 0))  # fmt: skip
+        assert difference.max() <= 2.0 and difference.mean() < 0.1, (resize, difference.mean())
+
+
+@pytest.mark.parametrize("size", [(224, 500), (500, 224), (224, 224)])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_side_already_at_the_target_is_resized_like_any_other(
+    size: tuple[int, int], mode: ResizeMode
+) -> None:
+    """A side equal to the target takes the crop-only path on that side alone when the other
+    must still be resized (squash) or cropped (shortest)."""
+    data = stored(samples.small_photo(8, size), "PNG")
+    difference = np.abs(gateway(data, 224, mode, "bicubic") - reference(data, 224, mode,
+                        "bicubic", 0))  # fmt: skip
+    assert difference.max() <= 2.0 and difference.mean() < 0.1
