@@ -46,5 +46,32 @@ def main(root: Path = Path()) -> int:
     return 0
 
 
+def survivors(root: Path = Path()) -> str:
+    """Markdown: every undetected mutant of the last run, as the lines it changes, by function
+    (``mutmut show`` for each), for tests/mutation-report.md."""
+    import subprocess
+
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
+    out = []
+    for module in config["only_mutate"]:
+        codes = json.loads((root / "mutants" / f"{module}.meta").read_text())["exit_code_by_key"]
+        left = sorted(
+            (k for k, code in codes.items() if status_by_exit_code[code] in UNDETECTED),
+            key=lambda k: (k.rsplit("__mutmut_", 1)[0], int(k.rsplit("_", 1)[1])),
+        )
+        out.append(f"\n## {module}: {len(left)} undetected\n")
+        for key in left:
+            shown = subprocess.run(
+                [sys.executable, "-m", "mutmut", "show", key], capture_output=True, text=True
+            ).stdout.splitlines()
+            changed = [line for line in shown if line[:1] in "-+" and line[:3] not in "---+++"]
+            out.append(f"- `{key.split('.x', 1)[-1]}`")
+            out += [f"  `{line.strip()}`" for line in changed]
+    return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--survivors"]:
+        print(survivors())
+        sys.exit(0)
     sys.exit(main())

@@ -307,3 +307,23 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
     finally:
         proceed.set()
         h.pool.shutdown()
+
+
+def test_each_batch_tells_admission_what_its_decodes_cost() -> None:
+    """(cpu seconds, encoded bytes, images, decoded pixels) of the images that decoded, once
+    per batch: the CPU time is the decode span's, in seconds; a failed item adds nothing."""
+    told: list[tuple[float, int, int, int]] = []
+    h = Harness(workers=2)
+    h.decoder = BatchDecoder(h.pool, h.decoder._tracer, h.metrics,
+                             on_decoded=lambda *a: told.append(a))  # fmt: skip
+    try:
+        result = h.decode([JPEG, b"not an image", PNG], skip=True)
+        assert len(result.decoded) == 2
+        ((cpu_s, encoded, images, pixels),) = told
+        assert (encoded, images) == (len(JPEG) + len(PNG), 2)
+        assert pixels == sum(d.decoded_pixels for d in result.decoded) > 0
+        assert cpu_s == h.spans()["decode"].attributes["decode.cpu_ms"] / 1e3 > 0
+        assert not h.decode([b"not an image"], skip=True).decoded  # nothing decoded...
+        assert len(told) == 1  # ...nothing to learn from
+    finally:
+        h.pool.shutdown()

@@ -68,6 +68,13 @@ def test_known_but_unsupported_formats_are_415(data: bytes) -> None:
         images.sniff(data)
 
 
+@pytest.mark.parametrize("version", [b"GIF87a", b"GIF89a"])
+def test_both_gif_versions_are_gifs(version: bytes) -> None:
+    assert images.sniff(version + b"\x01\x00\x01\x00" + bytes(8)) == "gif"
+    with pytest.raises(InvalidImage):
+        images.sniff(version.lower() + bytes(12))
+
+
 def test_unknown_bytes_are_not_an_image() -> None:
     with pytest.raises(InvalidImage, match="not an image"):
         images.sniff(b"PK\x03\x04 a zip file")
