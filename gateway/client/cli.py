@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from enum import IntEnum
@@ -243,7 +244,21 @@ def serve(args: tuple[str, ...]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``clip-gateway`` command: its exit code, never a traceback."""
+    """The ``clip-gateway`` command: its exit code, never a traceback. Interrupted, it exits at
+    once: a request still in flight in a worker thread is abandoned, not waited for (Python
+    would join that thread at exit, for as long as the server takes to answer)."""
+    code = _main(argv)
+    main_thread = threading.main_thread()
+    if code == Exit.INTERRUPTED and any(
+        t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()
+    ):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         result = cli.main(argv, prog_name="clip-gateway", standalone_mode=False)
     except click.ClickException as exc:

@@ -145,8 +145,10 @@ class Client:
                 return result
             self._sleep(result)
 
-    def close(self) -> None:
-        self._pool.shutdown()
+    def close(self, *, wait: bool = True) -> None:
+        """Release the threads and connections; ``wait=False`` (an interrupted caller) does not
+        wait for requests still in flight, and cancels those not started."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -155,4 +157,4 @@ class Client:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        self.close(wait=kind is None or not issubclass(kind, KeyboardInterrupt))

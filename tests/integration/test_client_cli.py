@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -76,21 +75,80 @@ def dupe_groups(output: str) -> list[dict[str, str]]:
     return found
 
 
+class GatedProxy:
+    """A loopback HTTP proxy in front of the gateway that answers the first ``open_for``
+    embedding requests and parks every later one until ``release()``: a test acts while the
+    client is known to be waiting, whatever the machine's speed."""
+
+    def __init__(self, upstream: str, open_for: int) -> None:
+        import http.server
+        import threading
+
+        import httpx
+
+        self.parked = threading.Event()
+        self.gate = threading.Event()
+        self.answered = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.command == "POST":
+                    if proxy.answered >= open_for:
+                        proxy.parked.set()
+                        proxy.gate.wait(120)
+                    proxy.answered += 1
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                reply = httpx.request(self.command, upstream + self.path, content=body,
+                                      headers=headers, timeout=120)  # fmt: skip
+                self.send_response(reply.status_code)
+                for name in ("content-type", "retry-after"):
+                    if name in reply.headers:
+                        self.send_header(name, reply.headers[name])
+                self.send_header("content-length", str(len(reply.content)))
+                self.end_headers()
+                self.wfile.write(reply.content)
+
+            do_GET = do_POST = forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def close(self) -> None:
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_embed_interrupt_resume_and_dupes(gateway, folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "library.npz"
     args = ["embed", str(folder), "--out", str(out), "--url", gateway.url,
             "--batch-size", "2", "--concurrency", "1", "--checkpoint-every", "2"]  # fmt: skip
-    first = cli(*args)
-    deadline = time.monotonic() + 120
-    while not out.exists() and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(0.02)
-    first.send_signal(signal.SIGINT)
-    output, _ = first.communicate(timeout=120)
+    # the first two requests (two checkpoints of 2 photos) are answered, the third is parked:
+    # the interrupt lands while the CLI is waiting on it
+    proxy = GatedProxy(gateway.url, open_for=2)
+    try:
+        first = cli(*[proxy.url if a == gateway.url else a for a in args])
+        assert proxy.parked.wait(120), "the CLI never sent its third request"
+        assert out.exists()
+        first.send_signal(signal.SIGINT)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        proxy.close()
     assert first.returncode == Exit.INTERRUPTED, output
     assert "Traceback" not in output
     partial = Library.load(out)
-    total = len(list(folder.rglob("*.*")))
-    assert 2 <= len(partial.paths) < total  # a valid checkpoint, not the whole folder
+    assert len(partial.paths) == 4  # the two checkpoints, nothing from the parked request
 
     second = cli(*args)
     output, _ = second.communicate(timeout=300)
