@@ -58,12 +58,25 @@ def test_each_mode_decodes_at_the_scale_its_side_needs(
     assert decoded.decoded_pixels == pixels
 
 
-def test_a_baseline_jpeg_costs_its_scaled_rgbx_output_and_no_coefficients() -> None:
-    peak = 1000 * 250 * 4
-    run(BASELINE, options(max_decode_bytes=peak))  # exactly the budget
+@pytest.mark.parametrize(("mode", "pixels"), [("shortest", 1000 * 250), ("longest", 500 * 125)])
+def test_a_baseline_jpeg_costs_its_scaled_rgbx_output_and_no_coefficients(
+    mode: images.ResizeMode, pixels: int
+) -> None:
+    peak = pixels * 4  # the RGBX array at the scale this mode decodes at
+    run(BASELINE, options(mode, max_decode_bytes=peak))  # exactly the budget
     with pytest.raises(ImageTooLarge) as refused:
-        run(BASELINE, options(max_decode_bytes=peak - 1))
+        run(BASELINE, options(mode, max_decode_bytes=peak - 1))
     assert refused.value.extra == {"limit": peak - 1, "width": W, "height": H}
+
+
+def test_an_unsupported_jpeg_is_refused_with_the_walkers_reason() -> None:
+    from gateway.errors import UnsupportedFormat
+
+    frame = BASELINE.index(b"\xff\xc0")
+    twelve_bit = BASELINE[: frame + 4] + b"\x0c" + BASELINE[frame + 5 :]
+    with pytest.raises(UnsupportedFormat) as refused:
+        run(twelve_bit, options())
+    assert refused.value.reason == "12-bit JPEG samples are not supported (only 8)"
 
 
 def test_a_progressive_jpeg_also_costs_its_whole_coefficient_buffer() -> None:
