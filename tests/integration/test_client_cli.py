@@ -46,10 +46,18 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def interruptible() -> None:
+    """``preexec_fn``: SIGINT at its default in the child, as a terminal's Ctrl-C finds it. A
+    suite started in the background by a non-interactive shell (``.ci/run &``) runs with SIGINT
+    ignored, every child inherits that, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli(*args: str, **kwargs: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "gateway.client.cli", *args], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs,  # type: ignore[call-overload]
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible,
+        **kwargs,  # type: ignore[call-overload]
     )  # fmt: skip
 
 
@@ -137,14 +145,17 @@ def test_embed_interrupt_resume_and_dupes(gateway, folder: Path, tmp_path: Path)
     # the first two requests (two checkpoints of 2 photos) are answered, the third is parked:
     # the interrupt lands while the CLI is waiting on it
     proxy = GatedProxy(gateway.url, open_for=2)
+    first = cli(*[proxy.url if a == gateway.url else a for a in args])
     try:
-        first = cli(*[proxy.url if a == gateway.url else a for a in args])
         assert proxy.parked.wait(120), "the CLI never sent its third request"
         assert out.exists()
         first.send_signal(signal.SIGINT)
         output, _ = first.communicate(timeout=120)
     finally:
         proxy.close()
+        if first.poll() is None:  # a failed test leaves no process (or open pipe) behind
+            first.kill()
+            first.communicate(timeout=30)
     assert first.returncode == Exit.INTERRUPTED, output
     assert "Traceback" not in output
     partial = Library.load(out)
