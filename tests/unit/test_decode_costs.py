@@ -5,7 +5,6 @@ its 10-scan progressive script, Pillow's buffers), not read back from the code u
 
 from __future__ import annotations
 
-import io
 import math
 import zlib
 
@@ -15,15 +14,15 @@ from PIL import Image
 
 from gateway.errors import ImageTooLarge, InvalidImage
 from gateway.imaging import preprocess as images
+from tests import samples
 
 MiB = 1 << 20
 W, H = 4000, 1000  # a wide photo: its short side is 1000, its long side 4000
 
 
 def jpeg(progressive: bool) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (W, H), (120, 60, 30)).save(out, "JPEG", quality=80, progressive=progressive)
-    return out.getvalue()
+    image = Image.new("RGB", (W, H), (120, 60, 30))
+    return samples.encode(image, "JPEG", quality=80, progressive=progressive)
 
 
 BASELINE, PROGRESSIVE = jpeg(False), jpeg(True)
@@ -122,9 +121,7 @@ def test_a_single_scan_is_never_capped(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("fmt", "per_pixel"), [("PNG", 8), ("WEBP", 8), ("GIF", 5)])
 def test_pillow_formats_cost_their_full_size_buffer_and_rgb_copy(fmt: str, per_pixel: int) -> None:
-    out = io.BytesIO()
-    Image.new("RGB", (300, 200), (10, 200, 30)).save(out, fmt)
-    data = out.getvalue()
+    data = samples.encode(Image.new("RGB", (300, 200), (10, 200, 30)), fmt)
     peak = 300 * 200 * per_pixel
     assert run(data, options(max_decode_bytes=peak)).decoded_pixels == 300 * 200
     with pytest.raises(ImageTooLarge) as refused:

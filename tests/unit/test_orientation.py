@@ -9,19 +9,17 @@ import pytest
 from PIL import Image
 
 from gateway.imaging import orientation
+from tests import samples
 
 
 def saved(fmt: str, value: int | None, size: tuple[int, int] = (24, 16)) -> bytes:
     """A small image in ``fmt`` written by Pillow, with EXIF orientation ``value`` (or none)."""
     image = Image.new("RGB", size, (200, 30, 90))
-    out = BytesIO()
     if value is None:
-        image.save(out, fmt)
-    else:
-        exif = Image.Exif()
-        exif[orientation.TAG] = value
-        image.save(out, fmt, exif=exif.tobytes())
-    return out.getvalue()
+        return samples.encode(image, fmt)
+    exif = Image.Exif()
+    exif[orientation.TAG] = value
+    return samples.encode(image, fmt, exif=exif.tobytes())
 
 
 def tiff(value: int, *, big_endian: bool = False, before: int = 0) -> bytes:

@@ -142,12 +142,6 @@ def test_source_box_is_where_upright_takes_a_box_from(orientation: int) -> None:
                     assert np.array_equal(cut, turned[top:bottom, left:right])
 
 
-def stored(image: Image.Image, fmt: str) -> bytes:
-    out = io.BytesIO()
-    image.save(out, fmt)
-    return out.getvalue()
-
-
 def photo_in(mode: str) -> Image.Image:
     """A 300x200 photo in Pillow ``mode`` (16-bit grey spans the full 0-65535 range)."""
     rgb = samples.small_photo(7, (300, 200))
@@ -169,7 +163,7 @@ PIXEL_MODES = [("PNG", "L"), ("PNG", "LA"), ("PNG", "RGBA"), ("PNG", "P"), ("PNG
 def test_every_pixel_mode_becomes_rgb_as_open_clip_converts_it(fmt: str, mode: str) -> None:
     """Grey, grey+alpha, RGBA, palette, 16-bit and 1-bit images: open_clip's
     ``.convert("RGB")`` (alpha dropped, grey repeated, the palette looked up) to rounding."""
-    data = stored(photo_in(mode), fmt)
+    data = samples.encode(photo_in(mode), fmt)
     assert Image.open(io.BytesIO(data)).mode == mode  # the file really holds that mode
     for resize in MODES:
         difference = np.abs(gateway(data, 224, resize, "bicubic") -
@@ -184,7 +178,7 @@ def test_a_side_already_at_the_target_is_resized_like_any_other(
 ) -> None:
     """A side equal to the target takes the crop-only path on that side alone when the other
     must still be resized (squash) or cropped (shortest)."""
-    data = stored(samples.small_photo(8, size), "PNG")
+    data = samples.encode(samples.small_photo(8, size), "PNG")
     difference = np.abs(gateway(data, 224, mode, "bicubic") - reference(data, 224, mode,
                         "bicubic", 0))  # fmt: skip
     assert difference.max() <= 2.0 and difference.mean() < 0.1
