@@ -247,7 +247,12 @@ def test_unsampled_requests_leave_no_spans_anywhere(traced: TracedStack) -> None
 
 
 def test_triton_exports_otlp_json(traced: TracedStack) -> None:
-    """Why the receiver must accept JSON (arize-phoenix accepts only protobuf)."""
+    """Why the receiver must accept JSON (arize-phoenix accepts only protobuf). Its own sampled
+    requests, so it holds in any order and alone."""
+    sent = [f"3333333333333333333333333333{i:04x}" for i in range(4)]
+    for trace_id in sent:
+        embed(traced, {"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"}, images=1)
+    first_complete(traced.collector, sent)  # both exporters have delivered
     assert any("application/json" in c for c in traced.collector.content_types)
     assert any("protobuf" in c for c in traced.collector.content_types)  # the Python SDK's
 
