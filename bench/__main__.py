@@ -1,5 +1,5 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
-``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans``.
+``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans`` · ``gpu``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     plans = commands.add_parser("plans", help="bench/plans.py")
     plans.add_argument("--profiles", nargs="+", default=["cpu-int8", "cpu"])
     plans.add_argument("--out", type=Path, default=None)
+    gpu = commands.add_parser("gpu", help="bench/gpu.py (needs a GPU and onnxruntime-gpu)")
+    gpu.add_argument("--models", nargs="+", default=["ViT-B-32", "ViT-B-16"])
+    gpu.add_argument("--seconds", type=float, default=2.0, help="per batch size")
+    gpu.add_argument("--cache-dir", type=Path, default=Path("/tmp/clip-gateway-gpu"))
+    gpu.add_argument("--cpu-dry-run", action="store_true", help="CPU EP: try the script here")
+    gpu.add_argument("--out", type=Path, default=None)
     stops = commands.add_parser("stops", help="bench/stops.py")
     stops.add_argument("--rounds", type=int, default=3)
     stops.add_argument("--out", type=Path, default=None)
@@ -70,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         from bench import stops as stop_times
 
         stop_times.run(args.rounds, args.out or RESULTS / "stops")
+        return 0
+    if args.command == "gpu":
+        from bench import gpu as gpu_bench
+
+        if args.cpu_dry_run:
+            gpu_bench.PROVIDER = "CPUExecutionProvider"
+            gpu_bench.IMAGE_BATCHES = gpu_bench.TEXT_BATCHES = (1, 2)
+        out = args.out or RESULTS / ("gpu-dry-run" if args.cpu_dry_run else "gpu")
+        gpu_bench.run(tuple(args.models), out, args.cache_dir, args.seconds)
+        print(out, flush=True)
         return 0
     if args.command == "texts":
         from bench import texts as text_bench
