@@ -279,11 +279,18 @@ def _tower(
     tensor_out: tuple[str, int],
 ) -> dict[str, Any]:
     """A tower's files and tensor contract; -1 is the dynamic batch axis."""
+    import onnx
+
+    from export.onnx_export import fused_ops
+
+    fused = fused_ops(onnx.load(str(fp16_path))) if fp16_path else None
     return {
         "triton_model": triton_model,
         "files": {"fp32": fp32_file, "fp16": fp16_path.name if fp16_path else None},
         "input": {"name": tensor_in[0], "dtype": tensor_in[1], "shape": tensor_in[2]},
         "output": {"name": tensor_out[0], "dtype": "float32", "shape": [-1, tensor_out[1]]},
+        # ONNX Runtime's fused ops in the FP16 graph (export/onnx_export.py convert_fp16)
+        "fp16_fused_ops": fused,
     }
 
 

@@ -206,10 +206,11 @@ def render(
 
 
 def _blockers(manifest: dict[str, Any], tower: Tower) -> list[str]:
-    """What TensorRT's ONNX parser would reject in the tower's graph (export/graph.py, recorded
-    in the manifest at export)."""
+    """What TensorRT's ONNX parser would reject in the graph the ``tensorrt`` profile loads: the
+    FP32 one (export/graph.py, recorded in the manifest at export). TensorRT builds its FP16
+    engine from it; the FP16 file is the CUDA EP's, with ONNX Runtime's fused contrib ops."""
     found = manifest.get("tensorrt_blockers") or {}
-    return list(found.get(tower.fp32_file) or []) + list(found.get(tower.fp16_file) or [])
+    return list(found.get(tower.fp32_file) or [])
 
 
 def _tower_settings(
