@@ -126,7 +126,11 @@ def measure_model(model_name: str, cache_dir: Path, seconds: float) -> dict[str,
     tokens = tokens.astype(TEXT_INPUT_DTYPE)
     text_ref = reference_text(loaded, tokens).astype(np.float64)
 
-    result: dict[str, Any] = {"export_seconds": round(export_s, 1), "image_size": size}
+    result: dict[str, Any] = {
+        "export_seconds": round(export_s, 1),
+        "image_size": size,
+        "fp16_fused_ops": exported.manifest["towers"]["image"].get("fp16_fused_ops"),
+    }
     for precision, image_path, text_path in (
         ("fp32", exported.fp32, exported.text_fp32),
         ("fp16", exported.fp16, exported.text_fp16),
@@ -239,6 +243,11 @@ def markdown(results: dict[str, Any]) -> str:
                 rates = found[precision]["text_rates"]
                 cells = " | ".join(f"{rates[str(b)]['items_per_s']:,.0f}" for b in TEXT_BATCHES)
                 lines.append(f"| {model} | ORT CUDA {precision} | {cells} |")
+    lines += ["", "ONNX Runtime's fused ops in the FP16 image graph (export/onnx_export.py):", ""]
+    for model, found in results["models"].items():
+        lines.append(
+            f"- {model}: {found.get('fp16_fused_ops') or 'none (an export before the fusions)'}"
+        )
     lines += ["", "TensorRT EP:", ""]
     for model, found in results["models"].items():
         lines.append(f"- {model}: {found['tensorrt_ep']}")
