@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +49,9 @@ class Phase:
     batch: int
     concurrency: int
     requests: int
+    #: uvicorn workers (each with one decode thread): the same cost per image with 2 is what
+    #: lets 2 cores give 2x the images/s.
+    workers: int = 1
 
 
 FULL = (
@@ -54,6 +59,7 @@ FULL = (
     Phase("compact", 8, 4, 300),
     Phase("compact", 32, 4, 100),
     Phase("camera", 4, 2, 40),
+    Phase("compact", 32, 8, 100, workers=2),
 )
 SMOKE = (Phase("compact", 32, 4, 24), Phase("camera", 4, 2, 3))
 
@@ -136,6 +142,7 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
         "dataset": phase.dataset,
         "batch": phase.batch,
         "concurrency": phase.concurrency,
+        "workers": phase.workers,
         "images": images,
         "gateway_cpu_s": round(spent, 3),
         "images_per_cpu_s": round(images / spent, 1) if spent else None,
@@ -163,26 +170,36 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
         "phases": [],
     }
     exported = ensure_exported("ViT-B-32", Weights.random(0))
-    work = out / "work"
+    work = Path(tempfile.mkdtemp(prefix="bench-cost-"))  # the repository and the logs
     repo = models.null_repository(exported.directory, work / "null-repo")
-    env = {"GATEWAY_DECODE_THREADS": "1", "GATEWAY_CANARY_INTERVAL_S": "0"}
-    with (
-        LocalTriton(repo, log_path=work / "triton.log") as triton,
-        GatewayProcess(triton.grpc_url, env=env, log_path=work / "gateway.log") as gateway,
-    ):
-        gateway.wait_ready()
-        assert gateway.process is not None
-        pid = gateway.process.pid
-        for phase in SMOKE if smoke else FULL:
-            row = asyncio.run(_phase(gateway.url, pools[phase.dataset], phase, pid))
-            row["decode_only_ratio"] = _ratio(row, results["local"][phase.dataset])
-            results["phases"].append(row)
-            print(json.dumps({k: row[k] for k in ("dataset", "batch", "images_per_cpu_s")}))
-        if not smoke:  # the profile in a phase of its own: sampling costs the target time
-            spy = profiling.start(gateway, 25, gil=False)
-            if spy is not None:
-                asyncio.run(_profiled(gateway.url, pools["compact"]))
-                results["profile"] = profiling.finish(spy, out / "profile-cost.txt", buckets=True)
+    for workers in sorted({phase.workers for phase in (SMOKE if smoke else FULL)}):
+        env = {"GATEWAY_DECODE_THREADS": "1", "GATEWAY_CANARY_INTERVAL_S": "0",
+               "GATEWAY_WORKERS": str(workers)}  # fmt: skip
+        if workers > 1:  # what the supervisor gives several workers: their metrics' files
+            (metrics := work / f"metrics-{workers}").mkdir(parents=True, exist_ok=True)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
+        with (
+            LocalTriton(repo, log_path=work / "triton.log") as triton,
+            GatewayProcess(triton.grpc_url, env=env, log_path=work / "gateway.log") as gateway,
+        ):
+            gateway.wait_ready()
+            assert gateway.process is not None
+            pid = gateway.process.pid
+            for phase in SMOKE if smoke else FULL:
+                if phase.workers != workers:
+                    continue
+                row = asyncio.run(_phase(gateway.url, pools[phase.dataset], phase, pid))
+                row["decode_only_ratio"] = _ratio(row, results["local"][phase.dataset])
+                results["phases"].append(row)
+                print(json.dumps({k: row[k] for k in ("dataset", "batch", "images_per_cpu_s")}))
+            if not smoke and workers == 1:  # a phase of its own: sampling costs the target time
+                spy = profiling.start(gateway, 25, gil=False)
+                if spy is not None:
+                    asyncio.run(_profiled(gateway.url, pools["compact"]))
+                    results["profile"] = profiling.finish(
+                        spy, out / "profile-cost.txt", buckets=True
+                    )
+    shutil.rmtree(work, ignore_errors=True)
     (out / "cost.json").write_text(json.dumps(results, indent=1))
     from bench.cost_report import write
 

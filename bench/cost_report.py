@@ -26,19 +26,21 @@ def markdown(results: dict[str, Any]) -> str:
         f"resize {imaging['resize']}; decode {imaging['decode']}.",
         "",
         "Images per CPU-second: the gateway's serving process (its own /proc CPU accounting, "
-        "one worker, one decode thread), and in the same run, on the same files, one thread "
+        "one decode thread per worker), and in the same run, on the same files, one thread "
         "of this process doing decode-only (libjpeg-turbo at the gateway's DCT scale, every "
-        "scan) and the gateway's `preprocess()` alone.",
+        "scan) and the gateway's `preprocess()` alone. Images/s (wall clock) are in cost.json "
+        "for reference only: other work shared the cores.",
         "",
-        "| images | batch x concurrency | requests ok | gateway img/CPU-s | decode-only img/CPU-s "
-        "| preprocess() img/CPU-s | gateway / decode-only |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| images | workers | batch x concurrency | requests ok | gateway img/CPU-s "
+        "| decode-only img/CPU-s | preprocess() img/CPU-s | gateway / decode-only |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in results["phases"]:
         local = results["local"][row["dataset"]]
         lines.append(
-            f"| {LABELS[row['dataset']]} | {row['batch']} x {row['concurrency']} "
-            f"| {row['ok']}/{row['requests']} | {row['images_per_cpu_s']} "
+            f"| {LABELS[row['dataset']]} | {row['workers']} "
+            f"| {row['batch']} x {row['concurrency']} | {row['ok']}/{row['requests']} "
+            f"| {row['images_per_cpu_s']} "
             f"| {local['decode_only']} | {local['preprocess']} | {row['decode_only_ratio']} |"
         )
     profile = results.get("profile") or {}
@@ -63,7 +65,7 @@ def plot(results: dict[str, Any], target: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = results["phases"]
-    labels = [f"{row['dataset']}\nbatch {row['batch']}" for row in rows]
+    labels = [f"{row['dataset']}\nbatch {row['batch']}\n{row['workers']} worker(s)" for row in rows]
     series = {
         "gateway (serving process)": [row["images_per_cpu_s"] or 0 for row in rows],
         "decode-only": [results["local"][row["dataset"]]["decode_only"] for row in rows],
