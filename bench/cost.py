@@ -16,6 +16,7 @@ own says where the rest goes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -64,26 +65,62 @@ FULL = (
 SMOKE = (Phase("compact", 32, 4, 24), Phase("camera", 4, 2, 3))
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every descendant."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(_stat(entry / "stat")[1])
+            except OSError:
+                continue  # gone meanwhile
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(current := todo.pop())
+        todo += [child for child, parent in parents.items() if parent == current]
+    return tree
+
+
+def _stat(path: Path) -> list[str]:
+    """The fields of a /proc stat file after the command name (which may hold spaces)."""
+    return path.read_text().rpartition(")")[2].split()
+
+
+def _cpu(path: Path) -> float:
+    fields = _stat(path)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` and every descendant, from /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue  # gone meanwhile
-        parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += times.get(current, 0.0)
-        todo += [child for child, parent in parents.items() if parent == current]
+    total = 0.0
+    for member in _tree(pid):
+        with contextlib.suppress(OSError):
+            total += _cpu(Path(f"/proc/{member}/stat"))
     return total
+
+
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of the gateway's threads by role: each process's main thread runs the event
+    loop (HTTP, multipart, admission, the gRPC calls, logs, metrics); the decode pool's threads
+    are the other Python threads; gRPC's C core names its own."""
+    roles: dict[str, float] = {}
+    for member in _tree(pid):
+        for task in Path(f"/proc/{member}/task").glob("*"):
+            try:
+                name, seconds = (task / "comm").read_text().strip(), _cpu(task / "stat")
+            except OSError:
+                continue
+            if task.name == str(member):
+                role = "event loop thread"
+            elif name.startswith("python"):
+                role = "decode threads"
+            elif name.startswith(("event_engine", "grpc", "default-executo", "resolver")):
+                role = "gRPC core threads"
+            else:
+                role = "other threads"
+            roles[role] = roles.get(role, 0.0) + seconds
+    return roles
 
 
 def per_cpu_second(work: Callable[[bytes], object], images: list[bytes], rounds: int) -> float:
@@ -131,9 +168,9 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
     try:
         for i in range(3):  # warm connections and caches, outside the figures
             await client(i)
-        before = cpu_seconds(pid)
+        before, threads_before = cpu_seconds(pid), thread_seconds(pid)
         records = await load.closed_loop(client, phase.concurrency, count=phase.requests)
-        spent = cpu_seconds(pid) - before
+        spent, threads_after = cpu_seconds(pid) - before, thread_seconds(pid)
     finally:
         await client.close()
     summary = load.summarize(records)
@@ -146,6 +183,12 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
         "images": images,
         "gateway_cpu_s": round(spent, 3),
         "images_per_cpu_s": round(images / spent, 1) if spent else None,
+        "cpu_us_per_image_by_thread": {
+            role: round(1e6 * (seconds - threads_before.get(role, 0.0)) / images, 1)
+            for role, seconds in sorted(threads_after.items())
+        }
+        if images
+        else {},
     }
 
 

@@ -43,6 +43,22 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {row['images_per_cpu_s']} "
             f"| {local['decode_only']} | {local['preprocess']} | {row['decode_only_ratio']} |"
         )
+    splits = [row["cpu_us_per_image_by_thread"] for row in results["phases"]]
+    roles = sorted({role for split in splits for role in split})
+    lines += [
+        "",
+        "## CPU per image by thread (µs; /proc/<pid>/task, the same phases)",
+        "",
+        "| images | workers | batch | " + " | ".join(roles) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in roles) + " |",
+    ]
+    for row in results["phases"]:
+        split = row["cpu_us_per_image_by_thread"]
+        lines.append(
+            f"| {row['dataset']} | {row['workers']} | {row['batch']} | "
+            + " | ".join(str(split.get(role, 0.0)) for role in roles)
+            + " |"
+        )
     profile = results.get("profile") or {}
     if "stages" in profile:
         lines += [
