@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	@$(PY) -m pip install --quiet --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
 	@if [ "$(PILLOW_SIMD)" = 1 ]; then \
 	  requirements/pillow-simd.sh $(PY) $(PILLOW_SIMD_VERSION) "$(SIMD_CFLAGS)"; \
-	else echo "note: PILLOW_SIMD=0: stock Pillow, about a third of pillow-simd's images/s per core" >&2; fi
+	else echo "note: PILLOW_SIMD=0: stock Pillow, under half of pillow-simd's images/s per core" >&2; fi
 	@touch $@
 
 # Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see

@@ -3,7 +3,7 @@
 # (the Makefile's install runs it). pillow-simd ships no wheels: it builds against the system's
 # libjpeg, zlib and libwebp headers. Missing ones are installed with apt-get where this install
 # may (root, or passwordless sudo); otherwise it refuses, naming the packages, rather than
-# leaving stock Pillow (about a third of the images/s per core, docs/PERFORMANCE.md) in place.
+# leaving stock Pillow (under half the images/s per core, docs/PERFORMANCE.md) in place.
 # Ends by checking what the venv's PIL now is: the path the gateway reports when it starts.
 set -euo pipefail
 py=$1 version=$2 cflags=${3:-}
@@ -34,7 +34,7 @@ if [ -n "$packages" ]; then
 error: pillow-simd (the fast image resize) builds against packages this machine lacks:
   $packages
 Install them (Debian/Ubuntu: sudo apt-get install -y $packages) and run make again, or keep
-stock Pillow, about a third of the preprocessing images/s per core, with PILLOW_SIMD=0.
+stock Pillow, under half the preprocessing images/s per core, with PILLOW_SIMD=0.
 EOF
     exit 1
   fi

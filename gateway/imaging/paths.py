@@ -4,7 +4,7 @@ pillow-simd and Pillow are two distributions of the same ``PIL`` package, so ``i
 cannot tell them apart; the distribution whose files hold the imported ``PIL`` can. Reported in
 the ready line and ``/v1/models``, and checked by ``make install``
 (``python -m gateway.imaging.paths --require-simd``): on the same compact JPEGs stock Pillow
-preprocesses at about a third of pillow-simd's images/s per core (docs/PERFORMANCE.md).
+preprocesses at under half of pillow-simd's images/s per core (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
