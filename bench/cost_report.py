@@ -87,7 +87,7 @@ def plot(results: dict[str, Any], target: Path) -> None:
         "decode-only": [results["local"][row["dataset"]]["decode_only"] for row in rows],
         "preprocess() alone": [results["local"][row["dataset"]]["preprocess"] for row in rows],
     }
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(rows))], values, width, label=name)
@@ -95,7 +95,7 @@ def plot(results: dict[str, Any], target: Path) -> None:
     ax.set_ylabel("images per CPU-second")
     ax.set_yscale("log")
     ax.set_title(f"Gateway CPU cost per image, null model ({results['imaging']['resize']})")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(target, dpi=110)
     plt.close(fig)
