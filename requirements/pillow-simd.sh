@@ -16,7 +16,9 @@ missing() {
   for entry in "${needs[@]}"; do
     set -- $entry
     # through the compiler's own search path (Debian puts some headers in multiarch dirs)
-    printf '#include <stdio.h>\n#include <%s>\n' "$1" | cc -E -x c - >/dev/null 2>&1 || out+=("$2")
+    # (a here-string, not a pipe: a compiler that stops reading early is no SIGPIPE failure)
+    cc -E -x c - >/dev/null 2>&1 <<<"#include <stdio.h>
+#include <$1>" || out+=("$2")
   done
   include=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
   [ -f "$include/Python.h" ] || out+=(python3-dev)
