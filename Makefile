@@ -17,7 +17,9 @@ HOST ?= 127.0.0.1
 # pillow-simd: Pillow's API with SIMD resampling (the resize is 5-8x faster here than stock
 # Pillow's). It is a different distribution that owns the same `PIL` package, so it replaces
 # Pillow once everything else is installed; torchvision (export extra) imports it unchanged.
-# PILLOW_SIMD=0 keeps stock Pillow.
+# It builds against libjpeg/zlib/libwebp headers: requirements/pillow-simd.sh apt-installs them
+# where it may (root or passwordless sudo), else stops and names them. PILLOW_SIMD=0 keeps stock
+# Pillow.
 PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
@@ -31,13 +33,9 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --quiet --upgrade pip
 	@$(PY) -m pip install --quiet --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
-	@if [ "$(PILLOW_SIMD)" = 1 ] && [ ! -f /usr/include/webp/decode.h ]; then \
-	  echo "note: libwebp-dev is missing, so pillow-simd would lack WebP; keeping stock Pillow" >&2; \
-	elif [ "$(PILLOW_SIMD)" = 1 ]; then \
-	  $(PY) -m pip uninstall --quiet --yes pillow pillow-simd && \
-	  CC="cc $(SIMD_CFLAGS)" $(PY) -m pip install --quiet --quiet --force-reinstall --no-deps --no-cache-dir \
-	    --no-binary pillow-simd pillow-simd==$(PILLOW_SIMD_VERSION); \
-	fi
+	@if [ "$(PILLOW_SIMD)" = 1 ]; then \
+	  requirements/pillow-simd.sh $(PY) $(PILLOW_SIMD_VERSION) "$(SIMD_CFLAGS)"; \
+	else echo "note: PILLOW_SIMD=0: stock Pillow, under half of pillow-simd's images/s per core" >&2; fi
 	@touch $@
 
 # Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see

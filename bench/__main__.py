@@ -1,5 +1,6 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
-``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans`` · ``gpu``.
+``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans`` · ``cost`` ·
+``gpu``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
@@ -7,7 +8,8 @@ measures what OpenTelemetry costs at 0% and 100% sampling; ``footprint`` reads t
 every process the real launch path starts; ``stops`` times SIGTERM → exit in every phase;
 ``texts`` measures text and mixed requests; ``peers`` puts Infinity beside the cpu and cpu-int8
 profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods (dynamic,
-static); ``plans`` the core plans.
+static); ``plans`` the core plans; ``cost`` the gateway's CPU time per image against
+decode-only.
 """
 
 from __future__ import annotations
@@ -71,7 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     stops = commands.add_parser("stops", help="bench/stops.py")
     stops.add_argument("--rounds", type=int, default=3)
     stops.add_argument("--out", type=Path, default=None)
+    cost = commands.add_parser("cost", help="bench/cost.py")
+    cost.add_argument("--smoke", action="store_true", help="a few requests; fails on a regression")
+    cost.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.command == "cost":
+        from bench import cost as cpu_cost
+
+        out = args.out or RESULTS / ("cost-smoke" if args.smoke else "cost")
+        measured = cpu_cost.run(out, args.smoke)
+        print(out, flush=True)
+        failure = cpu_cost.smoke_verdict(measured)
+        if failure:
+            print(f"error: {failure}", file=sys.stderr)
+        return 1 if failure else 0
     if args.command == "stops":
         from bench import stops as stop_times
 

@@ -13,7 +13,11 @@ from typing import Any
 from gateway.runtime.processes import ServerProcess
 
 
-def start(process: ServerProcess, seconds: float) -> tuple[subprocess.Popen[bytes], Path] | None:
+def start(
+    process: ServerProcess, seconds: float, *, gil: bool = True
+) -> tuple[subprocess.Popen[bytes], Path] | None:
+    """py-spy on ``process`` for ``seconds``: the GIL holder only (``gil``), or every thread
+    that is running (idle ones excluded), i.e. where its CPU time goes."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if process.process is None or not Path(py_spy).exists():
         return None
@@ -23,7 +27,7 @@ def start(process: ServerProcess, seconds: float) -> tuple[subprocess.Popen[byte
         [
             py_spy,
             "record",
-            "--gil",
+            *(["--gil"] if gil else []),
             "--format",
             "raw",
             "--rate",
@@ -41,8 +45,11 @@ def start(process: ServerProcess, seconds: float) -> tuple[subprocess.Popen[byte
     return spy, output
 
 
-def finish(started: tuple[subprocess.Popen[bytes], Path], target: Path) -> dict[str, Any]:
-    """Self and inclusive sample shares per function; the top ones written to ``target``."""
+def finish(
+    started: tuple[subprocess.Popen[bytes], Path], target: Path, *, buckets: bool = False
+) -> dict[str, Any]:
+    """Self and inclusive sample shares per function; the top ones written to ``target``
+    (``buckets``: also the shares of the gateway's stages, ``STAGES``)."""
     spy, output = started
     _, stderr = spy.communicate(timeout=120)
     stacks = output.read_text().splitlines() if output.exists() else []
@@ -50,21 +57,25 @@ def finish(started: tuple[subprocess.Popen[bytes], Path], target: Path) -> dict[
         return {"error": stderr.decode(errors="replace")[-300:] or "no samples"}
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
+    stages: collections.Counter[str] = collections.Counter()
     total = 0
     for line in stacks:
         stack, _, count = line.rpartition(" ")
         frames = [f for f in stack.split(";") if f]
         n = int(count)
         total += n
+        stages[stage(frames)] += n
         if frames:
             own[_short(frames[-1])] += n
         for frame in {_short(f) for f in frames}:
             inclusive[frame] += n
-    lines = [
-        f"py-spy --gil: {total} samples of the GIL holder in the gateway under null-model load",
-        "",
-        "self %  function",
-    ]
+    what = "of the GIL holder" if "--gil" in spy.args else "of every running thread"
+    lines = [f"py-spy: {total} samples {what} in the gateway under null-model load", ""]
+    if buckets:
+        lines += ["stage %  stage (the innermost frame that names one)"]
+        lines += [f"{100 * n / total:5.1f}  {name}" for name, n in stages.most_common()]
+        lines += [""]
+    lines += ["self %  function"]
     lines += [f"{100 * n / total:5.1f}  {name}" for name, n in own.most_common(25)]
     lines += ["", "incl %  function"]
     lines += [f"{100 * n / total:5.1f}  {name}" for name, n in inclusive.most_common(40)]
@@ -73,7 +84,42 @@ def finish(started: tuple[subprocess.Popen[bytes], Path], target: Path) -> dict[
         "samples": total,
         "self_top": [(name, round(100 * n / total, 1)) for name, n in own.most_common(10)],
         "file": target.name,
-    }
+    } | ({"stages": {k: round(100 * n / total, 1) for k, n in stages.most_common()}}
+         if buckets else {})  # fmt: skip
+
+
+#: (stage, needles) matched from the innermost frame out, the first frame that names a stage
+#: owning the sample. A needle is a fragment of the frame's file path, or ``function@fragment``.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("JPEG decode (libjpeg-turbo)", ("_decode@gateway/imaging/jpeg.py",)),
+    ("JPEG header walk", ("gateway/imaging/jpeg.py",)),
+    ("RGBX->RGB pack", ("_rgb@gateway/imaging/preprocess.py",)),
+    ("resize", ("_resize_box@gateway/imaging/preprocess.py",)),
+    ("orientation", ("gateway/imaging/orientation.py",)),
+    ("preprocess: the rest (copy into the batch)", ("gateway/imaging/",)),
+    ("batching + shared memory", ("gateway/pipeline/batching.py", "gateway/backend/shm")),
+    ("gRPC + Triton client", ("grpc", "tritonclient", "gateway/backend/")),
+    ("body parsing (multipart)", ("multipart", "gateway/http/parsing.py")),
+    ("access log + metrics + middleware",
+     ("gateway/observability/", "/logging/", "pythonjsonlogger", "prometheus_client",
+      "opentelemetry")),
+    ("pipeline (admission, service)", ("gateway/pipeline/",)),
+    ("response encoding", ("gateway/http/encoding.py", "msgspec", "orjson")),
+    ("HTTP server + framework", ("uvicorn", "httptools", "h11", "litestar", "gateway/http/")),
+    ("event loop + threads", ("asyncio", "uvloop", "concurrent/futures", "threading.py")),
+)  # fmt: skip
+
+
+def stage(frames: list[str]) -> str:
+    """The stage of one sampled stack (outermost frame first), ``other`` if none matches."""
+    for frame in reversed(frames):
+        function, _, where = frame.partition(" (")
+        for name, needles in STAGES:
+            for needle in needles:
+                wanted, _, fragment = needle.rpartition("@")
+                if fragment in where and (not wanted or wanted == function):
+                    return name
+    return "other"
 
 
 def _short(frame: str) -> str:

@@ -22,6 +22,7 @@ from gateway.http import docs, problems
 from gateway.http.auth import load_api_keys, require_api_key
 from gateway.http.protocol import DeadlineProtocol
 from gateway.http.routes import ROUTES
+from gateway.imaging.paths import current as imaging_path
 from gateway.observability.access import ObserveMiddleware
 from gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
 from gateway.observability.tracing import Telemetry, create_telemetry
@@ -78,6 +79,7 @@ def create_app(
             metrics=metrics,
         )
         app.state.http = httpx.AsyncClient(timeout=5.0)
+        app.state.imaging = imaging_path()  # which PIL this process imported: it cannot change
         canary = Canary(
             backend,
             settings.canary_interval_s,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
 
@@ -29,7 +30,14 @@ from gateway.errors import (
 from gateway.http import encoding, parsing
 from gateway.http.auth import PUBLIC
 from gateway.http.docs import PROTECTED, EmbeddingsOperation
-from gateway.http.schemas import BinaryDtype, Health, ImagePreprocessing, ModelCard, ModelList
+from gateway.http.schemas import (
+    BinaryDtype,
+    Health,
+    ImagePreprocessing,
+    ImagingPath,
+    ModelCard,
+    ModelList,
+)
 from gateway.pipeline.admission import Reservation
 from gateway.pipeline.canary import Canary
 from gateway.pipeline.items import Item, TextItem
@@ -252,6 +260,7 @@ async def list_models(state: State) -> ModelList:
         owned_by="clip-gateway",
         aliases=list(settings.model_aliases),
         ready=False,
+        imaging=ImagingPath(**dataclasses.asdict(state.imaging)),
     )
     try:
         info = await service.model_info()

@@ -108,6 +108,18 @@ class ImagePreprocessing(msgspec.Struct, omit_defaults=True):
     from_tag: str | msgspec.UnsetType = msgspec.UNSET
 
 
+class ImagingPath(msgspec.Struct):
+    """Which image path runs here: pillow-simd (the fast resize) or stock Pillow."""
+
+    #: The distribution and version that resize (and decode PNG/WebP/GIF), e.g.
+    #: ``pillow-simd 12.1.1.post0``.
+    resize: str
+    #: The JPEG decoder and the PNG/WebP/GIF one.
+    decode: str
+    #: Whether the resize runs pillow-simd's SIMD resampler.
+    simd: bool
+
+
 class ModelCard(msgspec.Struct, omit_defaults=True):
     id: str
     object: Literal["model"]
@@ -130,6 +142,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     #: when INT8 was asked for and refused), the method and the INT8 quality gate's figures.
     #: Only with the ``cpu-int8`` profile.
     quantization: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    #: The libraries that decode and resize images in this gateway (gateway/imaging/paths.py).
+    imaging: ImagingPath | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelList(msgspec.Struct):

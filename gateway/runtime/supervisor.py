@@ -35,6 +35,7 @@ from export import gate
 from export.spec import model_identity
 from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from gateway.backend.repository import render, rendered_config
+from gateway.imaging import paths
 from gateway.observability.logs import configure
 from gateway.runtime import calibrate, engines, exports, plan, profiles, timings
 from gateway.runtime.processes import (
@@ -139,8 +140,10 @@ class Supervisor:
         gateway.start(timeout=deadline - time.monotonic())
         gateway.wait_ready(timeout=deadline - time.monotonic())
         workers, threads = gateway.env["GATEWAY_WORKERS"], gateway.env["GATEWAY_DECODE_THREADS"]
+        imaging = paths.current()
         self.progress(
-            f"ready on {gateway.url} ({workers} worker(s) x {threads} decode threads); "
+            f"ready on {gateway.url} ({workers} worker(s) x {threads} decode threads; resize: "
+            f"{imaging.resize}{'' if imaging.simd else ', NOT the SIMD fast path'}); "
             "API docs at /docs"
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import PIL
 from litestar.testing import TestClient
 
 from tests.fakes import FakeBackend
@@ -34,6 +35,14 @@ def test_models_lists_the_served_model(client: TestClient, fake: FakeBackend) ->
     assert entry["object"] == "model"
     assert (entry["ready"], entry["embed_dim"], entry["image_size"]) == (True, 512, 224)
     assert entry["aliases"] == ["clip"]
+
+
+def test_models_says_which_image_path_runs(client: TestClient) -> None:
+    (entry,) = client.get("/v1/models").json()["data"]
+    imaging = entry["imaging"]
+    distribution = "pillow-simd" if imaging["simd"] else "pillow"
+    assert imaging["resize"] == f"{distribution} {PIL.__version__}"
+    assert imaging["decode"].startswith("JPEG: libjpeg-turbo")
 
 
 def test_openapi_documents_both_request_forms_and_all_routes(client: TestClient) -> None:

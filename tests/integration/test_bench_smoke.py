@@ -57,3 +57,29 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert heading in report, heading
     for plot in ("throughput_vs_batch.png", "concurrency.png", "breakdown.png"):
         assert (out / plot).stat().st_size > 10_000
+
+
+def test_bench_cost_smoke(tmp_path: Path) -> None:
+    """`python -m bench cost --smoke`: the gateway's CPU per image beside decode-only; it exits
+    1 only on a large regression, read as a ratio to decode-only in the same run."""
+    out = tmp_path / "cost"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "cost", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = json.loads((out / "cost.json").read_text())
+    assert {(row["dataset"], row["batch"]) for row in results["phases"]} == {
+        ("compact", 32),
+        ("camera", 4),
+    }
+    for row in results["phases"]:
+        assert row["ok"] == row["requests"] > 0 and row["wrong"] == 0
+        assert row["gateway_cpu_s"] > 0 and row["decode_only_ratio"] > 0
+    assert results["local"]["compact"]["decode_only"] > 0
+    assert results["imaging"]["resize"].startswith(("pillow ", "pillow-simd "))
+    assert "| gateway / decode-only |" in (out / "cost.md").read_text()
+    assert (out / "cost.png").stat().st_size > 10_000

@@ -8,6 +8,7 @@ directory behind and exit 0; a killed supervisor's children must stop by themsel
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 
 from bench.stops import slow_templates
+from gateway.imaging import paths
 from gateway.runtime.processes import ReservedPort, reserve_port
 from tests import reference, samples
 from tests.controlled import wait_until
@@ -156,6 +158,15 @@ def assert_nothing_left(launched: Launched, tree: set[int]) -> None:
     wait_until(lambda: not [p for p in tree if alive(p)], "every process of the tree exited")
     assert not shm_of(tree), "shared-memory segments left behind"
     assert not list(launched.scratch.iterdir()), "scratch directory left behind"
+
+
+def test_the_ready_line_and_models_name_the_image_path_that_runs(launched: Launched) -> None:
+    expected = paths.current()  # this venv's PIL: the one the launched processes import
+    line = next(line for line in launched.log.read_text().splitlines() if "ready on http" in line)
+    assert f"resize: {expected.resize}" in line
+    assert ("NOT the SIMD fast path" in line) == (not expected.simd)
+    (card,) = httpx.get(f"{launched.url}/v1/models", timeout=10).json()["data"]
+    assert card["imaging"] == dataclasses.asdict(expected)
 
 
 def test_sigterm_drains_an_in_flight_request_then_stops_everything(launched: Launched) -> None:

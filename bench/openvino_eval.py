@@ -1,0 +1,102 @@
+"""OpenVINO beside ONNX Runtime for the CPU profiles, on the exported image graph (issue 25).
+
+``python bench/openvino_eval.py MODEL.onnx INT8.onnx OUT_DIR`` in a virtualenv with ``openvino``,
+``onnxruntime`` and ``numpy`` (OpenVINO is not a project dependency: this is the measurement that
+decides whether it becomes one). Batch 32 of the gateway's own uint8 pixels (compact JPEGs through
+``preprocess()``, made by the caller as ``pixels.npy`` in OUT_DIR), two threads each, the systems
+interleaved round by round so background load hits them alike. Figures: images per CPU-second of
+this process (median round; ONNX Runtime's spin-waiting off so its CPU time is work) and the best
+round's images/s (wall clock, meaningful only on an idle machine); fidelity as the cosine of each
+system's embeddings against ONNX Runtime FP32's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+
+def systems(model: str, int8: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    import onnxruntime as ort
+    import openvino as ov
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    out: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
+    for key, path in (("onnxruntime-fp32", model), ("onnxruntime-int8-dynamic", int8)):
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        out[key] = lambda x, s=session, n=name: s.run(None, {n: x})[0]
+    core = ov.Core()
+    for precision in ("f32", "bf16"):
+        compiled = core.compile_model(
+            model,
+            "CPU",
+            {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": 2,
+             "PERFORMANCE_HINT": "LATENCY"},
+        )  # fmt: skip
+        request = compiled.create_infer_request()
+        key = f"openvino-{'fp32' if precision == 'f32' else precision}"
+        out[key] = lambda x, r=request: r.infer({0: x})[0].copy()
+    return out
+
+
+def measure(model: str, int8: str, pixels: np.ndarray, rounds: int) -> dict[str, dict[str, float]]:
+    runs = systems(model, int8)
+    reference = runs["onnxruntime-fp32"](pixels)
+    results: dict[str, dict[str, float]] = {}
+    cpu: dict[str, list[float]] = {key: [] for key in runs}
+    wall: dict[str, list[float]] = {key: [] for key in runs}
+    for key, run in runs.items():
+        got = run(pixels)
+        cosine = (got * reference).sum(1) / np.linalg.norm(got, axis=1)
+        cosine /= np.linalg.norm(reference, axis=1)
+        results[key] = {"cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min())}
+    for _ in range(rounds):
+        for key, run in runs.items():
+            started, cpu_started = time.perf_counter(), time.process_time()
+            run(pixels)
+            wall[key].append(time.perf_counter() - started)
+            cpu[key].append(time.process_time() - cpu_started)
+    n = len(pixels)
+    for key in runs:
+        results[key]["images_per_cpu_s"] = round(n / float(np.median(cpu[key])), 1)
+        results[key]["images_per_s_best"] = round(n / min(wall[key]), 1)
+    return results
+
+
+def markdown(results: dict[str, dict[str, float]]) -> str:
+    base = results["onnxruntime-fp32"]["images_per_cpu_s"]
+    best_today = results["onnxruntime-int8-dynamic"]["images_per_cpu_s"]
+    lines = [
+        "| system | images per CPU-second | vs ORT FP32 | vs ORT INT8 (today's best) "
+        "| cosine vs ORT FP32, mean (min) | images/s, best round (shared machine) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, row in results.items():
+        lines.append(
+            f"| {key} | {row['images_per_cpu_s']} | {row['images_per_cpu_s'] / base:.2f}x "
+            f"| {row['images_per_cpu_s'] / best_today:.2f}x "
+            f"| {row['cosine_mean']:.6f} ({row['cosine_min']:.6f}) | {row['images_per_s_best']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    model, int8, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    pixels = np.load(out / "pixels.npy")
+    results = measure(model, int8, pixels, rounds=5)
+    (out / "openvino.json").write_text(json.dumps(results, indent=1))
+    (out / "openvino.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

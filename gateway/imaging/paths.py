@@ -1,0 +1,74 @@
+"""Which libraries decode and resize here: the fast path (pillow-simd) or stock Pillow.
+
+pillow-simd and Pillow are two distributions of the same ``PIL`` package, so ``import PIL``
+cannot tell them apart; the distribution whose files hold the imported ``PIL`` can. Reported in
+the ready line and ``/v1/models``, and checked by ``make install``
+(``python -m gateway.imaging.paths --require-simd``): on the same compact JPEGs stock Pillow
+preprocesses at under half of pillow-simd's images/s per core (docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import PIL
+
+
+@dataclass(frozen=True)
+class ImagingPath:
+    #: The distribution that owns the imported ``PIL`` and its version, e.g.
+    #: ``pillow-simd 12.1.1.post0``: every resize, and PNG/WebP/GIF decoding.
+    resize: str
+    #: JPEG: libjpeg-turbo inside simplejpeg's wheel, DCT-scaled (imaging/jpeg.py).
+    decode: str
+    #: Whether the resize runs pillow-simd's SIMD resampler.
+    simd: bool
+
+
+def _pil_distribution() -> tuple[str, str]:
+    """(name, version) of the installed distribution whose files are the imported ``PIL``."""
+    imported = Path(PIL.__file__).resolve()
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name in ("pillow", "pillow-simd"):
+            located = Path(str(dist.locate_file("PIL/__init__.py"))).resolve()
+            if located == imported:
+                return name, dist.version
+    return "unknown PIL", PIL.__version__
+
+
+def current() -> ImagingPath:
+    name, version = _pil_distribution()
+    jpeg = f"libjpeg-turbo (simplejpeg {importlib.metadata.version('simplejpeg')}), DCT-scaled"
+    return ImagingPath(
+        resize=f"{name} {version}",
+        decode=f"JPEG: {jpeg}; PNG/WebP/GIF: {name} {version}",
+        simd=name == "pillow-simd",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.imaging.paths", description=__doc__)
+    parser.add_argument(
+        "--require-simd", action="store_true", help="exit 1 unless pillow-simd is the PIL here"
+    )
+    args = parser.parse_args(argv)
+    path = current()
+    print(json.dumps(asdict(path)))
+    if args.require_simd and not path.simd:
+        print(
+            f"error: PIL here is {path.resize}, not pillow-simd: the image resize runs the slow "
+            "path (PILLOW_SIMD=0 accepts it)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

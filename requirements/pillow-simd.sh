@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# pillow-simd in place of Pillow in a venv: `requirements/pillow-simd.sh PYTHON VERSION [CFLAGS]`
+# (the Makefile's install runs it). pillow-simd ships no wheels: it builds against the system's
+# libjpeg, zlib and libwebp headers. Missing ones are installed with apt-get where this install
+# may (root, or passwordless sudo); otherwise it refuses, naming the packages, rather than
+# leaving stock Pillow (under half the images/s per core, docs/PERFORMANCE.md) in place.
+# Ends by checking what the venv's PIL now is: the path the gateway reports when it starts.
+set -euo pipefail
+py=$1 version=$2 cflags=${3:-}
+
+# header, the Debian package that ships it
+needs=("webp/decode.h libwebp-dev" "zlib.h zlib1g-dev" "jpeglib.h libjpeg-dev")
+missing() {
+  local out=() entry
+  command -v cc >/dev/null || out+=(gcc libc6-dev)
+  for entry in "${needs[@]}"; do
+    set -- $entry
+    # through the compiler's own search path (Debian puts some headers in multiarch dirs)
+    # (a here-string, not a pipe: a compiler that stops reading early is no SIGPIPE failure)
+    cc -E -x c - >/dev/null 2>&1 <<<"#include <stdio.h>
+#include <$1>" || out+=("$2")
+  done
+  include=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  [ -f "$include/Python.h" ] || out+=(python3-dev)
+  echo "${out[@]}"
+}
+
+packages=$(missing)
+if [ -n "$packages" ]; then
+  apt=()
+  if command -v apt-get >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then apt=(apt-get); elif sudo -n true 2>/dev/null; then apt=(sudo -n apt-get); fi
+  fi
+  if [ ${#apt[@]} -eq 0 ]; then
+    cat >&2 <<EOF
+error: pillow-simd (the fast image resize) builds against packages this machine lacks:
+  $packages
+Install them (Debian/Ubuntu: sudo apt-get install -y $packages) and run make again, or keep
+stock Pillow, under half the preprocessing images/s per core, with PILLOW_SIMD=0.
+EOF
+    exit 1
+  fi
+  echo "clip-gateway: installing $packages (pillow-simd builds against them)"
+  # shellcheck disable=SC2086
+  "${apt[@]}" install -y -q --no-install-recommends $packages >/dev/null \
+    || { "${apt[@]}" update -q >/dev/null \
+         && "${apt[@]}" install -y -q --no-install-recommends $packages >/dev/null; }
+  still=$(missing)
+  if [ -n "$still" ]; then
+    echo "error: still missing after apt-get: $still (PILLOW_SIMD=0 keeps stock Pillow)" >&2
+    exit 1
+  fi
+fi
+
+"$py" -m pip uninstall --quiet --yes pillow pillow-simd
+CC="cc $cflags" "$py" -m pip install --quiet --quiet --force-reinstall --no-deps --no-cache-dir \
+  --no-binary pillow-simd "pillow-simd==$version"
+"$py" -m gateway.imaging.paths --require-simd >/dev/null
