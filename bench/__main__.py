@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.suites import SUITES
@@ -23,7 +24,7 @@ from bench.suites import SUITES
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="every system, every table, one report")
@@ -76,62 +77,82 @@ def main(argv: list[str] | None = None) -> int:
     cost = commands.add_parser("cost", help="bench/cost.py")
     cost.add_argument("--smoke", action="store_true", help="a few requests; fails on a regression")
     cost.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if args.command == "cost":
-        from bench import cost as cpu_cost
+    return parser
 
-        out = args.out or RESULTS / ("cost-smoke" if args.smoke else "cost")
-        measured = cpu_cost.run(out, args.smoke)
-        print(out, flush=True)
-        failure = cpu_cost.smoke_verdict(measured)
-        if failure:
-            print(f"error: {failure}", file=sys.stderr)
-        return 1 if failure else 0
-    if args.command == "stops":
-        from bench import stops as stop_times
 
-        stop_times.run(args.rounds, args.out or RESULTS / "stops")
-        return 0
-    if args.command == "gpu":
-        from bench import gpu as gpu_bench
+def _cost(args: argparse.Namespace) -> int:
+    from bench import cost as cpu_cost
 
-        if args.cpu_dry_run:
-            gpu_bench.PROVIDER = "CPUExecutionProvider"
-            gpu_bench.IMAGE_BATCHES = gpu_bench.TEXT_BATCHES = (1, 2)
-        out = args.out or RESULTS / ("gpu-dry-run" if args.cpu_dry_run else "gpu")
-        gpu_bench.run(tuple(args.models), out, args.cache_dir, args.seconds)
-        print(out, flush=True)
-        return 0
-    if args.command == "texts":
-        from bench import texts as text_bench
+    out = args.out or RESULTS / ("cost-smoke" if args.smoke else "cost")
+    measured = cpu_cost.run(out, args.smoke)
+    print(out, flush=True)
+    failure = cpu_cost.smoke_verdict(measured)
+    if failure:
+        print(f"error: {failure}", file=sys.stderr)
+    return 1 if failure else 0
 
-        out = args.out or RESULTS / ("texts-smoke" if args.smoke else "texts")
-        found = text_bench.run(args.seconds, out, args.smoke)
-        print(out, flush=True)
-        return 1 if found["wrong"] or found["unexpected_5xx"] else 0
-    if args.command == "peers":
-        from bench import peers as peer_bench
 
-        limits = peer_bench.SMOKE if args.smoke else peer_bench.FULL
-        out = args.out or RESULTS / ("peers-smoke" if args.smoke else "peers")
-        peer_bench.run(out, limits, tuple(args.systems or peer_bench.SYSTEMS))
-        print(out, flush=True)
-        return 0
-    if args.command == "quantization":
-        from bench import quantization as int8_methods
+def _stops(args: argparse.Namespace) -> int:
+    from bench import stops as stop_times
 
-        int8_methods.run(args.out or RESULTS / "int8", args.reps)
-        return 0
-    if args.command == "plans":
-        from bench import plans as core_plans
+    stop_times.run(args.rounds, args.out or RESULTS / "stops")
+    return 0
 
-        core_plans.run(args.out or RESULTS / "plans", profiles=tuple(args.profiles))
-        return 0
-    if args.command == "run":
-        from bench import runner
 
-        runner.run(args.suite, args.out or RESULTS / args.suite, args.profile)
-        return 0
+def _gpu(args: argparse.Namespace) -> int:
+    from bench import gpu as gpu_bench
+
+    if args.cpu_dry_run:
+        gpu_bench.PROVIDER = "CPUExecutionProvider"
+        gpu_bench.IMAGE_BATCHES = gpu_bench.TEXT_BATCHES = (1, 2)
+    out = args.out or RESULTS / ("gpu-dry-run" if args.cpu_dry_run else "gpu")
+    gpu_bench.run(tuple(args.models), out, args.cache_dir, args.seconds)
+    print(out, flush=True)
+    return 0
+
+
+def _texts(args: argparse.Namespace) -> int:
+    from bench import texts as text_bench
+
+    out = args.out or RESULTS / ("texts-smoke" if args.smoke else "texts")
+    found = text_bench.run(args.seconds, out, args.smoke)
+    print(out, flush=True)
+    return 1 if found["wrong"] or found["unexpected_5xx"] else 0
+
+
+def _peers(args: argparse.Namespace) -> int:
+    from bench import peers as peer_bench
+
+    limits = peer_bench.SMOKE if args.smoke else peer_bench.FULL
+    out = args.out or RESULTS / ("peers-smoke" if args.smoke else "peers")
+    peer_bench.run(out, limits, tuple(args.systems or peer_bench.SYSTEMS))
+    print(out, flush=True)
+    return 0
+
+
+def _quantization(args: argparse.Namespace) -> int:
+    from bench import quantization as int8_methods
+
+    int8_methods.run(args.out or RESULTS / "int8", args.reps)
+    return 0
+
+
+def _plans(args: argparse.Namespace) -> int:
+    from bench import plans as core_plans
+
+    core_plans.run(args.out or RESULTS / "plans", profiles=tuple(args.profiles))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from bench import runner
+
+    runner.run(args.suite, args.out or RESULTS / args.suite, args.profile)
+    return 0
+
+
+def _timed(args: argparse.Namespace) -> int:
+    """overload · soak · tracing · footprint: minutes of load, then a verdict on the answers."""
     from bench import footprint, overload, soak, tracing_cost
 
     modules = {"overload": overload, "soak": soak, "tracing": tracing_cost, "footprint": footprint}
@@ -145,6 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     results = module.run(args.minutes, out, args.smoke, **extra)
     print(out, flush=True)
     return 1 if results.get("wrong") or results.get("unexpected_5xx") else 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "cost": _cost,
+    "stops": _stops,
+    "gpu": _gpu,
+    "texts": _texts,
+    "peers": _peers,
+    "quantization": _quantization,
+    "plans": _plans,
+    "run": _run,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return COMMANDS.get(args.command, _timed)(args)
 
 
 if __name__ == "__main__":
