@@ -80,7 +80,8 @@ class ServerSettings(BaseSettings):
     max_image_bytes: int = Field(32 * MiB, ge=1)
     #: Decoder memory one image may need, estimated from its header before decoding (a
     #: progressive JPEG's coefficient buffer, a PNG/WebP/GIF canvas). 256 MiB admits ~85 MP
-    #: progressive JPEGs (any baseline JPEG within the pixel limit) and ~32 MP PNG/WebP; with
+    #: progressive JPEGs (any baseline JPEG within the pixel limit), ~64 MP RGB PNG, ~32 MP
+    #: RGBA PNG and ~16 MP WebP (16 bytes per pixel measured, imaging/containers.py); with
     #: one decode per thread it keeps a 2-CPU, 4 GB container well inside its memory.
     max_decode_mib: int = Field(256, ge=16)
     #: Progressive JPEGs decoded at 1/8 scale skip their AC scans (see imaging/jpeg.py).
