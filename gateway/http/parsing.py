@@ -17,6 +17,7 @@ cost no longer fits.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -26,7 +27,13 @@ from typing import Any
 import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
-from gateway.errors import ClientGone, InvalidFields, LimitExceeded, MalformedRequest
+from gateway.errors import (
+    BodyTooSlow,
+    ClientGone,
+    InvalidFields,
+    LimitExceeded,
+    MalformedRequest,
+)
 from gateway.http.schemas import (
     FORM_OPTIONS,
     EmbeddingRequest,
@@ -56,11 +63,43 @@ class ParsedRequest:
     skip_invalid: bool | None = None
 
 
-async def body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
-    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``."""
-    received = 0
+@dataclass(frozen=True)
+class Pace:
+    """The slowest upload accepted: after ``grace_s``, ``min_bytes_per_s`` on average."""
+
+    min_bytes_per_s: int
+    grace_s: float
+
+    def deadline(self, started: float, received: int) -> float | None:
+        """When the next bytes must have arrived (event-loop time), or None: no minimum."""
+        if self.min_bytes_per_s <= 0:
+            return None
+        return started + self.grace_s + received / self.min_bytes_per_s
+
+
+async def body_chunks(
+    receive: Receive,
+    limit: int,
+    *,
+    pace: Pace | None = None,
+    on_bytes: Callable[[int], None] = lambda _: None,
+) -> AsyncIterator[bytes]:
+    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``.
+    ``on_bytes`` hears of every chunk as it arrives (admission counts bodies in flight by the
+    bytes received) and may refuse it; a body slower than ``pace`` is ``BodyTooSlow``."""
+    loop = asyncio.get_running_loop()
+    started, received = loop.time(), 0
     while True:
-        message = await receive()
+        deadline = pace.deadline(started, received) if pace else None
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError as exc:
+            assert pace is not None
+            raise BodyTooSlow(
+                f"request body arriving at under {pace.min_bytes_per_s} bytes/s after the first "
+                f"{pace.grace_s:g} s ({received} bytes in {loop.time() - started:.1f} s)"
+            ) from exc
         if message["type"] == "http.disconnect":
             raise ClientGone("client disconnected while sending the request body")
         chunk = message.get("body", b"")
@@ -68,29 +107,20 @@ async def body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
         if received > limit:
             raise LimitExceeded(f"request body over {limit} bytes", limit=limit)
         if chunk:
+            on_bytes(len(chunk))
             yield chunk
         if not message.get("more_body", False):
             yield b""
             return
 
 
-async def read_all(chunks: AsyncIterator[bytes], size_hint: int | None = None) -> bytearray:
-    """The whole body in one buffer, allocated once when its size is declared (growing a buffer
-    chunk by chunk would peak at twice the body); msgspec decodes it in place."""
-    if not size_hint:
-        body = bytearray()
-        async for chunk in chunks:
-            body += chunk
-        return body
-    body, filled = bytearray(size_hint), 0
-    view = memoryview(body)
+async def read_all(chunks: AsyncIterator[bytes]) -> bytearray:
+    """The whole body in one buffer, grown as bytes arrive: never sized by a declared length
+    (a client that declares 64 MiB and sends one byte holds one byte). Large buffers are
+    mmapped (runtime/memory.py), so growing one remaps it rather than copying."""
+    body = bytearray()
     async for chunk in chunks:
-        if filled + len(chunk) > size_hint:
-            raise MalformedRequest("request body longer than its Content-Length")
-        view[filled : filled + len(chunk)] = chunk
-        filled += len(chunk)
-    view.release()
-    del body[filled:]
+        body += chunk
     return body
 
 

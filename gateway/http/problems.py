@@ -103,6 +103,8 @@ def headers_of(exc: errors.EmbeddingError) -> dict[str, str]:
         headers["Retry-After"] = str(max(1, math.ceil(wait)))  # delta-seconds: an integer
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="clip-gateway"'
+    if isinstance(exc, errors.BodyTooSlow):
+        headers["Connection"] = "close"  # the rest of a stalled body is not waited for
     return headers
 
 

@@ -27,12 +27,12 @@ from gateway.errors import (
     UnsupportedFormat,
 )
 from gateway.http import encoding, parsing
-from gateway.http.auth import PUBLIC
+from gateway.http.auth import PUBLIC, key_of
 from gateway.http.docs import PROTECTED, EmbeddingsOperation
 from gateway.http.schemas import BinaryDtype, Health, ImagePreprocessing, ModelCard, ModelList
 from gateway.pipeline.admission import Reservation
 from gateway.pipeline.canary import Canary
-from gateway.pipeline.items import Item, TextItem
+from gateway.pipeline.items import Item, TextItem, price
 from gateway.pipeline.service import Embeddings, EmbeddingService
 from gateway.runtime.settings import ServerSettings
 
@@ -45,7 +45,18 @@ async def read_request(
 ) -> parsing.ParsedRequest:
     """The body, read and parsed under its limits, each image admitted as soon as it is in."""
     media_type, options = request.content_type
-    chunks = parsing.body_chunks(request.receive, settings.max_body_bytes)
+    coding = request.headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedFormat(
+            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
+            "are compressed already)"
+        )
+    chunks = parsing.body_chunks(
+        request.receive,
+        settings.max_body_bytes,
+        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
+        on_bytes=reservation.received,
+    )
     if media_type == "multipart/form-data":
         if not options.get("boundary"):
             raise MalformedRequest("multipart/form-data without a boundary parameter")
@@ -57,7 +68,7 @@ async def read_request(
             on_item=lambda item: admit(reservation, item),
         )
     if media_type == JSON:
-        body = await parsing.read_all(chunks, request.content_length)
+        body = await parsing.read_all(chunks)
         parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
         for item in parsed.items:
             admit(reservation, item)
@@ -69,11 +80,12 @@ async def read_request(
 
 
 def admit(reservation: Reservation, item: Item) -> None:
-    """Add one item's cost to the request's reservation (or refuse it)."""
+    """Add one item's cost to the request's reservation (or refuse it): a text by its length,
+    an image by the decode work its header promises."""
     if isinstance(item, TextItem):
         reservation.add_text(len(item.text))
-    else:  # base64 text is 4/3 of the image's bytes
-        reservation.add_image(len(item) * 3 // 4 if isinstance(item, str) else len(item))
+    else:
+        reservation.add_image(price(item))
 
 
 @post(
@@ -115,7 +127,8 @@ async def create_embeddings(
             limit=settings.max_body_bytes,
         )
     # Admission starts before the first byte is read: the declared size already costs its decode
-    with service.admission.reserve(declared or settings.max_body_bytes) as reservation:
+    key = key_of(request)
+    with service.admission.reserve(declared, key) as reservation:
         with tracer.start_as_current_span("receive") as span:
             try:
                 async with asyncio.timeout(settings.body_timeout_s):

@@ -62,12 +62,15 @@ class Trimmer:
         self._last = 0.0
         self._libc = _libc()
 
-    def worked(self, bytes_touched: int) -> None:
+    def worked(self, bytes_touched: int, *, failed: bool = False) -> None:
+        """``bytes_touched`` more churned; ``failed``: work whose churn is unknown (a failed
+        decode) — trim as soon as the interval allows."""
         if self._libc is None:
             return
         self._pending += bytes_touched
         now = time.monotonic()
-        if self._pending >= self._every and now - self._last >= self._interval:
+        due = failed or self._pending >= self._every
+        if due and now - self._last >= self._interval:
             self._pending, self._last = 0, now
             with contextlib.suppress(RuntimeError):  # the pool is shutting down
                 self._run(self._trim)

@@ -101,10 +101,20 @@ class ServerSettings(BaseSettings):
     admission_horizon_s: float = Field(0.0, ge=0)
     #: Model seconds per image admission assumes; 0 = measured from the backend calls.
     admission_infer_s_per_image: float = Field(0.0, ge=0)
-    #: Request bodies received at once per worker, in MiB; beyond it 429 before reading.
+    #: Request body bytes being received at once per worker (counted as they arrive, never by
+    #: Content-Length), in MiB; the request whose bytes would pass it gets 429.
     max_body_mib_in_flight: int = Field(256, ge=1)
     #: A request body must arrive within this time (slow-loris bodies get 408).
     body_timeout_s: float = Field(30.0, gt=0)
+    #: After ``upload_grace_s``, a body must keep arriving at this many bytes per second on
+    #: average (else 408 and the connection is closed): stalled and trickling uploads cannot
+    #: hold their slots for the whole body timeout. 0 = no minimum.
+    min_upload_bytes_per_s: int = Field(8192, ge=0)
+    #: Seconds a body may take before the minimum upload rate applies.
+    upload_grace_s: float = Field(5.0, ge=0)
+    #: With more than one API key: the share of the admission horizon one key may hold while
+    #: admitted (beyond it that key gets 429 with the seconds its own work needs to drain).
+    admission_key_share: float = Field(0.5, gt=0, le=1)
     #: A request's line and headers must arrive within this time of the connection opening or
     #: the request starting (else 408 and the connection is closed): idle or trickling
     #: connections cannot hold slots new clients need.
