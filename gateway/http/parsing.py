@@ -61,6 +61,7 @@ class ParsedRequest:
     encoding_format: EncodingFormat | None
     normalize: bool | None
     skip_invalid: bool | None = None
+    dimensions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,40 @@ def _scan_input(raw: memoryview, max_items: int, max_chars: int) -> None:
     raise MalformedRequest("input nests too deep or holds too many tokens")
 
 
+#: A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+_INPUT_KEY = re.compile(rb'"input"\s*:\s*')
+
+
+def _lone_surrogate_item(body: bytes | bytearray) -> int | None:
+    """The index of the ``input`` item holding the first lone surrogate escape, if any (msgspec
+    reports one as a truncated or malformed document, not naming the item)."""
+    found = _LONE_SURROGATE.search(body)
+    key = _INPUT_KEY.search(body)
+    if found is None or key is None or found.start() < key.end():
+        return None
+    raw, offset = memoryview(body), key.end()
+    if raw[offset] != ord("["):
+        return 0  # a single string
+    depth, items, pos = 0, 0, offset
+    while pos < found.start():
+        token = _TOKEN.match(raw, pos)
+        if token is None:
+            break
+        pos, lead = token.end(), raw[token.start(1)]
+        if lead in _OPEN:
+            depth += 1
+            items += depth == 2
+        elif lead in _CLOSE:
+            depth -= 1
+        elif lead not in _SEPARATORS:
+            items += depth == 1
+    return max(items - 1, 0)
+
+
 def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -> ParsedRequest:
     """The OpenAI embeddings request: ``max_images`` bounds the items (texts included), and
     ``max_image_bytes`` the length of any string (texts have their own, smaller limit, checked
@@ -195,13 +230,25 @@ def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except msgspec.DecodeError as exc:
+        index = _lone_surrogate_item(body)
+        if index is not None:
+            raise MalformedRequest(
+                f"input[{index}] has a lone UTF-16 surrogate escape (\\ud800-\\udfff without "
+                "its pair): not a Unicode character; send valid UTF-8 or a surrogate pair",
+                index=index,
+            ) from None
         raise MalformedRequest(f"malformed JSON: {exc}") from exc
     except RecursionError as exc:  # msgspec's own guard against hostile nesting
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     items = _items([value] if isinstance(value, str) else value, request.modality)
     _check_count(len(items), max_images)
     return ParsedRequest(
-        items, request.model, request.encoding_format, request.normalize, request.skip_invalid
+        items,
+        request.model,
+        request.encoding_format,
+        request.normalize,
+        request.skip_invalid,
+        request.dimensions,
     )
 
 
@@ -210,7 +257,7 @@ def _items(values: list[str | InputObject], modality: Modality | None) -> list[I
     for index, value in enumerate(values):
         if isinstance(value, InputObject):
             items.append(_object_item(value, index, modality))
-        elif modality == "image" or (modality is None and value.startswith("data:image/")):
+        elif modality == "image" or (modality is None and value[:11].lower() == "data:image/"):
             items.append(value)
         elif modality is None and _looks_like_base64_image(value):
             raise InvalidFields(

@@ -151,12 +151,26 @@ async def create_embeddings(
             raise UnknownModel(
                 f"model {parsed.model!r} is not served here; use {settings.model_id!r}"
             )
+        if parsed.dimensions is not None:
+            await check_dimensions(service, settings.model_id, parsed.dimensions)
         unit = _first(parsed.normalize, normalize, True)
         skip = _first(parsed.skip_invalid, skip_invalid, False)
         result = await unless_disconnected(
             request, service.embed(parsed.items, normalize=unit, skip_invalid=skip)
         )
         return encode(request, tracer, settings, result, parsed, dtype, skip)
+
+
+async def check_dimensions(service: EmbeddingService, model_id: str, asked: int) -> None:
+    """OpenAI's ``dimensions``: only the model's own (no CLIP model declares a truncated
+    embedding meaningful); anything else is refused, naming the parameter and the model."""
+    info = await service.model_info()
+    if asked != info.embed_dim:
+        raise MalformedRequest(
+            f"dimensions={asked} is not supported by model {model_id!r}: its embeddings have "
+            f"{info.embed_dim} dimensions and it does not declare truncated ones meaningful; "
+            f"omit dimensions or send {info.embed_dim}"
+        )
 
 
 def encode(
@@ -291,6 +305,7 @@ async def list_models(state: State) -> ModelList:
         ready=True,
         modalities=["image"] if text_unavailable else ["image", "text"],
         embed_dim=info.embed_dim,
+        dimensions=[info.embed_dim],
         image_size=info.image_size,
         context_length=info.text.context_length if info.text else msgspec.UNSET,
         preprocessing=preprocessing,
