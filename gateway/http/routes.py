@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any, TypeVar
 
 import httpx
@@ -40,23 +40,32 @@ JSON = "application/json"
 T = TypeVar("T")
 
 
-async def read_request(
+def body_of(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
-) -> parsing.ParsedRequest:
-    """The body, read and parsed under its limits, each image admitted as soon as it is in."""
-    media_type, options = request.content_type
+) -> AsyncIterator[bytes]:
+    """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
+    its size, the minimum upload rate (408), and the bodies in flight, counted by the bytes as
+    they arrive (429). Every route that reads a body reads it through this."""
     coding = request.headers.get("content-encoding", "").strip().lower()
     if coding not in ("", "identity"):
         raise UnsupportedFormat(
             f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
             "are compressed already)"
         )
-    chunks = parsing.body_chunks(
+    return parsing.body_chunks(
         request.receive,
         settings.max_body_bytes,
         pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
         on_bytes=reservation.received,
     )
+
+
+async def read_request(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> parsing.ParsedRequest:
+    """The body, read and parsed under its limits, each image admitted as soon as it is in."""
+    media_type, options = request.content_type
+    chunks = body_of(request, settings, reservation)
     if media_type == "multipart/form-data":
         if not options.get("boundary"):
             raise MalformedRequest("multipart/form-data without a boundary parameter")
