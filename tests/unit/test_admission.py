@@ -402,3 +402,14 @@ def test_a_request_over_one_keys_share_is_too_large_for_that_key() -> None:
     with a.reserve(None) as anonymous:  # no key (a single-key gateway): the whole horizon
         for _ in range(4):
             anonymous.add_image(FREE)
+
+
+def test_every_429_and_503_says_when_to_retry_computed_from_the_state() -> None:
+    from gateway.errors import BackendFailed, BackendUnavailable
+    from gateway.http.problems import headers_of
+
+    assert headers_of(Overloaded("full", retry_after=3.2))["Retry-After"] == "4"
+    # Triton unavailable or shedding: the worker's backlog must drain, at least the reconnect
+    assert headers_of(BackendUnavailable("down"), backlog_s=7.2)["Retry-After"] == "8"
+    assert headers_of(BackendUnavailable("down"), backlog_s=0.0)["Retry-After"] == "2"
+    assert "Retry-After" not in headers_of(BackendFailed("broken"), backlog_s=7.2)  # a 502
