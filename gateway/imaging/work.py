@@ -56,6 +56,26 @@ class Work:
 REFUSED = Work("other", "refused", 0.0)
 
 
+#: Pixels assumed for an image whose header lies beyond the prefix read (the default pixel limit).
+WORST_PIXELS = 100_000_000
+
+
+def worst(data: bytes, encoded_bytes: int) -> Work:
+    """The price of an item whose header was not within its first ``HEADER_PREFIX`` bytes: a
+    real file never puts that much before its frame, so it is priced at the pixel limit in the
+    dearest coding of its format (or as refused, when no accepted format's signature starts
+    it)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return price("jpeg-progressive", WORST_PIXELS, encoded_bytes)
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return price("png-16bit", WORST_PIXELS, encoded_bytes)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return price("webp-lossy", WORST_PIXELS, encoded_bytes)
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return price("gif", WORST_PIXELS, encoded_bytes)
+    return REFUSED
+
+
 def jpeg_coding(progressive: bool, arithmetic: bool) -> str:
     if arithmetic:
         return "jpeg-arithmetic"

@@ -79,4 +79,8 @@ def price(item: ImageItem) -> work.Work:
         head = base64.b64decode(prefix, validate=True)
     except (binascii.Error, ValueError):
         return work.REFUSED
-    return work.estimate(head, len(text) * 3 // 4)
+    size = len(text) * 3 // 4
+    priced = work.estimate(head, size)
+    if priced is work.REFUSED and len(head) >= work.HEADER_PREFIX:
+        return work.worst(head, size)  # its header is further in than any real file's
+    return priced

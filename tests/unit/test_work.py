@@ -87,3 +87,15 @@ def test_a_large_base64_item_is_priced_from_its_first_mebibyte() -> None:
     assert priced.seconds == pytest.approx(
         per_pixel * 640 * 480 + per_byte * (len(encoded) * 3 // 4)
     )
+
+
+def test_a_base64_jpeg_whose_frame_is_beyond_the_prefix_is_priced_at_the_worst() -> None:
+    """Padding before the frame header cannot make an image free: a real file never puts a
+    mebibyte before its frame, so it is priced at the pixel limit, progressive."""
+    jpeg = samples.encode(flat((64, 64)), "JPEG")
+    comment = b"\xff\xfe\xff\xf0" + b"x" * 0xFFEE  # a 64 KiB COM segment
+    padded = jpeg[:2] + comment * 20 + jpeg[2:]
+    priced = price(base64.b64encode(padded).decode())
+    assert priced.coding == "jpeg-progressive"
+    assert priced.seconds >= work.FACTORS["jpeg-progressive"][0] * work.WORST_PIXELS
+    assert work.estimate(padded).coding == "jpeg-baseline"  # the whole bytes: its real price
