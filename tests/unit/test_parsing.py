@@ -316,7 +316,9 @@ def test_json_passes_every_option_through() -> None:
         b' "skip_invalid": true, "dimensions": 512, "user": "u", "unknown": 1}'
     )
     parsed = parsing.parse_json(raw, 4, 1000)
-    assert parsed == parsing.ParsedRequest([TextItem("a")], "ViT-B-32", "base64", False, True)
+    assert parsed == parsing.ParsedRequest(
+        [TextItem("a")], "ViT-B-32", "base64", False, True, dimensions=512
+    )
 
 
 def test_json_count_limit_is_inclusive() -> None:
