@@ -19,7 +19,9 @@ import pytest
 from bench.photos import CAMERA_SIZES, jpeg, photo
 from gateway.runtime.processes import GatewayProcess
 from tests import hostile, samples
+from tests.controlled import wait_until
 from tests.integration.test_hostile import files, rss_mb
+from tests.metrics import sample
 
 #: RSS allowed above the start once a burst is over (the issue's goal).
 AFTER_BURST_MB = 100
@@ -162,3 +164,52 @@ def test_memory_comes_back_after_bursts_of_failing_requests(
         after = rss_mb(pid)
     print(f"\n{name}: RSS {before:.0f} MB -> {after:.0f} MB after three bursts")
     assert after - before <= AFTER_BURST_MB
+
+
+def test_one_api_key_cannot_take_the_whole_horizon(control_triton, start_gateway) -> None:
+    """Two keys, a 10 s horizon, 2 s of model work per image (pinned): the hog's two images
+    (4 s) are parked in the model; its third image would pass its 5 s share (429, Retry-After
+    from its own backlog) while the other key is still admitted."""
+    triton, control = control_triton
+    gw = start_gateway(
+        triton.grpc_url,
+        GATEWAY_API_KEYS='["hog-key-0001", "other-key-0002"]',
+        GATEWAY_ADMISSION_INFER_S_PER_IMAGE="2",
+        GATEWAY_ADMISSION_HORIZON_S="10",
+        GATEWAY_CANARY_INTERVAL_S="0",
+    )
+
+    def embed(key: str, count: int) -> httpx.Response:
+        return httpx.post(
+            f"{gw.url}/v1/embeddings",
+            files=files([samples.compact(i) for i in range(count)]),
+            headers={"authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+
+    def backlog() -> float:
+        scrape = httpx.get(
+            f"{gw.url}/metrics", headers={"authorization": "Bearer other-key-0002"}, timeout=30
+        ).text
+        return sample(scrape, "gateway_admission_backlog_seconds")
+
+    control.set(hold=True)
+    arrived = control.arrivals()
+    held: dict[str, httpx.Response] = {}
+    holder = threading.Thread(target=lambda: held.setdefault("r", embed("hog-key-0001", 2)))
+    other = threading.Thread(target=lambda: held.setdefault("o", embed("other-key-0002", 2)))
+    holder.start()
+    try:
+        control.wait_arrivals(arrived + 1)  # the hog's 4 s are admitted and parked
+        refused = embed("hog-key-0001", 1)  # 4 + 2 s > its 5 s share
+        other.start()  # the other key's 4 s fit beside the hog's (8 of 10 s)
+        wait_until(lambda: backlog() >= 8.0, "the other key admitted beside the hog")
+    finally:
+        control.set()
+        holder.join(60)
+    other.join(60)
+    assert refused.status_code == 429, refused.text[:300]
+    body = refused.json()
+    assert body["key_share_s"] == 5.0 and 4 <= body["key_backlog_s"] < 4.01
+    assert int(refused.headers["retry-after"]) == 2  # ceil(4.0x + 2 - 5)
+    assert held["r"].status_code == 200 and held["o"].status_code == 200
