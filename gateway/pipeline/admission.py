@@ -185,6 +185,7 @@ class Admission:
         moved = min(max(moved, rate * (1 - MAX_STEP)), rate * (1 + MAX_STEP))
         low, high = RATE_BOUNDS
         self.decode_rate[format] = min(max(moved, low), high)
+        self._metrics.decode_rate.labels(format).set(self.decode_rate[format])
 
     def infer_started(self, text: bool = False) -> None:
         (self._text_calls if text else self._image_calls).started()

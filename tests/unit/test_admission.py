@@ -172,6 +172,8 @@ def test_the_decode_rate_is_learned_per_format_against_the_header_price() -> Non
     # PNGs that took 1.1x their price, with a full sample's worth of work
     a.observe_decode("png", cpu_seconds=0.22 + 3e-4, priced_s=0.2, items=1)
     assert a.decode_rate["png"] == pytest.approx(1 + 0.3 * (1.1 - 1))
+    gauge = a._metrics.decode_rate.labels("png")._value.get()
+    assert gauge == pytest.approx(a.decode_rate["png"])  # exported as it is learned
     assert a.decode_rate["jpeg"] == a.decode_rate["webp"] == 1.0  # other formats untouched
     a.observe_decode("other", cpu_seconds=1.0, priced_s=0.1, items=1)  # refused: no rate
     assert set(a.decode_rate) == {"jpeg", "png", "webp", "gif"}
