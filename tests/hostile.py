@@ -8,9 +8,12 @@ allocate the same bytes thousands of times (~900 MB for eight PNGs).
 
 from __future__ import annotations
 
+import base64
 import struct
 import zlib
 from collections.abc import Callable
+
+from PIL import Image
 
 from tests import samples
 
@@ -125,6 +128,47 @@ def json_huge_string(chars: int = 60_000_000) -> bytes:
 
 def json_deep(depth: int = 100_000) -> bytes:
     return b'{"input": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+# --- work amplification: a few hundred bytes that decode to tens of megapixels (issue 23) -------
+
+
+def webp_flat_lossless(width: int = 3800, height: int = 3800) -> bytes:
+    """A real lossless WebP of a flat canvas: ~500 bytes, 14 MP, ~0.13 CPU-s to decode (within
+    every per-image budget: its cost is only visible to admission in bulk)."""
+    return samples.encode(Image.new("RGB", (width, height), (120, 130, 140)), "WEBP", lossless=True)
+
+
+#: ``jpegtran -arithmetic`` (libjpeg-turbo 2.1) of Pillow's baseline JPEG of a flat 10000 x 10000
+#: canvas: 211 bytes for 100 MP (the pixel limit). libjpeg-turbo decodes it (1/8 scale: ~26 ms).
+JPEG_ARITHMETIC_100MP = base64.b64decode(
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8UHRofHh0aHBwgJC4nICIsIxwc"
+    "KDcpLDAxNDQ0Hyc5PTgyPC4zNDL/2wBDAQkJCQwLDBgNDRgyIRwhMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIy"
+    "MjIyMjIyMjIyMjIyMjIyMjIyMjL/yQARCCcQJxADASIAAhEBAxEB/8wACgAQEAUBEBEF/9oADAMBAAIRAxEAPwAqZyGw"
+    "kVD/2Q=="
+)
+
+
+def jpeg_arithmetic() -> bytes:
+    return JPEG_ARITHMETIC_100MP
+
+
+def png_text_bomb(chunks: int = 70) -> bytes:
+    """zTXt chunks of ~1 KB that inflate to 1 MB each: Pillow allocates 64 MB of text before it
+    refuses the image (422). In bursts these once kept the gateway at +1.5 GB."""
+    png = samples.png(0)
+    idat = png.index(b"IDAT") - 4
+    text = _chunk(b"zTXt", b"k\x00\x00" + zlib.compress(b"\x00" * ((1 << 20) - 16), 9))
+    return png[:idat] + text * chunks + png[idat:]
+
+
+#: Many of one image in one request: cheap bytes, expensive decodes. (name -> maker, count)
+BULK: dict[str, tuple[Callable[[], bytes], int]] = {
+    "webp-flat-lossless-x100": (webp_flat_lossless, 100),
+    "webp-flat-lossless-x256": (webp_flat_lossless, 256),
+    "jpeg-arithmetic-bulk": (jpeg_arithmetic, 200),
+    "png-text-bomb-bulk": (png_text_bomb, 8),
+}
 
 
 BODIES: dict[str, Callable[[], bytes]] = {

@@ -18,7 +18,7 @@ from opentelemetry.trace import Tracer
 
 from gateway.backend.protocol import InferenceBackend
 from gateway.errors import EmbeddingError
-from gateway.http import docs, problems
+from gateway.http import docs, head, problems
 from gateway.http.auth import load_api_keys, require_api_key
 from gateway.http.protocol import DeadlineProtocol
 from gateway.http.routes import ROUTES
@@ -101,7 +101,7 @@ def create_app(
             pool.shutdown(wait=True, cancel_futures=True)
             telemetry.shutdown()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[*ROUTES, docs.assets()],
         lifespan=[lifespan],
         state=State(
@@ -120,6 +120,8 @@ def create_app(
         logging_config=None,
         openapi_config=docs.openapi_config(bool(api_keys)),
     )
+    app.asgi_handler = head.as_get(app.asgi_handler)
+    return app
 
 
 def _middleware(telemetry: Telemetry, metrics: Metrics) -> list[Any]:

@@ -3,6 +3,7 @@ never logged."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Any
 
@@ -12,7 +13,7 @@ from litestar.handlers import BaseRouteHandler
 from gateway.http.problems import Unauthorized
 from gateway.runtime.settings import load_api_keys
 
-__all__ = ["PUBLIC", "load_api_keys", "matches", "require_api_key"]
+__all__ = ["PUBLIC", "key_of", "load_api_keys", "matches", "require_api_key"]
 
 #: Route ``opt`` key: the route answers without a key (liveness and readiness probes).
 PUBLIC = "public"
@@ -42,3 +43,13 @@ async def require_api_key(
         raise Unauthorized("this gateway needs an API key: send `Authorization: Bearer <key>`")
     if not matches(token.strip().encode(), keys):
         raise Unauthorized("API key not accepted")
+
+
+def key_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """Which API key a request was let in with, for admission's fair shares: a digest of it
+    (never the key), or None when fewer than two keys are configured (no share to keep)."""
+    keys: tuple[bytes, ...] = connection.app.state.api_keys
+    if len(keys) < 2:
+        return None
+    _scheme, _sep, token = connection.headers.get("authorization", "").partition(" ")
+    return hashlib.sha256(token.strip().encode()).hexdigest()[:16]

@@ -17,6 +17,7 @@ cost no longer fits.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -26,7 +27,13 @@ from typing import Any
 import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
-from gateway.errors import ClientGone, InvalidFields, LimitExceeded, MalformedRequest
+from gateway.errors import (
+    BodyTooSlow,
+    ClientGone,
+    InvalidFields,
+    LimitExceeded,
+    MalformedRequest,
+)
 from gateway.http.schemas import (
     FORM_OPTIONS,
     EmbeddingRequest,
@@ -54,13 +61,46 @@ class ParsedRequest:
     encoding_format: EncodingFormat | None
     normalize: bool | None
     skip_invalid: bool | None = None
+    dimensions: int | None = None
 
 
-async def body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
-    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``."""
-    received = 0
+@dataclass(frozen=True)
+class Pace:
+    """The slowest upload accepted: after ``grace_s``, ``min_bytes_per_s`` on average."""
+
+    min_bytes_per_s: int
+    grace_s: float
+
+    def deadline(self, started: float, received: int) -> float | None:
+        """When the next bytes must have arrived (event-loop time), or None: no minimum."""
+        if self.min_bytes_per_s <= 0:
+            return None
+        return started + self.grace_s + received / self.min_bytes_per_s
+
+
+async def body_chunks(
+    receive: Receive,
+    limit: int,
+    *,
+    pace: Pace | None = None,
+    on_bytes: Callable[[int], None] = lambda _: None,
+) -> AsyncIterator[bytes]:
+    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``.
+    ``on_bytes`` hears of every chunk as it arrives (admission counts bodies in flight by the
+    bytes received) and may refuse it; a body slower than ``pace`` is ``BodyTooSlow``."""
+    loop = asyncio.get_running_loop()
+    started, received = loop.time(), 0
     while True:
-        message = await receive()
+        deadline = pace.deadline(started, received) if pace else None
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError as exc:
+            assert pace is not None
+            raise BodyTooSlow(
+                f"request body arriving at under {pace.min_bytes_per_s} bytes/s after the first "
+                f"{pace.grace_s:g} s ({received} bytes in {loop.time() - started:.1f} s)"
+            ) from exc
         if message["type"] == "http.disconnect":
             raise ClientGone("client disconnected while sending the request body")
         chunk = message.get("body", b"")
@@ -68,29 +108,20 @@ async def body_chunks(receive: Receive, limit: int) -> AsyncIterator[bytes]:
         if received > limit:
             raise LimitExceeded(f"request body over {limit} bytes", limit=limit)
         if chunk:
+            on_bytes(len(chunk))
             yield chunk
         if not message.get("more_body", False):
             yield b""
             return
 
 
-async def read_all(chunks: AsyncIterator[bytes], size_hint: int | None = None) -> bytearray:
-    """The whole body in one buffer, allocated once when its size is declared (growing a buffer
-    chunk by chunk would peak at twice the body); msgspec decodes it in place."""
-    if not size_hint:
-        body = bytearray()
-        async for chunk in chunks:
-            body += chunk
-        return body
-    body, filled = bytearray(size_hint), 0
-    view = memoryview(body)
+async def read_all(chunks: AsyncIterator[bytes]) -> bytearray:
+    """The whole body in one buffer, grown as bytes arrive: never sized by a declared length
+    (a client that declares 64 MiB and sends one byte holds one byte). Large buffers are
+    mmapped (runtime/memory.py), so growing one remaps it rather than copying."""
+    body = bytearray()
     async for chunk in chunks:
-        if filled + len(chunk) > size_hint:
-            raise MalformedRequest("request body longer than its Content-Length")
-        view[filled : filled + len(chunk)] = chunk
-        filled += len(chunk)
-    view.release()
-    del body[filled:]
+        body += chunk
     return body
 
 
@@ -153,6 +184,40 @@ def _scan_input(raw: memoryview, max_items: int, max_chars: int) -> None:
     raise MalformedRequest("input nests too deep or holds too many tokens")
 
 
+#: A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+_INPUT_KEY = re.compile(rb'"input"\s*:\s*')
+
+
+def _lone_surrogate_item(body: bytes | bytearray) -> int | None:
+    """The index of the ``input`` item holding the first lone surrogate escape, if any (msgspec
+    reports one as a truncated or malformed document, not naming the item)."""
+    found = _LONE_SURROGATE.search(body)
+    key = _INPUT_KEY.search(body)
+    if found is None or key is None or found.start() < key.end():
+        return None
+    raw, offset = memoryview(body), key.end()
+    if raw[offset] != ord("["):
+        return 0  # a single string
+    depth, items, pos = 0, 0, offset
+    while pos < found.start():
+        token = _TOKEN.match(raw, pos)
+        if token is None:
+            break
+        pos, lead = token.end(), raw[token.start(1)]
+        if lead in _OPEN:
+            depth += 1
+            items += depth == 2
+        elif lead in _CLOSE:
+            depth -= 1
+        elif lead not in _SEPARATORS:
+            items += depth == 1
+    return max(items - 1, 0)
+
+
 def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -> ParsedRequest:
     """The OpenAI embeddings request: ``max_images`` bounds the items (texts included), and
     ``max_image_bytes`` the length of any string (texts have their own, smaller limit, checked
@@ -165,13 +230,25 @@ def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except msgspec.DecodeError as exc:
+        index = _lone_surrogate_item(body)
+        if index is not None:
+            raise MalformedRequest(
+                f"input[{index}] has a lone UTF-16 surrogate escape (\\ud800-\\udfff without "
+                "its pair): not a Unicode character; send valid UTF-8 or a surrogate pair",
+                index=index,
+            ) from None
         raise MalformedRequest(f"malformed JSON: {exc}") from exc
     except RecursionError as exc:  # msgspec's own guard against hostile nesting
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     items = _items([value] if isinstance(value, str) else value, request.modality)
     _check_count(len(items), max_images)
     return ParsedRequest(
-        items, request.model, request.encoding_format, request.normalize, request.skip_invalid
+        items,
+        request.model,
+        request.encoding_format,
+        request.normalize,
+        request.skip_invalid,
+        request.dimensions,
     )
 
 
@@ -180,7 +257,7 @@ def _items(values: list[str | InputObject], modality: Modality | None) -> list[I
     for index, value in enumerate(values):
         if isinstance(value, InputObject):
             items.append(_object_item(value, index, modality))
-        elif modality == "image" or (modality is None and value.startswith("data:image/")):
+        elif modality == "image" or (modality is None and value[:11].lower() == "data:image/"):
             items.append(value)
         elif modality is None and _looks_like_base64_image(value):
             raise InvalidFields(

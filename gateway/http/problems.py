@@ -67,8 +67,11 @@ HTTP_SLUGS = {
     405: "method-not-allowed",
     413: "payload-too-large",
 }
-#: Statuses whose answer says when to try again, and the wait when the error does not say.
-DEFAULT_RETRY_AFTER = {429: 1.0, 503: 2.0}
+#: Statuses whose answer says when to try again.
+RETRY_STATUSES = frozenset({429, 503})
+#: The gRPC channel's longest reconnect backoff: a 503 for an unreachable Triton is not worth
+#: retrying sooner (gateway/backend/triton.py).
+RECONNECT_S = 2.0
 
 
 def problem_of(exc: errors.EmbeddingError) -> Problem:
@@ -93,23 +96,30 @@ def document(exc: errors.EmbeddingError) -> dict[str, Any]:
     return body
 
 
-def headers_of(exc: errors.EmbeddingError) -> dict[str, str]:
+def headers_of(exc: errors.EmbeddingError, backlog_s: float = 0.0) -> dict[str, str]:
+    """Headers of the problem answer. Every 429 and 503 says when to retry: the wait the error
+    computed, else (Triton unavailable or shedding) the seconds this worker's admitted work
+    needs to drain, at least the channel's reconnect backoff."""
     problem = problem_of(exc)
     headers: dict[str, str] = {}
-    wait = (
-        exc.retry_after if exc.retry_after is not None else DEFAULT_RETRY_AFTER.get(problem.status)
-    )
+    wait = exc.retry_after
+    if wait is None and problem.status in RETRY_STATUSES:
+        wait = max(RECONNECT_S, backlog_s)
     if wait is not None:
         headers["Retry-After"] = str(max(1, math.ceil(wait)))  # delta-seconds: an integer
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="clip-gateway"'
+    if isinstance(exc, errors.BodyTooSlow):
+        headers["Connection"] = "close"  # the rest of a stalled body is not waited for
     return headers
 
 
 def respond(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Litestar exception handler for our errors and Litestar's HTTP errors; counted by reason."""
     if isinstance(exc, errors.EmbeddingError):
-        body, headers, slug = document(exc), headers_of(exc), problem_of(exc).slug
+        service = getattr(request.app.state, "service", None)
+        backlog = service.admission.backlog_s if service is not None else 0.0
+        body, headers, slug = document(exc), headers_of(exc, backlog), problem_of(exc).slug
     else:
         assert isinstance(exc, HTTPException)
         slug = HTTP_SLUGS.get(exc.status_code, f"http-{exc.status_code}")

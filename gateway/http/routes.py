@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any, TypeVar
 
 import httpx
@@ -28,7 +28,7 @@ from gateway.errors import (
     UnsupportedFormat,
 )
 from gateway.http import encoding, parsing
-from gateway.http.auth import PUBLIC
+from gateway.http.auth import PUBLIC, key_of
 from gateway.http.docs import PROTECTED, EmbeddingsOperation
 from gateway.http.schemas import (
     BinaryDtype,
@@ -40,7 +40,7 @@ from gateway.http.schemas import (
 )
 from gateway.pipeline.admission import Reservation
 from gateway.pipeline.canary import Canary
-from gateway.pipeline.items import Item, TextItem
+from gateway.pipeline.items import Item, TextItem, price
 from gateway.pipeline.service import Embeddings, EmbeddingService
 from gateway.runtime.settings import ServerSettings
 
@@ -48,12 +48,32 @@ JSON = "application/json"
 T = TypeVar("T")
 
 
+def body_of(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> AsyncIterator[bytes]:
+    """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
+    its size, the minimum upload rate (408), and the bodies in flight, counted by the bytes as
+    they arrive (429). Every route that reads a body reads it through this."""
+    coding = request.headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedFormat(
+            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
+            "are compressed already)"
+        )
+    return parsing.body_chunks(
+        request.receive,
+        settings.max_body_bytes,
+        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
+        on_bytes=reservation.received,
+    )
+
+
 async def read_request(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> parsing.ParsedRequest:
     """The body, read and parsed under its limits, each image admitted as soon as it is in."""
     media_type, options = request.content_type
-    chunks = parsing.body_chunks(request.receive, settings.max_body_bytes)
+    chunks = body_of(request, settings, reservation)
     if media_type == "multipart/form-data":
         if not options.get("boundary"):
             raise MalformedRequest("multipart/form-data without a boundary parameter")
@@ -65,7 +85,7 @@ async def read_request(
             on_item=lambda item: admit(reservation, item),
         )
     if media_type == JSON:
-        body = await parsing.read_all(chunks, request.content_length)
+        body = await parsing.read_all(chunks)
         parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
         for item in parsed.items:
             admit(reservation, item)
@@ -77,11 +97,12 @@ async def read_request(
 
 
 def admit(reservation: Reservation, item: Item) -> None:
-    """Add one item's cost to the request's reservation (or refuse it)."""
+    """Add one item's cost to the request's reservation (or refuse it): a text by its length,
+    an image by the decode work its header promises."""
     if isinstance(item, TextItem):
         reservation.add_text(len(item.text))
-    else:  # base64 text is 4/3 of the image's bytes
-        reservation.add_image(len(item) * 3 // 4 if isinstance(item, str) else len(item))
+    else:
+        reservation.add_image(price(item))
 
 
 @post(
@@ -123,7 +144,8 @@ async def create_embeddings(
             limit=settings.max_body_bytes,
         )
     # Admission starts before the first byte is read: the declared size already costs its decode
-    with service.admission.reserve(declared or settings.max_body_bytes) as reservation:
+    key = key_of(request)
+    with service.admission.reserve(declared, key) as reservation:
         with tracer.start_as_current_span("receive") as span:
             try:
                 async with asyncio.timeout(settings.body_timeout_s):
@@ -146,12 +168,26 @@ async def create_embeddings(
             raise UnknownModel(
                 f"model {parsed.model!r} is not served here; use {settings.model_id!r}"
             )
+        if parsed.dimensions is not None:
+            await check_dimensions(service, settings.model_id, parsed.dimensions)
         unit = _first(parsed.normalize, normalize, True)
         skip = _first(parsed.skip_invalid, skip_invalid, False)
         result = await unless_disconnected(
             request, service.embed(parsed.items, normalize=unit, skip_invalid=skip)
         )
         return encode(request, tracer, settings, result, parsed, dtype, skip)
+
+
+async def check_dimensions(service: EmbeddingService, model_id: str, asked: int) -> None:
+    """OpenAI's ``dimensions``: only the model's own (no CLIP model declares a truncated
+    embedding meaningful); anything else is refused, naming the parameter and the model."""
+    info = await service.model_info()
+    if asked != info.embed_dim:
+        raise MalformedRequest(
+            f"dimensions={asked} is not supported by model {model_id!r}: its embeddings have "
+            f"{info.embed_dim} dimensions and it does not declare truncated ones meaningful; "
+            f"omit dimensions or send {info.embed_dim}"
+        )
 
 
 def encode(
@@ -287,6 +323,7 @@ async def list_models(state: State) -> ModelList:
         ready=True,
         modalities=["image"] if text_unavailable else ["image", "text"],
         embed_dim=info.embed_dim,
+        dimensions=[info.embed_dim],
         image_size=info.image_size,
         context_length=info.text.context_length if info.text else msgspec.UNSET,
         preprocessing=preprocessing,

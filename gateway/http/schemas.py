@@ -35,7 +35,9 @@ class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=False):
     normalize: bool | None = None
     #: Not OpenAI's: ``true`` embeds the good items and lists the bad ones in ``errors``.
     skip_invalid: bool | None = None
-    #: Accepted for OpenAI compatibility; only the model's own dimension is served.
+    #: OpenAI's truncated embeddings: refused (400) unless it is the model's own dimension. CLIP
+    #: models are not trained for truncation (no Matryoshka loss), so a prefix of their
+    #: embedding is not a meaningful embedding; /v1/models says ``dimensions: [embed_dim]``.
     dimensions: int | None = None
     user: str | None = None
 
@@ -132,6 +134,9 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     modalities: list[str] | msgspec.UnsetType = msgspec.UNSET
     #: One space for both: the dimension of every embedding.
     embed_dim: int | msgspec.UnsetType = msgspec.UNSET
+    #: The values OpenAI's ``dimensions`` parameter may take: only ``embed_dim`` (the model does
+    #: not declare truncated embeddings meaningful; any other value is refused with 400).
+    dimensions: list[int] | msgspec.UnsetType = msgspec.UNSET
     image_size: int | msgspec.UnsetType = msgspec.UNSET
     #: Tokens a text is read up to (longer texts are truncated, as open_clip does).
     context_length: int | msgspec.UnsetType = msgspec.UNSET

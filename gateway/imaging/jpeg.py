@@ -42,6 +42,7 @@ _SOI, _EOI, _SOS, _APP1 = b"\xff\xd8", 0xD9, 0xDA, 0xE1
 _STANDALONE = {0x01, 0xD8, *range(0xD0, 0xD8)}  # markers without a length field
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _PROGRESSIVE = {0xC2, 0xC6, 0xCA, 0xCE}
+_ARITHMETIC = {0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _LOSSLESS_OR_HIERARCHICAL = {0xC3, 0xC5, 0xC6, 0xC7, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
@@ -76,6 +77,8 @@ class JpegLayout:
     exif: tuple[int, int] | None
     #: The stream without its AC scans (progressive, when asked for and worthwhile).
     dc_only: bytes | None = None
+    #: Arithmetic-coded (SOF9/SOF10): decoded, at ~15x a Huffman file's cost per byte.
+    arithmetic: bool = False
 
     @property
     def blocks(self) -> int:
@@ -103,6 +106,27 @@ def read_header(data: bytes) -> JpegHeader:
     if width <= 0 or height <= 0:
         raise JpegError("JPEG header declares an empty image")
     return JpegHeader(int(width), int(height), str(colorspace))
+
+
+@dataclass(frozen=True)
+class JpegFrame:
+    width: int
+    height: int
+    progressive: bool
+    arithmetic: bool
+
+
+def frame(data: bytes) -> JpegFrame:
+    """The frame header alone (walking the segments before it, bounded as ``walk`` is): what
+    admission prices a JPEG by. Raises ``JpegError`` (a ValueError) when there is none."""
+    if not data.startswith(_SOI):
+        raise JpegError("not a JPEG: no start-of-image marker")
+    walker = _Walk(data, 1, None)
+    walker.stop_at_frame = True
+    walker.run()
+    assert walker.frame is not None  # run() raises without one
+    width, height, _sampling, progressive = walker.frame
+    return JpegFrame(width, height, progressive, walker.arithmetic)
 
 
 def scale_divisor(width: int, height: int, target: int, *, long_side: bool = False) -> int:
@@ -144,6 +168,8 @@ class _Walk:
         self.scans = self.dc_scans = 0
         self.multi_scan = False
         self.exif: tuple[int, int] | None = None
+        self.arithmetic = False
+        self.stop_at_frame = False
         # the DC-only stream: header segments and DC scans, dropped once the frame says it will
         # not be used (not progressive, or not decoded at 1/8)
         self.kept: list[bytes] | None = [_SOI] if dc_only_for else None
@@ -166,6 +192,8 @@ class _Walk:
                     return self._layout()
                 continue
             self._segment(marker, segment_end)
+            if self.stop_at_frame and self.frame is not None:
+                break
         else:
             raise JpegError(f"JPEG has more than {MAX_SEGMENTS} segments")
         return self._layout()
@@ -190,6 +218,7 @@ class _Walk:
             if self.frame is not None:
                 raise UnsupportedJpeg("JPEG with more than one frame (hierarchical)")
             self.frame = width, height, _, progressive = _frame(data, pos, segment_end, marker)
+            self.arithmetic = marker in _ARITHMETIC
             target = self.dc_only_for
             eighth = target and scale_divisor(width, height, target, long_side=self.long_side) == 8
             if not (progressive and eighth):
@@ -243,6 +272,7 @@ class _Walk:
             self.multi_scan,
             self.exif,
             dc_only,
+            self.arithmetic,
         )
 
 

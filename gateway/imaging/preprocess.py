@@ -27,21 +27,21 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
-from gateway.imaging import containers, jpeg, orientation
+from gateway.imaging import containers, jpeg, orientation, work
 
 MiB = 1 << 20
 #: JPEG work cap: 8x8 blocks times the scans that decode them. A 24 MP progressive photo decoded
 #: in full visits ~6 M; a 100 MP file with 256 full-image scans would visit ~600 M.
 MAX_BLOCK_VISITS = 200_000_000
-#: Bytes per pixel of a Pillow decode: its own buffer (RGB is stored as RGBX) plus the RGB copy.
-_PILLOW_BYTES_PER_PIXEL = {"png": 8, "webp": 8, "gif": 5}
+#: libjpeg's and zlib's own working memory (tables, row buffers), on top of the image buffers.
+DECODER_OVERHEAD = 1 * MiB
 
 
 #: Formats recognised by signature but not accepted (415 rather than "not an image").
@@ -90,6 +90,8 @@ class Decoded:
     height: int
     decoded_pixels: int
     encoded_bytes: int
+    #: The decode price admission charged for it (imaging/work.py): what it learns against.
+    work: work.Work = field(default=work.REFUSED, compare=False)
 
 
 ACCEPTED = "JPEG, PNG, WebP or GIF"
@@ -210,7 +212,7 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
     divisor = jpeg.scale_divisor(width, height, options.size, long_side=long_side)
     scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
     # the coefficient buffer and the decoded RGBX array (Pillow maps it without a copy)
-    _check_cost(width, height, layout.coefficient_bytes + scaled * 4, options)
+    _check_cost(width, height, layout.coefficient_bytes + scaled * 4 + DECODER_OVERHEAD, options)
     decoded_scans = layout.dc_scans if layout.dc_only is not None else layout.scans
     # one scan visits each block once: within the pixel limit that is always far below the cap
     if decoded_scans > 1 and layout.blocks * decoded_scans > MAX_BLOCK_VISITS:
@@ -226,7 +228,9 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
         raise InvalidImage(str(exc)) from exc
     turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
     height, width = rgbx.shape[:2]
-    info = Decoded("jpeg", layout.width, layout.height, width * height, len(data))
+    coding = work.jpeg_coding(layout.progressive, layout.arithmetic)
+    price = work.price(coding, layout.width * layout.height, len(data))
+    info = Decoded("jpeg", layout.width, layout.height, width * height, len(data), price)
     # RGBX is Pillow's own layout for RGB: the image maps the decoded array, no copy
     return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1), turn, info
 
@@ -240,7 +244,8 @@ def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image,
     except containers.ContainerError as exc:
         raise InvalidImage(f"unreadable {kind} header: {exc}") from exc
     width, height = header.width, header.height
-    _check_cost(width, height, width * height * _PILLOW_BYTES_PER_PIXEL[kind], options)
+    peak = width * height * header.bytes_per_pixel + DECODER_OVERHEAD
+    _check_cost(width, height, peak, options)
     try:
         image = Image.open(io.BytesIO(data), formats=[kind.upper()])
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -263,7 +268,8 @@ def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image,
         except Exception as exc:
             raise InvalidImage(f"corrupt or truncated {kind} image: {exc}") from exc
     turn = orientation.from_tiff(data, *header.exif) if header.exif else 1
-    return rgb, turn, Decoded(kind, width, height, width * height, len(data))
+    price = work.price(header.coding, width * height, len(data))
+    return rgb, turn, Decoded(kind, width, height, width * height, len(data), price)
 
 
 def _resize_box(

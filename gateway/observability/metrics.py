@@ -107,6 +107,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.decode_rate = Gauge(
+            "gateway_admission_decode_rate",
+            "Measured decode seconds per second of header price, per format (1 = the factors)",
+            ["format"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.rejected = Counter(
             "gateway_rejected_requests", "Requests answered with an error", ["reason"], registry=r
         )

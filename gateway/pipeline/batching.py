@@ -28,6 +28,21 @@ class DecodedBatch:
 
 
 @dataclass(frozen=True)
+class DecodeSample:
+    """Decodes of one format in one batch: what admission learns its decode rate from."""
+
+    format: str
+    cpu_seconds: float
+    priced_s: float  # their header price (imaging/work.py)
+    items: int
+
+
+#: Told after each batch: the samples per format, the encoded bytes and the decoded pixels (the
+#: trimmer's measure of churned memory; -1 pixels: a batch with failures, trim when allowed).
+OnDecoded = Callable[[Sequence[DecodeSample], int, int], None]
+
+
+@dataclass(frozen=True)
 class _Timed:
     decoded: Decoded
     start_ns: int
@@ -42,13 +57,12 @@ class BatchDecoder:
         pool: Executor,
         tracer: Tracer,
         metrics: Metrics,
-        on_decoded: Callable[[float, int, int, int], None] | None = None,
+        on_decoded: OnDecoded | None = None,
     ) -> None:
         self._pool = pool
         self._tracer = tracer
         self._metrics = metrics
-        #: told (cpu seconds, encoded bytes, images, decoded pixels) after each batch: admission
-        #: learns its decode cost from it, the trimmer how much memory was churned
+        #: admission learns its decode rates from it, the trimmer how much memory was churned
         self._on_decoded = on_decoded
 
     async def decode(
@@ -80,6 +94,10 @@ class BatchDecoder:
                     raise result
                 elif result is not None:
                     good.append((index, result))
+            if errors and self._on_decoded is not None:
+                # a failed decode may have churned more than its bytes say (PNG text chunks,
+                # a corrupt stream found late): hand the allocator's slack back
+                self._on_decoded((), 0, -1)
             if errors and not skip_invalid:
                 raise errors[0]
             if good:
@@ -101,7 +119,9 @@ class BatchDecoder:
         def work(index: int, item: ImageItem) -> None:
             try:
                 results[index] = _decode_one(item, batch[index], options)
-            except BaseException as exc:  # reported per item by the caller
+            except EmbeddingError as exc:  # reported per item by the caller
+                results[index] = _detached(exc)
+            except BaseException as exc:  # a bug or MemoryError: re-raised, traceback kept
                 results[index] = exc
             finally:
                 done.one_finished()
@@ -139,7 +159,7 @@ class BatchDecoder:
         if self._on_decoded is not None:
             encoded = sum(t.decoded.encoded_bytes for t in timed)
             pixels = sum(t.decoded.decoded_pixels for t in timed)
-            self._on_decoded(cpu_ms / 1e3, encoded, len(timed), pixels)
+            self._on_decoded(_samples(timed), encoded, pixels)
         last_end = max(t.end_ns for t in timed)
         record_span(self._tracer, "decode", first_start, last_end, {"decode.cpu_ms": cpu_ms})
         for t in timed:
@@ -170,6 +190,27 @@ class _Countdown:
     def _resolve(self) -> None:
         if not self.all_finished.done():  # cancelled meanwhile
             self.all_finished.set_result(None)
+
+
+def _samples(timed: Sequence[_Timed]) -> list[DecodeSample]:
+    by_format: dict[str, list[float]] = {}
+    for t in timed:
+        sums = by_format.setdefault(t.decoded.work.format, [0.0, 0.0, 0])
+        sums[0] += (t.end_ns - t.start_ns) / 1e9
+        sums[1] += t.decoded.work.seconds
+        sums[2] += 1
+    return [DecodeSample(f, cpu, priced, int(n)) for f, (cpu, priced, n) in by_format.items()]
+
+
+def _detached(exc: EmbeddingError) -> EmbeddingError:
+    """The error without its traceback and chained causes: their frames hold the image bytes
+    and the decoder's buffers (and the pool task's frame, a reference cycle through the results
+    list), which would otherwise stay alive until a full garbage collection. The reason, the
+    item's index and the facts are all the answer needs."""
+    exc.__traceback__ = None
+    exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
+    return exc
 
 
 def _decode_one(item: ImageItem, out: np.ndarray, options: ImageOptions) -> _Timed:

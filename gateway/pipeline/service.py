@@ -33,7 +33,7 @@ from gateway.errors import (
 from gateway.imaging.preprocess import Decoded, ImageOptions
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.admission import Admission
-from gateway.pipeline.batching import BatchDecoder
+from gateway.pipeline.batching import BatchDecoder, DecodeSample
 from gateway.pipeline.items import ImageItem, Item, TextItem
 from gateway.pipeline.texts import TextEncoder
 from gateway.runtime import memory
@@ -90,15 +90,23 @@ class EmbeddingService:
             self._metrics,
             infer_s_per_image=settings.admission_infer_s_per_image,
             max_body_bytes_in_flight=settings.max_body_mib_in_flight << 20,
+            body_timeout_s=settings.body_timeout_s,
+            key_share=settings.admission_key_share,
         )
         self._trimmer = memory.Trimmer(pool.submit)
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
         self.texts = TextEncoder(pool, settings.max_text_chars, self._metrics)
 
-    def _decoded(self, cpu_seconds: float, encoded: int, items: int, pixels: int) -> None:
-        self.admission.observe_decode(cpu_seconds, encoded, items)
+    def _decoded(self, samples: Sequence[DecodeSample], encoded: int, pixels: int) -> None:
+        for sample in samples:
+            self.admission.observe_decode(
+                sample.format, sample.cpu_seconds, sample.priced_s, sample.items
+            )
         # bodies, decoded images (RGBX) and their resize: what may stay in the allocator
-        self._trimmer.worked(encoded * 2 + pixels * 8)
+        if pixels < 0:  # failures: their churn is unknown, trim as soon as allowed
+            self._trimmer.worked(0, failed=True)
+        else:
+            self._trimmer.worked(encoded * 2 + pixels * 8)
 
     async def model_info(self) -> ModelInfo:
         return await self._backend.model_info()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 import time
 from collections.abc import Callable
 
@@ -61,16 +62,38 @@ class Trimmer:
         self._pending = 0
         self._last = 0.0
         self._libc = _libc()
+        self._lock = threading.Lock()
+        self._deferred: threading.Timer | None = None
 
-    def worked(self, bytes_touched: int) -> None:
+    def worked(self, bytes_touched: int, *, failed: bool = False) -> None:
+        """``bytes_touched`` more churned; ``failed``: work whose churn is unknown (a failed
+        decode) — trim as soon as the interval allows. A trim due within the interval of the
+        last one is deferred to its end, not dropped: the last burst's memory is handed back
+        even when nothing follows it."""
         if self._libc is None:
             return
-        self._pending += bytes_touched
-        now = time.monotonic()
-        if self._pending >= self._every and now - self._last >= self._interval:
-            self._pending, self._last = 0, now
-            with contextlib.suppress(RuntimeError):  # the pool is shutting down
-                self._run(self._trim)
+        with self._lock:
+            self._pending += bytes_touched
+            if not (failed or self._pending >= self._every) or self._deferred is not None:
+                return
+            wait = self._last + self._interval - time.monotonic()
+            if wait > 0:
+                self._deferred = threading.Timer(wait, self._trim_later)
+                self._deferred.daemon = True
+                self._deferred.start()
+                return
+            self._pending, self._last = 0, time.monotonic()
+        self._submit()
+
+    def _trim_later(self) -> None:
+        with self._lock:
+            self._deferred = None
+            self._pending, self._last = 0, time.monotonic()
+        self._submit()
+
+    def _submit(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the pool is shutting down
+            self._run(self._trim)
 
     def _trim(self) -> None:
         assert self._libc is not None

@@ -80,7 +80,8 @@ class ServerSettings(BaseSettings):
     max_image_bytes: int = Field(32 * MiB, ge=1)
     #: Decoder memory one image may need, estimated from its header before decoding (a
     #: progressive JPEG's coefficient buffer, a PNG/WebP/GIF canvas). 256 MiB admits ~85 MP
-    #: progressive JPEGs (any baseline JPEG within the pixel limit) and ~32 MP PNG/WebP; with
+    #: progressive JPEGs (any baseline JPEG within the pixel limit), ~64 MP RGB PNG, ~32 MP
+    #: RGBA PNG and ~16 MP WebP (16 bytes per pixel measured, imaging/containers.py); with
     #: one decode per thread it keeps a 2-CPU, 4 GB container well inside its memory.
     max_decode_mib: int = Field(256, ge=16)
     #: Progressive JPEGs decoded at 1/8 scale skip their AC scans (see imaging/jpeg.py).
@@ -100,10 +101,20 @@ class ServerSettings(BaseSettings):
     admission_horizon_s: float = Field(0.0, ge=0)
     #: Model seconds per image admission assumes; 0 = measured from the backend calls.
     admission_infer_s_per_image: float = Field(0.0, ge=0)
-    #: Request bodies received at once per worker, in MiB; beyond it 429 before reading.
+    #: Request body bytes being received at once per worker (counted as they arrive, never by
+    #: Content-Length), in MiB; the request whose bytes would pass it gets 429.
     max_body_mib_in_flight: int = Field(256, ge=1)
     #: A request body must arrive within this time (slow-loris bodies get 408).
     body_timeout_s: float = Field(30.0, gt=0)
+    #: After ``upload_grace_s``, a body must keep arriving at this many bytes per second on
+    #: average (else 408 and the connection is closed): stalled and trickling uploads cannot
+    #: hold their slots for the whole body timeout. 0 = no minimum.
+    min_upload_bytes_per_s: int = Field(8192, ge=0)
+    #: Seconds a body may take before the minimum upload rate applies.
+    upload_grace_s: float = Field(5.0, ge=0)
+    #: With more than one API key: the share of the admission horizon one key may hold while
+    #: admitted (beyond it that key gets 429 with the seconds its own work needs to drain).
+    admission_key_share: float = Field(0.5, gt=0, le=1)
     #: A request's line and headers must arrive within this time of the connection opening or
     #: the request starting (else 408 and the connection is closed): idle or trickling
     #: connections cannot hold slots new clients need.

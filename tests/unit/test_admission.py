@@ -7,8 +7,16 @@ import math
 import pytest
 
 from gateway.errors import LimitExceeded, Overloaded
+from gateway.imaging.work import Work
 from gateway.observability.metrics import Metrics
-from gateway.pipeline.admission import Admission
+from gateway.pipeline.admission import MAX_STEP, RATE_BOUNDS, Admission
+
+#: An image whose decode costs nothing beyond the per-item overhead.
+FREE = Work("jpeg", "jpeg-baseline", 0.0)
+
+
+def priced(seconds: float, format: str = "webp") -> Work:
+    return Work(format, f"{format}-x", seconds)
 
 
 def admission(horizon: float = 1.0, infer: float = 0.1, threads: int = 2, **kw: int) -> Admission:
@@ -17,24 +25,27 @@ def admission(horizon: float = 1.0, infer: float = 0.1, threads: int = 2, **kw: 
 
 def test_an_image_costs_its_decode_spread_over_the_threads_plus_the_model() -> None:
     a = admission(threads=2, infer=0.1)
-    small, big = a.image_cost(10_000), a.image_cost(10_000_000)
-    assert small == pytest.approx((3e-4 + 8e-9 * 10_000) / 2 + 0.1)
-    assert big - small == pytest.approx(8e-9 * 9_990_000 / 2)  # bytes-proportional decode
+    small, big = a.image_cost(priced(0.01)), a.image_cost(priced(0.31))
+    assert small == pytest.approx((3e-4 + 0.01) / 2 + 0.1)
+    assert big - small == pytest.approx(0.3 / 2)  # the header price, at the learned rate (1x)
 
 
 def test_reservations_fill_the_horizon_then_refuse_with_a_computed_retry_after() -> None:
     a = admission(horizon=1.0, infer=0.1)
-    cost = a.image_cost(0)
+    cost = a.image_cost(FREE)
     fits = math.floor(1.0 / cost)  # 9 images of ~0.10015 s
     with a.reserve(1000) as first, a.reserve(1000) as second:
+        assert a.body_bytes == 0  # declared, not received: nothing held for it
+        first.received(1000)
+        second.received(1000)
         for i in range(fits):
-            (first if i % 2 else second).add_image(0)
+            (first if i % 2 else second).add_image(FREE)
         backlog = a.backlog_s
         assert backlog == pytest.approx(fits * cost)
         assert a.images_in_flight == fits
         assert a.body_bytes == 2000
         with pytest.raises(Overloaded) as refused:
-            first.add_image(0)
+            first.add_image(FREE)
         assert refused.value.retry_after == max(1.0, math.ceil(backlog + cost - 1.0))
         assert refused.value.extra == {"backlog_s": round(backlog, 3), "horizon_s": 1.0}
         assert a.backlog_s == backlog and first.images == fits // 2  # a refusal holds nothing
@@ -44,43 +55,70 @@ def test_reservations_fill_the_horizon_then_refuse_with_a_computed_retry_after()
 def test_the_retry_after_grows_with_the_backlog() -> None:
     a = admission(horizon=1.0, infer=0.45)
     with a.reserve(0) as held:
-        held.add_image(0)
-        held.add_image(0)  # 0.9 s held: one more image must wait for about 0.35 s to drain
+        held.add_image(FREE)
+        held.add_image(FREE)  # 0.9 s held: one more image must wait for about 0.35 s to drain
         with pytest.raises(Overloaded) as short:
-            a.check(a.image_cost(0))
+            a.check(a.image_cost(FREE))
         a.backlog_s += 3.0  # as if three more seconds were admitted elsewhere
         with pytest.raises(Overloaded) as long:
-            a.check(a.image_cost(0))
+            a.check(a.image_cost(FREE))
         a.backlog_s -= 3.0
     assert short.value.retry_after == 1.0
-    assert long.value.retry_after == math.ceil(3.0 + 3 * a.image_cost(0) - 1.0) == 4
+    assert long.value.retry_after == math.ceil(3.0 + 3 * a.image_cost(FREE) - 1.0) == 4
 
 
 def test_a_request_that_could_never_fit_is_too_large_not_too_early() -> None:
     a = admission(horizon=1.0, infer=0.4)
     with a.reserve(0) as alone:
-        alone.add_image(0)
-        alone.add_image(0)
+        alone.add_image(FREE)
+        alone.add_image(FREE)
         with pytest.raises(LimitExceeded, match="split it"):
-            alone.add_image(0)
+            alone.add_image(FREE)
 
 
-def test_the_body_bytes_being_received_are_bounded() -> None:
+def test_the_body_bytes_being_received_are_bounded_by_what_arrived() -> None:
     a = admission(max_body_bytes_in_flight=1000)
+    declared = [a.reserve(64 << 20) for _ in range(4)]  # 4 x 64 MiB declared, 1 byte sent
+    for stalled in declared:
+        stalled.received(1)
     held = a.reserve(800)
+    held.received(796)  # 4 + 796 bytes: room for 200 more
+    other = a.reserve(300)
     with pytest.raises(Overloaded, match="request bodies"):
-        a.reserve(300)
+        other.received(201)
+    other.received(200)  # exactly the bound
     held.body_read()  # the first body is in: its bytes no longer count
-    a.reserve(300).release()
-    held.release()
+    other.received(100)
+    for reservation in [held, other, *declared]:
+        reservation.release()
     assert a.body_bytes == 0
+
+
+def test_a_body_refusal_says_when_the_oldest_body_in_flight_must_be_complete(
+    clock: Clock,
+) -> None:
+    a = Admission(10.0, 1, Metrics(), max_body_bytes_in_flight=10, body_timeout_s=30.0)
+    oldest = a.reserve(None)
+    oldest.received(10)
+    clock.now += 12.0
+    newer = a.reserve(None)
+    with pytest.raises(Overloaded) as refused:
+        newer.received(1)
+    assert refused.value.retry_after == 18  # 30 s body deadline, 12 s gone
+    oldest.body_read()  # complete: the next oldest (just started) decides
+    newer.received(1)
+    other = a.reserve(None)
+    with pytest.raises(Overloaded) as again:
+        other.received(10)
+    assert again.value.retry_after == 30
 
 
 def test_a_declared_body_too_costly_to_decode_is_refused_before_reading() -> None:
     a = admission(horizon=1.0, infer=0.0001, max_body_bytes_in_flight=1 << 40)
-    huge = int(2 * 1.0 * a.decode_threads / 8e-9)  # two horizons of decode work alone
+    huge = int(2 * 1.0 * a.decode_threads / 4e-9)  # two horizons at the cheapest byte price
     with pytest.raises(LimitExceeded):
         a.reserve(huge)
+    a.reserve(huge // 4).release()  # half a horizon: read it, and price its items
     assert a.body_bytes == 0
 
 
@@ -88,9 +126,9 @@ def test_gauges_follow_the_backlog() -> None:
     metrics = Metrics()
     a = Admission(1.0, 1, metrics, infer_s_per_image=0.1)
     with a.reserve(0) as held:
-        held.add_image(0)
+        held.add_image(FREE)
         assert metrics.inflight._value.get() == 1
-        assert metrics.backlog_seconds._value.get() == pytest.approx(a.image_cost(0))
+        assert metrics.backlog_seconds._value.get() == pytest.approx(a.image_cost(FREE))
     assert metrics.inflight._value.get() == 0
     assert metrics.backlog_seconds._value.get() == 0
 
@@ -116,7 +154,7 @@ def test_the_text_rate_is_learned_from_text_calls_alone() -> None:
     a.infer_finished(32, text=True)
     assert a.text_infer_s == pytest.approx(text_prior + 0.3 * (0.01 - text_prior), rel=1e-3)
     assert a.infer_s == image_rate  # the image rate is not touched
-    assert a.text_cost(20) < a.image_cost(20_000)  # a query costs less than a photo
+    assert a.text_cost(20) < a.image_cost(priced(0.0002))  # a query costs less than a photo
     with a.reserve(0) as held:
         held.add_text(20)
         assert a.images_in_flight == 1  # items: texts count too
@@ -129,19 +167,65 @@ def test_a_text_over_the_horizon_is_refused_like_an_image() -> None:
         held.add_text(1_000_000_000)  # ~100 s of tokenising
 
 
-def test_decode_cost_is_learned_per_byte() -> None:
+def test_the_decode_rate_is_learned_per_format_against_the_header_price() -> None:
     a = admission()
-    before = a.decode_s_per_byte
-    a.observe_decode(cpu_seconds=0.1 + 3e-4, encoded_bytes=1_000_000, items=1)
-    assert a.decode_s_per_byte == pytest.approx(before + 0.3 * (1e-7 - before))
-    a.observe_decode(cpu_seconds=0.0, encoded_bytes=0, items=0)  # nothing to learn from
-    assert a.decode_s_per_byte == pytest.approx(before + 0.3 * (1e-7 - before))
+    # PNGs that took 1.1x their price, with a full sample's worth of work
+    a.observe_decode("png", cpu_seconds=0.22 + 3e-4, priced_s=0.2, items=1)
+    assert a.decode_rate["png"] == pytest.approx(1 + 0.3 * (1.1 - 1))
+    gauge = a._metrics.decode_rate.labels("png")._value.get()
+    assert gauge == pytest.approx(a.decode_rate["png"])  # exported as it is learned
+    assert a.decode_rate["jpeg"] == a.decode_rate["webp"] == 1.0  # other formats untouched
+    a.observe_decode("other", cpu_seconds=1.0, priced_s=0.1, items=1)  # refused: no rate
+    assert set(a.decode_rate) == {"jpeg", "png", "webp", "gif"}
+    before = a.image_cost(priced(0.2, "png"))
+    assert before == pytest.approx((3e-4 + 1.03 * 0.2) / 2 + 0.1)
+
+
+def test_a_sample_weighs_in_proportion_to_the_work_it_measured() -> None:
+    a = admission()
+    a.observe_decode("jpeg", cpu_seconds=0.01 + 3e-4, priced_s=0.005, items=1)  # 2x, 10 ms
+    weight = 0.3 * (0.01 + 3e-4) / 0.1
+    assert a.decode_rate["jpeg"] == pytest.approx(1 + weight * (2 - 1))
+
+
+@pytest.mark.parametrize(("measured_s", "priced_s"), [(30.0, 0.01), (0.2, 1000.0)])
+def test_one_extreme_sample_moves_a_rate_by_at_most_a_quarter(
+    measured_s: float, priced_s: float
+) -> None:
+    """A tiny image with a huge canvas, or a decode far cheaper than its price: one sample
+    moves the rate by at most MAX_STEP (25 %), however far off it is."""
+    a = admission()
+    a.observe_decode("webp", cpu_seconds=measured_s + 3e-4, priced_s=priced_s, items=1)
+    assert MAX_STEP == 0.25
+    expected = 1.25 if measured_s > 1 else 0.75
+    assert a.decode_rate["webp"] == pytest.approx(expected)
+
+
+def test_a_poison_sample_does_not_make_a_camera_photo_too_large() -> None:
+    """The issue's sequence: one request of a tiny image with a huge canvas, then a 12 MP
+    camera photo: admitted, at most a quarter dearer than before."""
+    a = Admission(15.0, 2, Metrics(), infer_s_per_image=0.05)
+    photo = Work("jpeg", "jpeg-baseline", 0.3e-9 * 12e6 + 8e-9 * 4e6)
+    before = a.image_cost(photo)
+    a.observe_decode("jpeg", cpu_seconds=200.0, priced_s=0.001, items=1)
+    with a.reserve(4_000_000) as request:
+        request.add_image(photo)
+    assert a.image_cost(photo) <= before * 1.25
+
+
+def test_the_learned_rate_stays_within_its_bounds() -> None:
+    a = admission()
+    for _ in range(100):
+        a.observe_decode("gif", cpu_seconds=100.0, priced_s=0.001, items=1)
+        a.observe_decode("png", cpu_seconds=0.1 + 3e-4, priced_s=1000.0, items=1)
+    assert a.decode_rate["gif"] == RATE_BOUNDS[1]
+    assert a.decode_rate["png"] == RATE_BOUNDS[0]
 
 
 def test_an_unpinned_gateway_starts_from_the_prior_and_one_thread_decodes_alone() -> None:
     a = Admission(1.0, 1, Metrics())
     assert a.infer_s == 0.05 and a.text_infer_s == 0.03
-    assert a.image_cost(1_000_000) == pytest.approx(3e-4 + 8e-9 * 1_000_000 + 0.05)
+    assert a.image_cost(priced(0.008)) == pytest.approx(3e-4 + 0.008 + 0.05)
     assert Admission(1.0, 0, Metrics()).decode_threads == 1  # never divides by zero
 
 
@@ -174,35 +258,34 @@ def test_bodies_that_exactly_fill_the_byte_bound_are_admitted_and_the_refusal_sa
     mib = 1 << 20
     a = admission(horizon=1e9, max_body_bytes_in_flight=5 * mib)
     held = a.reserve(3 * mib)
-    a.reserve(2 * mib).release()  # 3 + 2 MiB: exactly the bound
+    held.received(3 * mib)
+    exact = a.reserve(2 * mib)
+    exact.received(2 * mib)  # 3 + 2 MiB: exactly the bound
+    exact.release()
     with pytest.raises(Overloaded) as refused:
-        a.reserve(2 * mib + 1)
+        a.reserve(None).received(2 * mib + 1)
     assert str(refused.value) == (
-        "3 MiB of request bodies are being received; 2 MiB more do not fit"
+        "3 MiB of request bodies are being received; 2097153 bytes more do not fit"
     )
-    assert refused.value.retry_after == 1.0
     held.release()
 
 
-def test_decode_samples_without_bytes_or_without_work_teach_nothing() -> None:
+def test_decode_samples_without_a_price_or_without_work_teach_nothing() -> None:
     a = admission()
-    before = a.decode_s_per_byte
-    a.observe_decode(cpu_seconds=1.0, encoded_bytes=0, items=1)  # work, but no bytes
-    a.observe_decode(cpu_seconds=3e-4, encoded_bytes=1000, items=1)  # bytes, no work beyond
-    assert a.decode_s_per_byte == before
-    a.observe_decode(cpu_seconds=3e-4 + 1e-6, encoded_bytes=1, items=1)  # one byte is a sample
-    assert a.decode_s_per_byte == pytest.approx(before + 0.3 * (1e-6 - before))
+    a.observe_decode("jpeg", cpu_seconds=1.0, priced_s=0.0, items=1)  # work, but no price
+    a.observe_decode("jpeg", cpu_seconds=3e-4, priced_s=0.1, items=1)  # no work beyond
+    assert a.decode_rate["jpeg"] == 1.0
 
 
 def test_releasing_twice_gives_back_nothing_more() -> None:
     a = admission()
     other = a.reserve(0)
-    other.add_image(0)
+    other.add_image(FREE)
     held = a.reserve(0)
-    held.add_image(0)
+    held.add_image(FREE)
     held.release()
     held.release()
-    assert a.backlog_s == pytest.approx(a.image_cost(0))
+    assert a.backlog_s == pytest.approx(a.image_cost(FREE))
     assert a.images_in_flight == 1
     other.release()
     assert (a.backlog_s, a.images_in_flight) == (0.0, 0)
@@ -284,3 +367,51 @@ def test_a_sample_needs_eight_items_or_half_a_busy_second(
     carried = (0.0, 0) if sampled or items == 0 else (seconds, items)
     sample = (0.2 + carried[0]) / (8 + carried[1])
     assert a.infer_s == pytest.approx(after + 0.3 * (sample - after))
+
+
+def test_one_key_holds_at_most_its_share_while_others_are_admitted() -> None:
+    a = Admission(10.0, 1, Metrics(), infer_s_per_image=1.0, key_share=0.5)
+    hogs = [a.reserve(None, "hog") for _ in range(5)]
+    for request in hogs[:4]:
+        request.add_image(FREE)  # ~4 s of its 5 s share, in four requests
+    with pytest.raises(Overloaded) as refused:
+        hogs[4].add_image(FREE)
+    held = a.by_key["hog"]
+    assert held == pytest.approx(4 * a.image_cost(FREE))
+    # computed from its own backlog: what must drain before one more image fits its share
+    assert refused.value.retry_after == max(1, math.ceil(held + a.image_cost(FREE) - 5.0))
+    assert refused.value.extra["key_share_s"] == 5.0
+    other = a.reserve(None, "other")
+    for _ in range(4):
+        other.add_image(FREE)  # the rest of the horizon is there for the other key
+    for request in hogs:
+        request.release()
+    assert "hog" not in a.by_key
+    again = a.reserve(None, "hog")
+    again.add_image(FREE)  # its share is free again
+    again.release()
+    other.release()
+    assert a.by_key == {} and a.backlog_s == 0
+
+
+def test_a_request_over_one_keys_share_is_too_large_for_that_key() -> None:
+    a = Admission(10.0, 1, Metrics(), infer_s_per_image=2.0, key_share=0.5)
+    with a.reserve(None, "k") as request:
+        request.add_image(FREE)
+        request.add_image(FREE)
+        with pytest.raises(LimitExceeded, match="one API key may hold at once"):
+            request.add_image(FREE)  # ~6 s: over the 5 s share even alone
+    with a.reserve(None) as anonymous:  # no key (a single-key gateway): the whole horizon
+        for _ in range(4):
+            anonymous.add_image(FREE)
+
+
+def test_every_429_and_503_says_when_to_retry_computed_from_the_state() -> None:
+    from gateway.errors import BackendFailed, BackendUnavailable
+    from gateway.http.problems import headers_of
+
+    assert headers_of(Overloaded("full", retry_after=3.2))["Retry-After"] == "4"
+    # Triton unavailable or shedding: the worker's backlog must drain, at least the reconnect
+    assert headers_of(BackendUnavailable("down"), backlog_s=7.2)["Retry-After"] == "8"
+    assert headers_of(BackendUnavailable("down"), backlog_s=0.0)["Retry-After"] == "2"
+    assert "Retry-After" not in headers_of(BackendFailed("broken"), backlog_s=7.2)  # a 502

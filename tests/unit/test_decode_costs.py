@@ -29,6 +29,8 @@ BASELINE, PROGRESSIVE = jpeg(False), jpeg(True)
 #: 4:2:0 in 8x8 blocks: Y 500 x 125, Cb and Cr 250 x 63 (1000/2 = 500 rows -> 63 blocks)
 BLOCKS = 500 * 125 + 2 * 250 * 63
 SCANS, DC_SCANS = 10, 2  # libjpeg's default progressive script for YCbCr
+#: The decoders' own working memory (tables, row buffers), on top of the image buffers.
+OVERHEAD = MiB
 
 
 def options(mode: images.ResizeMode = "shortest", **kw: int) -> images.ImageOptions:
@@ -61,7 +63,7 @@ def test_each_mode_decodes_at_the_scale_its_side_needs(
 def test_a_baseline_jpeg_costs_its_scaled_rgbx_output_and_no_coefficients(
     mode: images.ResizeMode, pixels: int
 ) -> None:
-    peak = pixels * 4  # the RGBX array at the scale this mode decodes at
+    peak = pixels * 4 + OVERHEAD  # the RGBX array at the scale this mode decodes at
     run(BASELINE, options(mode, max_decode_bytes=peak))  # exactly the budget
     with pytest.raises(ImageTooLarge) as refused:
         run(BASELINE, options(mode, max_decode_bytes=peak - 1))
@@ -79,7 +81,8 @@ def test_an_unsupported_jpeg_is_refused_with_the_walkers_reason() -> None:
 
 
 def test_a_progressive_jpeg_also_costs_its_whole_coefficient_buffer() -> None:
-    peak = BLOCKS * 64 * 2 + 1000 * 250 * 4  # 64 int16 per block, plus the 1/4-scale RGBX
+    # 64 int16 per block, plus the 1/4-scale RGBX
+    peak = BLOCKS * 64 * 2 + 1000 * 250 * 4 + OVERHEAD
     run(PROGRESSIVE, options(max_decode_bytes=peak))
     with pytest.raises(ImageTooLarge) as refused:
         run(PROGRESSIVE, options(max_decode_bytes=12 * MiB))
@@ -119,10 +122,21 @@ def test_a_single_scan_is_never_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run(BASELINE, options()).decoded_pixels == 1000 * 250
 
 
-@pytest.mark.parametrize(("fmt", "per_pixel"), [("PNG", 8), ("WEBP", 8), ("GIF", 5)])
-def test_pillow_formats_cost_their_full_size_buffer_and_rgb_copy(fmt: str, per_pixel: int) -> None:
-    data = samples.encode(Image.new("RGB", (300, 200), (10, 200, 30)), fmt)
-    peak = 300 * 200 * per_pixel
+@pytest.mark.parametrize(
+    ("fmt", "mode", "per_pixel"),
+    [
+        ("PNG", "RGB", 4),  # Pillow's RGBX buffer is already RGB: no copy
+        ("PNG", "RGBA", 8),  # RGBA, then its RGB copy
+        ("PNG", "L", 5),  # one byte, then the RGB copy
+        ("WEBP", "RGB", 16),  # libwebp's RGBA, Pillow's bytes and image, the RGB copy
+        ("GIF", "RGB", 5),  # the palette image and its RGB copy
+    ],
+)
+def test_pillow_formats_cost_their_full_size_buffers_and_rgb_copy(
+    fmt: str, mode: str, per_pixel: int
+) -> None:
+    data = samples.encode(Image.new(mode, (300, 200), 90), fmt)
+    peak = 300 * 200 * per_pixel + OVERHEAD
     assert run(data, options(max_decode_bytes=peak)).decoded_pixels == 300 * 200
     with pytest.raises(ImageTooLarge) as refused:
         run(data, options(max_decode_bytes=peak - 1))

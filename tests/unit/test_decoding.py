@@ -102,12 +102,27 @@ def test_data_uri_must_be_base64(item: str) -> None:
 
 @pytest.mark.parametrize(
     "item",
-    ["QUJ", "QU JD", "QUJD!", "data:image/jpeg;base64,QU,JD", "data:image/jpeg;base64,é"],
-    ids=["padding", "space", "alphabet", "comma-in-payload", "non-ascii"],
+    ["QUJ", "QU J", "QUJD!", "data:image/jpeg;base64,QU,JD", "data:image/jpeg;base64,é"],
+    ids=["padding", "space-and-padding", "alphabet", "comma-in-payload", "non-ascii"],
 )
-def test_invalid_base64_is_an_invalid_image(item: str) -> None:
-    with pytest.raises(InvalidImage, match=r"^invalid base64: "):
+def test_invalid_base64_is_an_invalid_image_saying_what_to_send(item: str) -> None:
+    with pytest.raises(InvalidImage, match=r"^invalid base64: .*; send standard base64 \(RFC"):
         item_bytes(item)
+
+
+@pytest.mark.parametrize("item", ["QU JD", "QUJD\r\n", "QU\nJD", "DATA:image/png;BASE64,QUJD"])
+def test_line_breaks_and_spaces_are_allowed_and_the_data_uri_is_case_insensitive(
+    item: str,
+) -> None:
+    assert item_bytes(item) == b"ABC"
+
+
+def test_url_safe_base64_is_refused_naming_the_alphabet() -> None:
+    with pytest.raises(InvalidImage) as raised:
+        item_bytes("QUJD-_8=")
+    assert raised.value.reason.startswith(
+        "base64 with - or _ (the URL-safe alphabet) is not accepted; send standard base64"
+    )
 
 
 # --- BatchDecoder ----------------------------------------------------------------------------
@@ -191,7 +206,9 @@ def test_a_failure_outside_the_image_errors_is_still_the_images_fault(harness: H
     assert isinstance(error, InvalidImage) and isinstance(error, EmbeddingError)
     assert error.index == 1
     assert error.reason.startswith("cannot decode image: TypeError: ")
-    assert isinstance(error.__cause__, TypeError)
+    # kept without its traceback and cause: their frames held the image and the decoder's
+    # buffers until a full garbage collection
+    assert error.__cause__ is None and error.__traceback__ is None
 
 
 def test_spans_describe_the_decoded_images(harness: Harness) -> None:
@@ -310,20 +327,28 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
 
 
 def test_each_batch_tells_admission_what_its_decodes_cost() -> None:
-    """(cpu seconds, encoded bytes, images, decoded pixels) of the images that decoded, once
-    per batch: the CPU time is the decode span's, in seconds; a failed item adds nothing."""
-    told: list[tuple[float, int, int, int]] = []
+    """Per format: (cpu seconds, header price, images) of the images that decoded, once per
+    batch, with the encoded bytes and decoded pixels; the CPU time is the decode span's. A
+    batch with failures asks for a trim (pixels -1) and teaches nothing."""
+    told: list[tuple[object, int, int]] = []
     h = Harness(workers=2)
     h.decoder = BatchDecoder(h.pool, h.decoder._tracer, h.metrics,
                              on_decoded=lambda *a: told.append(a))  # fmt: skip
     try:
         result = h.decode([JPEG, b"not an image", PNG], skip=True)
         assert len(result.decoded) == 2
-        ((cpu_s, encoded, images, pixels),) = told
-        assert (encoded, images) == (len(JPEG) + len(PNG), 2)
+        failed, (samples_, encoded, pixels) = told
+        assert failed == ((), 0, -1)
+        by_format = {s.format: s for s in samples_}
+        assert set(by_format) == {"jpeg", "png"}
+        assert all(s.items == 1 and s.priced_s > 0 for s in samples_)
+        assert by_format["png"].priced_s == result.decoded[1].work.seconds
+        assert encoded == len(JPEG) + len(PNG)
         assert pixels == sum(d.decoded_pixels for d in result.decoded) > 0
-        assert cpu_s == h.spans()["decode"].attributes["decode.cpu_ms"] / 1e3 > 0
+        cpu_s = sum(s.cpu_seconds for s in samples_)
+        assert cpu_s == pytest.approx(h.spans()["decode"].attributes["decode.cpu_ms"] / 1e3)
+        told.clear()
         assert not h.decode([b"not an image"], skip=True).decoded  # nothing decoded...
-        assert len(told) == 1  # ...nothing to learn from
+        assert told == [((), 0, -1)]  # ...nothing to learn from, a trim asked for
     finally:
         h.pool.shutdown()

@@ -1,0 +1,215 @@
+"""Work amplification, slow bodies and poisoned estimates against a real gateway (issue 23): no
+cheap request buys expensive work, a few clients cannot starve the rest, and memory comes back
+after bursts of failing requests.
+
+Bounds here are safety bounds (answered at all, status, memory), never speed targets: the
+figures (time, CPU-seconds, RSS, the mixed run) are in bench/results/attacks.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from bench.photos import CAMERA_SIZES, jpeg, photo
+from gateway.runtime.processes import GatewayProcess
+from tests import hostile, samples
+from tests.controlled import wait_until
+from tests.integration.test_hostile import files, rss_mb
+from tests.metrics import sample
+
+#: RSS allowed above the start once a burst is over (the issue's goal).
+AFTER_BURST_MB = 100
+
+
+@pytest.fixture(scope="module")
+def server(control_triton, tmp_path_factory) -> Iterator[GatewayProcess]:
+    env = {
+        "GATEWAY_CANARY_INTERVAL_S": "0",
+        "GATEWAY_DECODE_THREADS": "2",
+        "GATEWAY_UPLOAD_GRACE_S": "1",
+        "GATEWAY_MIN_UPLOAD_BYTES_PER_S": "8192",
+    }
+    log = tmp_path_factory.mktemp("attacks") / "gateway.log"
+    with GatewayProcess(control_triton[0].grpc_url, env=env, log_path=log) as process:
+        process.wait_ready()
+        for i in range(4):  # warm: pools, regions, first allocations
+            httpx.post(f"{process.url}/v1/embeddings", files=files([samples.compact(i)] * 8))
+        yield process
+
+
+def post(server: GatewayProcess, images: list[bytes]) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/embeddings", files=files(images), timeout=60)
+
+
+def address(server: GatewayProcess) -> tuple[str, int]:
+    return server.host, server.port
+
+
+def test_many_tiny_files_that_decode_to_megapixels_are_priced_by_their_work(
+    server: GatewayProcess,
+) -> None:
+    """256 flat lossless WebPs of ~600 bytes, 14 MP each (~0.13 CPU-s each, 17 s on 2 decode
+    threads): priced from their headers, the request is too much work at once (413, before any
+    decode), not a 504."""
+    reply = post(server, [hostile.webp_flat_lossless()] * 256)
+    assert reply.status_code == 413, reply.text[:300]
+    assert "s of work" in reply.json()["detail"]
+    alone = post(server, [hostile.webp_flat_lossless()])  # one of them is fine
+    assert alone.status_code == 200, alone.text[:300]
+
+
+def test_an_arithmetic_coded_jpeg_is_decoded_at_its_true_cost(server: GatewayProcess) -> None:
+    reply = post(server, [hostile.jpeg_arithmetic()] * 4)
+    assert reply.status_code == 200, reply.text[:300]
+    assert len(reply.json()["data"]) == 4
+
+
+def test_one_poison_sample_does_not_refuse_the_next_camera_photo(server: GatewayProcess) -> None:
+    """The issue's sequence: one tiny image with a huge canvas, then a 12 MP camera photo (was
+    413, "about 202 s of work"), then a BMP (was 413 instead of its 415)."""
+    assert post(server, [hostile.webp_flat_lossless()]).status_code == 200
+    camera = jpeg(photo(*CAMERA_SIZES[12], seed=12))
+    reply = post(server, [camera])
+    assert reply.status_code == 200, reply.text[:300]
+    bmp = post(server, [samples.bmp(0)])
+    assert bmp.status_code == 415, bmp.text[:300]
+
+
+def open_stalled(server: GatewayProcess) -> socket.socket:
+    """Declares a 64 MiB body and sends one byte."""
+    sock = socket.create_connection(address(server))
+    sock.sendall(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: multipart/form-data; "
+        b"boundary=b\r\nContent-Length: 67108864\r\n\r\n-"
+    )
+    return sock
+
+
+def trickle(server: GatewayProcess, rate: int, out: list[int]) -> None:
+    """One compact JPEG uploaded at ``rate`` bytes per second; its status appended to ``out``."""
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.jpg"\r\n\r\n'
+        + samples.compact(1)
+        + b"\r\n--b--\r\n"
+    )
+    with socket.create_connection(address(server)) as sock:
+        sock.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: multipart/form-data; "
+            b"boundary=b\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        )
+        step = rate // 10
+        for at in range(0, len(body), step):
+            sock.sendall(body[at : at + step])
+            time.sleep(0.1)
+        sock.settimeout(60)
+        head = sock.recv(64)
+    out.append(int(head.split()[1]))
+
+
+def test_stalled_and_trickling_uploads_do_not_starve_normal_requests(
+    server: GatewayProcess,
+) -> None:
+    stalled = [open_stalled(server) for _ in range(4)]
+    slow: list[int] = []
+    uploads = [threading.Thread(target=trickle, args=(server, 16_384, slow)) for _ in range(64)]
+    for upload in uploads:
+        upload.start()
+    try:
+        statuses = [post(server, [samples.compact(i)]).status_code for i in range(10)]
+        assert statuses == [200] * 10  # was: 429 for 30 s (bodies counted by declared length)
+        # the stalled ones are cut once the grace is over: 408, and the connection is closed
+        for sock in stalled:
+            sock.settimeout(30)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+            assert b"connection: close" in answer.lower()
+    finally:
+        for sock in stalled:
+            sock.close()
+        for upload in uploads:
+            upload.join(timeout=120)
+    assert slow == [200] * 64  # 16 KiB/s is slow but above the minimum: all embedded
+
+
+@pytest.mark.parametrize(
+    "name", ["png-text-bomb-bulk", *sorted(set(hostile.IMAGES) - hostile.DECODABLE)]
+)
+def test_memory_comes_back_after_bursts_of_failing_requests(
+    server: GatewayProcess, name: str
+) -> None:
+    assert server.process is not None
+    pid = server.process.pid
+    if name in hostile.BULK:
+        make, count = hostile.BULK[name]
+        images = [make()] * count
+    else:
+        images = [hostile.IMAGES[name]()] * 8
+    before = rss_mb(pid)
+    for _ in range(3):  # three bursts
+        replies = [post(server, images) for _ in range(4)]
+        assert {r.status_code for r in replies} <= {413, 422}, replies[0].text[:300]
+    after = rss_mb(pid)
+    for _ in range(100):  # up to 10 s for the allocator to be trimmed
+        if after - before <= AFTER_BURST_MB:
+            break
+        time.sleep(0.1)
+        after = rss_mb(pid)
+    print(f"\n{name}: RSS {before:.0f} MB -> {after:.0f} MB after three bursts")
+    assert after - before <= AFTER_BURST_MB
+
+
+def test_one_api_key_cannot_take_the_whole_horizon(control_triton, start_gateway) -> None:
+    """Two keys, a 10 s horizon, 2 s of model work per image (pinned): the hog's two images
+    (4 s) are parked in the model; its third image would pass its 5 s share (429, Retry-After
+    from its own backlog) while the other key is still admitted."""
+    triton, control = control_triton
+    gw = start_gateway(
+        triton.grpc_url,
+        GATEWAY_API_KEYS='["hog-key-0001", "other-key-0002"]',
+        GATEWAY_ADMISSION_INFER_S_PER_IMAGE="2",
+        GATEWAY_ADMISSION_HORIZON_S="10",
+        GATEWAY_CANARY_INTERVAL_S="0",
+    )
+
+    def embed(key: str, count: int) -> httpx.Response:
+        return httpx.post(
+            f"{gw.url}/v1/embeddings",
+            files=files([samples.compact(i) for i in range(count)]),
+            headers={"authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+
+    def backlog() -> float:
+        scrape = httpx.get(
+            f"{gw.url}/metrics", headers={"authorization": "Bearer other-key-0002"}, timeout=30
+        ).text
+        return sample(scrape, "gateway_admission_backlog_seconds")
+
+    control.set(hold=True)
+    arrived = control.arrivals()
+    held: dict[str, httpx.Response] = {}
+    holder = threading.Thread(target=lambda: held.setdefault("r", embed("hog-key-0001", 2)))
+    other = threading.Thread(target=lambda: held.setdefault("o", embed("other-key-0002", 2)))
+    holder.start()
+    try:
+        control.wait_arrivals(arrived + 1)  # the hog's 4 s are admitted and parked
+        refused = embed("hog-key-0001", 1)  # 4 + 2 s > its 5 s share
+        other.start()  # the other key's 4 s fit beside the hog's (8 of 10 s)
+        wait_until(lambda: backlog() >= 8.0, "the other key admitted beside the hog")
+    finally:
+        control.set()
+        holder.join(60)
+    other.join(60)
+    assert refused.status_code == 429, refused.text[:300]
+    body = refused.json()
+    assert body["key_share_s"] == 5.0 and 4 <= body["key_backlog_s"] < 4.01
+    assert int(refused.headers["retry-after"]) == 2  # ceil(4.0x + 2 - 5)
+    assert held["r"].status_code == 200 and held["o"].status_code == 200
