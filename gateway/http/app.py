@@ -78,6 +78,7 @@ def create_app(
             tracer=telemetry.tracer,
             metrics=metrics,
         )
+        DeadlineProtocol.retry_after_s = lambda: service.admission.backlog_s
         app.state.http = httpx.AsyncClient(timeout=5.0)
         app.state.imaging = imaging_path()  # which PIL this process imported: it cannot change
         canary = Canary(

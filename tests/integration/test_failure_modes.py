@@ -206,10 +206,18 @@ def test_idle_and_trickling_connections_cannot_hold_slots(triton, start_gateway)
     try:
         hogs[2].sendall(b"POST /v1/embeddings HTTP/1.1\r\nHo")  # a head that never ends
         hogs[3].sendall(b"GET /hea")
-        wait_until(
-            lambda: httpx.get(f"{gateway.url}/healthz").status_code == 503,
-            "the slots are taken",
-        )
+        refused: list[httpx.Response] = []
+
+        def slots_taken() -> bool:
+            refused.append(httpx.get(f"{gateway.url}/healthz"))
+            return refused[-1].status_code == 503
+
+        wait_until(slots_taken, "the slots are taken")
+        # uvicorn's own refusal, replaced (gateway/http/protocol.py): problem+json, and when to
+        # retry computed from this worker's backlog (nothing admitted here: the 1 s floor)
+        assert refused[-1].headers["content-type"] == "application/problem+json"
+        assert refused[-1].headers["retry-after"] == "1"
+        assert refused[-1].json()["status"] == 503
         replies = []
         for sock in hogs:
             reply = b""
