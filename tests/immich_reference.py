@@ -1,0 +1,146 @@
+"""What Immich's own machine-learning server computes, written from its sources, never from the
+code under test: the reference the gateway's ``/predict`` must match (docs/IMMICH.md).
+
+Read from immich-app/immich, ``machine-learning/immich_ml/`` (``models/transforms.py`` at
+52605e8, ``models/clip/visual.py`` at 8ed3884, ``models/clip/textual.py`` at 1b5006c):
+
+- images: ``decode_pil`` (Pillow opens the bytes, loads the first frame, converts to RGB; no
+  EXIF orientation), ``resize_pil`` (the short side to the model's size, the other
+  ``int(ratio * size)``, Pillow bicubic, whatever the model's interpolation or resize mode),
+  ``crop_pil`` (a centred square at ``int(side / 2 - size / 2)``), ``to_numpy`` (/255 as
+  float32), ``normalize`` ((x - mean) / std with the model's mean and std), CHW; the ONNX
+  model's output unchanged (Immich exports it L2-normalised);
+- texts: ``clean_text`` (whitespace runs to one space, trimmed; with the model's
+  ``tokenizer_kwargs.clean == "canonicalize"``, as SigLIP's: ``string.punctuation`` removed and
+  lower case, in that order), then ``tokenizers.Tokenizer.from_file(tokenizer.json)`` with
+  padding to the context length with the ``tokenizer_config.json`` pad token, truncation to it,
+  and ``encode`` with the file's own normaliser and post-processor.
+
+Immich downloads ``tokenizer.json`` from the Hugging Face hub, which tests cannot reach. For
+OpenAI's CLIP it is Hugging Face's ``CLIPTokenizerFast`` of open_clip's BPE vocabulary and
+merges; ``clip_tokenizer_json`` builds exactly that with Hugging Face's own converter. The model
+is open_clip's with random weights (tests/reference.py), so only preprocessing differs between
+this side and the gateway's.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import string
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from tests import reference
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def decode_pil(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def resize_pil(image: Image.Image, size: int) -> Image.Image:
+    if image.width < image.height:
+        return image.resize(
+            (size, int((image.height / image.width) * size)), resample=Image.Resampling.BICUBIC
+        )
+    return image.resize(
+        (int((image.width / image.height) * size), size), resample=Image.Resampling.BICUBIC
+    )
+
+
+def crop_pil(image: Image.Image, size: int) -> Image.Image:
+    left = int((image.size[0] / 2) - (size / 2))
+    upper = int((image.size[1] / 2) - (size / 2))
+    return image.crop((left, upper, left + size, upper + size))
+
+
+def pixels(data: bytes, size: int) -> np.ndarray:
+    """uint8 HWC pixels Immich's transform feeds the model, before /255 and mean/std."""
+    return np.asarray(crop_pil(resize_pil(decode_pil(data), size), size))
+
+
+def embed_image(data: bytes, name: str = "ViT-B-32") -> np.ndarray:
+    """Unit-length float64 embedding of a preview, Immich's way."""
+    clip, transform = reference.model(name)
+    mean, std = reference._normalize(transform)
+    size = clip.visual.image_size
+    size = size[0] if isinstance(size, tuple | list) else size
+    x = np.asarray(pixels(data, size), dtype=np.float32) / 255.0
+    x = (x - np.array(mean, dtype=np.float32)) / np.array(std, dtype=np.float32)
+    with torch.no_grad():
+        out = clip.encode_image(torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
+    return reference.unit(out.numpy()[0])
+
+
+def embed_images(images: list[bytes], name: str = "ViT-B-32") -> np.ndarray:
+    return np.stack([embed_image(data, name) for data in images])
+
+
+def clean_text(text: str, canonicalize: bool = False) -> str:
+    text = " ".join(text.split())
+    if canonicalize:
+        text = text.translate(_PUNCTUATION).lower()
+    return text
+
+
+def tokenize(
+    texts: list[str],
+    tokenizer_json: Path,
+    pad_token: str,
+    context_length: int,
+    canonicalize: bool = False,
+) -> np.ndarray:
+    """Immich's ``OpenClipTextualEncoder.tokenize``, one text at a time: int64 ``[n, ctx]``."""
+    import tokenizers
+
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+    pad_id = tokenizer.token_to_id(pad_token)
+    tokenizer.enable_padding(length=context_length, pad_token=pad_token, pad_id=pad_id)
+    tokenizer.enable_truncation(max_length=context_length)
+    rows = [tokenizer.encode(clean_text(text, canonicalize)).ids for text in texts]
+    return np.array(rows, dtype=np.int64)
+
+
+def embed_texts(ids: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
+    return reference.unit(reference.embed_tokens(ids, name))
+
+
+@cache
+def clip_tokenizer_json(directory: Path) -> Path:
+    """OpenAI CLIP's ``tokenizer.json`` as the Hugging Face hub serves it (what Immich loads for
+    ``ViT-B-32__openai``): ``CLIPTokenizerFast`` converted by ``transformers`` from
+    ``vocab.json`` and ``merges.txt`` of open_clip's BPE file (the same vocabulary)."""
+    import open_clip
+    from open_clip.tokenizer import default_bpe
+    from transformers import CLIPTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    encoder = open_clip.tokenizer.SimpleTokenizer().encoder
+    vocab = {token: i for token, i in encoder.items()}
+    # open_clip's specials are <start_of_text>/<end_of_text>; the hub's, at the same ids:
+    vocab.pop("<start_of_text>"), vocab.pop("<end_of_text>")
+    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = 49406, 49407
+    merges = gzip.open(default_bpe()).read().decode("utf-8").split("\n")
+    merges = merges[1 : 49152 - 256 - 2 + 1]
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    fast = CLIPTokenizerFast(
+        vocab_file=str(directory / "vocab.json"),
+        merges_file=str(directory / "merges.txt"),
+        unk_token="<|endoftext|>",
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    out = directory / "tokenizer.json"
+    fast.backend_tokenizer.save(str(out))
+    return out
