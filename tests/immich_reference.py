@@ -18,7 +18,7 @@ Read from immich-app/immich, ``machine-learning/immich_ml/`` (``models/transform
 
 Immich downloads ``tokenizer.json`` from the Hugging Face hub, which tests cannot reach. For
 OpenAI's CLIP it is Hugging Face's ``CLIPTokenizerFast`` of open_clip's BPE vocabulary and
-merges; ``clip_tokenizer_json`` builds exactly that with Hugging Face's own converter. The model
+merges; ``clip_tokenizer_json`` builds exactly that with ``transformers``' own class. The model
 is open_clip's with random weights (tests/reference.py), so only preprocessing differs between
 this side and the gateway's.
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import string
 from functools import cache
 from pathlib import Path
@@ -117,8 +116,9 @@ def embed_texts(ids: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
 @cache
 def clip_tokenizer_json(directory: Path) -> Path:
     """OpenAI CLIP's ``tokenizer.json`` as the Hugging Face hub serves it (what Immich loads for
-    ``ViT-B-32__openai``): ``CLIPTokenizerFast`` converted by ``transformers`` from
-    ``vocab.json`` and ``merges.txt`` of open_clip's BPE file (the same vocabulary)."""
+    ``ViT-B-32__openai``): ``transformers``' own ``CLIPTokenizerFast`` (its normaliser,
+    pre-tokeniser, BPE and post-processor) on the vocabulary and merges of open_clip's BPE file
+    (the same vocabulary)."""
     import open_clip
     from open_clip.tokenizer import default_bpe
     from transformers import CLIPTokenizerFast
@@ -129,13 +129,12 @@ def clip_tokenizer_json(directory: Path) -> Path:
     # open_clip's specials are <start_of_text>/<end_of_text>; the hub's, at the same ids:
     vocab.pop("<start_of_text>"), vocab.pop("<end_of_text>")
     vocab["<|startoftext|>"], vocab["<|endoftext|>"] = 49406, 49407
-    merges = gzip.open(default_bpe()).read().decode("utf-8").split("\n")
+    with gzip.open(default_bpe()) as file:
+        merges = file.read().decode("utf-8").split("\n")
     merges = merges[1 : 49152 - 256 - 2 + 1]
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
     fast = CLIPTokenizerFast(
-        vocab_file=str(directory / "vocab.json"),
-        merges_file=str(directory / "merges.txt"),
+        vocab=vocab,
+        merges=[tuple(merge.split()) for merge in merges],
         unk_token="<|endoftext|>",
         bos_token="<|startoftext|>",
         eos_token="<|endoftext|>",

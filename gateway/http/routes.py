@@ -252,6 +252,7 @@ async def list_models(state: State) -> ModelList:
         owned_by="clip-gateway",
         aliases=list(settings.model_aliases),
         ready=False,
+        immich_names=list(settings.immich_names) if settings.immich else msgspec.UNSET,
     )
     try:
         info = await service.model_info()

@@ -130,6 +130,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     #: when INT8 was asked for and refused), the method and the INT8 quality gate's figures.
     #: Only with the ``cpu-int8`` profile.
     quantization: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    #: The names Immich's ``/predict`` answers to (``GATEWAY_IMMICH``; docs/IMMICH.md).
+    immich_names: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelList(msgspec.Struct):
