@@ -1,5 +1,5 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
-``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans``.
+``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans`` · ``immich``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
@@ -7,7 +7,8 @@ measures what OpenTelemetry costs at 0% and 100% sampling; ``footprint`` reads t
 every process the real launch path starts; ``stops`` times SIGTERM → exit in every phase;
 ``texts`` measures text and mixed requests; ``peers`` puts Infinity beside the cpu and cpu-int8
 profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods (dynamic,
-static); ``plans`` the core plans.
+static); ``plans`` the core plans; ``immich`` Immich-shaped load on ``/predict`` beside
+``/v1/embeddings``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     texts.add_argument("--seconds", type=float, default=20.0, help="per cell and concurrency")
     texts.add_argument("--smoke", action="store_true", help="seconds, for CI")
     texts.add_argument("--out", type=Path, default=None)
+    immich = commands.add_parser("immich", help="bench/immich.py")
+    immich.add_argument("--seconds", type=float, default=20.0, help="per route and concurrency")
+    immich.add_argument("--smoke", action="store_true", help="seconds, for CI")
+    immich.add_argument("--out", type=Path, default=None)
     peers = commands.add_parser("peers", help="bench/peers.py")
     peers.add_argument("--smoke", action="store_true", help="one request per cell, for a check")
     peers.add_argument("--systems", nargs="+", default=None, help="default: all three")
@@ -76,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
 
         out = args.out or RESULTS / ("texts-smoke" if args.smoke else "texts")
         found = text_bench.run(args.seconds, out, args.smoke)
+        print(out, flush=True)
+        return 1 if found["wrong"] or found["unexpected_5xx"] else 0
+    if args.command == "immich":
+        from bench import immich as immich_bench
+
+        out = args.out or RESULTS / ("immich-smoke" if args.smoke else "immich")
+        found = immich_bench.run(args.seconds, out, args.smoke)
         print(out, flush=True)
         return 1 if found["wrong"] or found["unexpected_5xx"] else 0
     if args.command == "peers":

@@ -30,18 +30,19 @@ import io
 import string
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from tests import reference
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
-def decode_pil(data: bytes) -> Image.Image:
-    image = Image.open(io.BytesIO(data))
+def decode_pil(data: bytes | Image.Image) -> Image.Image:
+    image = data if isinstance(data, Image.Image) else Image.open(io.BytesIO(data))
     image.load()
     return image if image.mode == "RGB" else image.convert("RGB")
 
@@ -62,26 +63,46 @@ def crop_pil(image: Image.Image, size: int) -> Image.Image:
     return image.crop((left, upper, left + size, upper + size))
 
 
-def pixels(data: bytes, size: int) -> np.ndarray:
+#: Negative controls: bugs a server could have, applied to this side (cos(g, r_bug) equals
+#: cos(g_bug, r) when g tracks r); the parity limits must reject each.
+Perturbation = Literal["none", "channel-swap", "exif-applied", "dct-scaled", "open-clip"]
+
+
+def pixels(data: bytes, size: int, perturb: Perturbation = "none") -> np.ndarray:
     """uint8 HWC pixels Immich's transform feeds the model, before /255 and mean/std."""
-    return np.asarray(crop_pil(resize_pil(decode_pil(data), size), size))
+    if perturb == "dct-scaled":  # libjpeg's scaled IDCT down to the resize's size, then on
+        image = Image.open(io.BytesIO(data))
+        short = min(image.size)
+        image.draft("RGB", (image.width * size // short, image.height * size // short))
+        image = decode_pil(image)
+    else:
+        image = decode_pil(data)
+    if perturb == "exif-applied":  # what open_clip users do, and Immich does not
+        image = ImageOps.exif_transpose(image)
+    out = np.asarray(crop_pil(resize_pil(image, size), size))
+    return out[..., ::-1] if perturb == "channel-swap" else out
 
 
-def embed_image(data: bytes, name: str = "ViT-B-32") -> np.ndarray:
-    """Unit-length float64 embedding of a preview, Immich's way."""
+def embed_image(data: bytes, name: str = "ViT-B-32", perturb: Perturbation = "none") -> np.ndarray:
+    """Unit-length float64 embedding of a preview, Immich's way (``open-clip``: open_clip's own
+    pipeline for the model instead, tests/reference.py)."""
+    if perturb == "open-clip":
+        return reference.embed_image(data, name=name)
     clip, transform = reference.model(name)
     mean, std = reference._normalize(transform)
     size = clip.visual.image_size
     size = size[0] if isinstance(size, tuple | list) else size
-    x = np.asarray(pixels(data, size), dtype=np.float32) / 255.0
+    x = np.asarray(pixels(data, size, perturb), dtype=np.float32) / 255.0
     x = (x - np.array(mean, dtype=np.float32)) / np.array(std, dtype=np.float32)
     with torch.no_grad():
         out = clip.encode_image(torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
     return reference.unit(out.numpy()[0])
 
 
-def embed_images(images: list[bytes], name: str = "ViT-B-32") -> np.ndarray:
-    return np.stack([embed_image(data, name) for data in images])
+def embed_images(
+    images: list[bytes], name: str = "ViT-B-32", perturb: Perturbation = "none"
+) -> np.ndarray:
+    return np.stack([embed_image(data, name, perturb) for data in images])
 
 
 def clean_text(text: str, canonicalize: bool = False) -> str:
