@@ -18,7 +18,7 @@ Read from immich-app/immich, ``machine-learning/immich_ml/`` (``models/transform
 
 Immich downloads ``tokenizer.json`` from the Hugging Face hub, which tests cannot reach. For
 OpenAI's CLIP it is Hugging Face's ``CLIPTokenizerFast`` of open_clip's BPE vocabulary and
-merges; ``clip_tokenizer_json`` builds exactly that with ``transformers``' own class. The model
+merges; ``clip_tokenizer_json`` builds that file with ``tokenizers``, part for part. The model
 is open_clip's with random weights (tests/reference.py), so only preprocessing differs between
 this side and the gateway's.
 """
@@ -137,30 +137,50 @@ def embed_texts(ids: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
 @cache
 def clip_tokenizer_json(directory: Path) -> Path:
     """OpenAI CLIP's ``tokenizer.json`` as the Hugging Face hub serves it (what Immich loads for
-    ``ViT-B-32__openai``): ``transformers``' own ``CLIPTokenizerFast`` (its normaliser,
-    pre-tokeniser, BPE and post-processor) on the vocabulary and merges of open_clip's BPE file
-    (the same vocabulary)."""
+    ``ViT-B-32__openai``), on the vocabulary and merges of open_clip's BPE file (the same
+    vocabulary): the hub file's normaliser (NFC, whitespace runs to one space, lower case), its
+    pre-tokeniser (the CLIP regex, then byte-level), BPE with ``</w>`` word ends, its
+    ``RobertaProcessing`` frame and its two added special tokens, built with ``tokenizers``."""
     import open_clip
     from open_clip.tokenizer import default_bpe
-    from transformers import CLIPTokenizerFast
+    from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import BPE
 
-    directory.mkdir(parents=True, exist_ok=True)
     encoder = open_clip.tokenizer.SimpleTokenizer().encoder
-    vocab = {token: i for token, i in encoder.items()}
-    # open_clip's specials are <start_of_text>/<end_of_text>; the hub's, at the same ids:
-    vocab.pop("<start_of_text>"), vocab.pop("<end_of_text>")
-    vocab["<|startoftext|>"], vocab["<|endoftext|>"] = 49406, 49407
+    vocab = {token: i for token, i in encoder.items()
+             if token not in ("<start_of_text>", "<end_of_text>")}  # fmt: skip
     with gzip.open(default_bpe()) as file:
-        merges = file.read().decode("utf-8").split("\n")
-    merges = merges[1 : 49152 - 256 - 2 + 1]
-    fast = CLIPTokenizerFast(
-        vocab=vocab,
-        merges=[tuple(merge.split()) for merge in merges],
-        unk_token="<|endoftext|>",
-        bos_token="<|startoftext|>",
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
+        lines = file.read().decode("utf-8").split("\n")[1 : 49152 - 256 - 2 + 1]
+    merges = [tuple(line.split()) for line in lines]
+    tokenizer = Tokenizer(
+        BPE(
+            vocab,
+            merges,
+            unk_token="<|endoftext|>",
+            continuing_subword_prefix="",
+            end_of_word_suffix="</w>",
+            fuse_unk=False,
+        )
     )
+    tokenizer.add_special_tokens([AddedToken("<|startoftext|>", normalized=False),
+                                  AddedToken("<|endoftext|>", normalized=False)])  # fmt: skip
+    assert tokenizer.token_to_id("<|startoftext|>") == 49406
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Lowercase()]
+    )
+    pattern = (r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]"
+               r"|[^\s\p{L}\p{N}]+")  # fmt: skip
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tokenizer.post_processor = processors.RobertaProcessing(
+        ("<|endoftext|>", 49407), ("<|startoftext|>", 49406), trim_offsets=False,
+        add_prefix_space=False,
+    )  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
     out = directory / "tokenizer.json"
-    fast.backend_tokenizer.save(str(out))
+    tokenizer.save(str(out))
     return out
