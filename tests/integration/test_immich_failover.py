@@ -105,6 +105,13 @@ class StandIn:
             start("200 OK", [("Content-Type", "text/plain")])
             return [b"pong"]
         forms, files = multipart.parse_form_data(environ)
+        try:
+            return self.answer(forms, files, start)
+        finally:
+            for part in files.values():
+                part.close()  # a spooled part holds a temporary file
+
+    def answer(self, forms: Any, files: Any, start: Callable[..., Any]) -> list[bytes]:
         entries = json.loads(forms["entries"])
         ((task, types),) = entries.items()
         self.hits.append(task if task != "clip" else f"clip.{next(iter(types))}")
