@@ -209,6 +209,8 @@ def parse_entries(raw: bytes) -> list[tuple[str, str, str]]:
         request = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise InvalidFields(f"`entries` is not JSON: {exc}") from exc
+    except RecursionError as exc:  # 16 KiB of brackets nest deeper than the decoder recurses
+        raise InvalidFields("`entries` nests too deeply") from exc
     if not isinstance(request, dict) or not request:
         raise InvalidFields('`entries` must be an object such as {"clip": {"visual": {...}}}')
     out = []

@@ -121,6 +121,7 @@ def test_a_text_gets_the_ids_immichs_tokenizer_makes(
         ({"clip": {"visual": {"name": NAME}}}, "unprocessable-request"),
         ({"clip": {"visual": {"modelName": 3}}}, "unprocessable-request"),
         ({"clip": {"visual": {"modelName": NAME, "options": []}}}, "unprocessable-request"),
+        ("[" * 8000 + "]" * 8000, "unprocessable-request"),  # nests past the decoder's stack
     ],
 )
 def test_malformed_entries_are_422(immich: TestClient, entries: object, slug: str) -> None:
