@@ -35,6 +35,7 @@ from gateway.pipeline.service import EmbeddingService
 from gateway.runtime.settings import ServerSettings
 
 #: Immich's ``entries`` for one CLIP call is under 100 bytes; anything near this is not Immich.
+#: The same bound holds any other form field (an ``assetId``), read and dropped.
 MAX_ENTRIES_BYTES = 16 << 10
 #: Parts in one /predict body: entries, image or text, and a few Immich may add (``assetId``).
 MAX_PARTS = 8
@@ -116,7 +117,9 @@ async def parse_form(
 ) -> Form:
     """The form's ``entries``, ``image`` and ``text``, each bounded while it streams in (other
     fields are read and dropped); the image or text is admitted as soon as it is complete."""
-    limits = {"entries": MAX_ENTRIES_BYTES, "text": settings.max_text_chars * 4}
+    # the image up to the image limit; the text to what max_text_chars can take in UTF-8;
+    # anything else (entries, an assetId) is small
+    limits = {"image": settings.max_image_bytes, "text": settings.max_text_chars * 4}
     form = Form()
     parser = PushMultipartParser(
         boundary,
@@ -134,7 +137,7 @@ async def parse_form(
                 elif event is not None:
                     buffer += event
                     assert segment is not None
-                    limit = limits.get(segment.name, settings.max_image_bytes)
+                    limit = limits.get(segment.name, MAX_ENTRIES_BYTES)
                     if len(buffer) > limit:
                         raise LimitExceeded(
                             f"form field {segment.name!r} is over its {limit} bytes", limit=limit

@@ -207,6 +207,10 @@ def test_oversized_fields_are_refused_while_streaming(immich: TestClient) -> Non
     problem(predict(immich, TEXTUAL, text="x" * 20_000), 413, "payload-too-large")
     big = b"\xff\xd8\xff" + bytes(2 << 20)
     assert predict(immich, VISUAL, big).status_code == 413
+    junk = [("entries", (None, json.dumps(VISUAL))), ("assetId", (None, "x" * (64 << 10)))]
+    problem(immich.post("/predict", files=junk), 413, "payload-too-large")
+    parts = [("entries", (None, json.dumps(VISUAL)))] + [("other", (None, "x"))] * 10
+    problem(immich.post("/predict", files=parts), 413, "payload-too-large")
 
 
 def test_api_keys_apply_to_predict_but_not_to_the_probe(
