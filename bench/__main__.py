@@ -1,6 +1,6 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
 ``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans`` · ``cost`` ·
-``gpu``.
+``gpu`` · ``immich``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
@@ -9,7 +9,7 @@ every process the real launch path starts; ``stops`` times SIGTERM → exit in e
 ``texts`` measures text and mixed requests; ``peers`` puts Infinity beside the cpu and cpu-int8
 profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods (dynamic,
 static); ``plans`` the core plans; ``cost`` the gateway's CPU time per image against
-decode-only.
+decode-only; ``immich`` Immich-shaped load on ``/predict`` beside ``/v1/embeddings``.
 """
 
 from __future__ import annotations
@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     stops = commands.add_parser("stops", help="bench/stops.py")
     stops.add_argument("--rounds", type=int, default=3)
     stops.add_argument("--out", type=Path, default=None)
+    immich = commands.add_parser("immich", help="bench/immich.py")
+    immich.add_argument("--seconds", type=float, default=20.0, help="per route and concurrency")
+    immich.add_argument("--smoke", action="store_true", help="seconds, for CI")
+    immich.add_argument("--out", type=Path, default=None)
     cost = commands.add_parser("cost", help="bench/cost.py")
     cost.add_argument("--smoke", action="store_true", help="a few requests; fails on a regression")
     cost.add_argument("--out", type=Path, default=None)
@@ -116,6 +120,15 @@ def _texts(args: argparse.Namespace) -> int:
 
     out = args.out or RESULTS / ("texts-smoke" if args.smoke else "texts")
     found = text_bench.run(args.seconds, out, args.smoke)
+    print(out, flush=True)
+    return 1 if found["wrong"] or found["unexpected_5xx"] else 0
+
+
+def _immich(args: argparse.Namespace) -> int:
+    from bench import immich as immich_bench
+
+    out = args.out or RESULTS / ("immich-smoke" if args.smoke else "immich")
+    found = immich_bench.run(args.seconds, out, args.smoke)
     print(out, flush=True)
     return 1 if found["wrong"] or found["unexpected_5xx"] else 0
 
@@ -173,6 +186,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "stops": _stops,
     "gpu": _gpu,
     "texts": _texts,
+    "immich": _immich,
     "peers": _peers,
     "quantization": _quantization,
     "plans": _plans,

@@ -94,3 +94,34 @@ def camera_set(count_per_size: int = 1, sizes: tuple[int, ...] = (8, 12, 24)) ->
             kind = "progressive" if progressive else "baseline"
             samples.append(Sample(f"{mp}mp-{kind}-{i}", data, w * h / 1e6))
     return samples
+
+
+#: Immich's preview: the short side at most 1440 px (its default ``preview.size``), JPEG
+#: quality 80 (or WebP); what its server sends to the ML service for smart search.
+IMMICH_PREVIEW_SIDE = 1440
+#: (width, height) of the originals behind the previews: camera and phone landscape and
+#: portrait, square, a panorama, a screenshot, and photos already smaller than a preview.
+IMMICH_ORIGINALS = (
+    (4032, 3024), (3024, 4032), (3000, 3000), (6000, 2000), (1170, 2532),
+    (1920, 1080), (800, 600), (480, 640), (4000, 3000), (1440, 1080),
+)  # fmt: skip
+
+
+def immich_preview(width: int, height: int, seed: int = 0, fmt: str = "JPEG") -> bytes:
+    """A preview as Immich makes one: the short side shrunk to 1440 px (never enlarged)."""
+    scale = min(1.0, IMMICH_PREVIEW_SIDE / min(width, height))
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    buf = io.BytesIO()
+    photo(*size, seed=seed).save(buf, fmt, quality=80)
+    return buf.getvalue()
+
+
+def immich_previews(count: int = len(IMMICH_ORIGINALS), webp_every: int = 3) -> list[Sample]:
+    """Previews of ``IMMICH_ORIGINALS`` in turn; every ``webp_every``-th one WebP."""
+    out = []
+    for i in range(count):
+        width, height = IMMICH_ORIGINALS[i % len(IMMICH_ORIGINALS)]
+        fmt = "WEBP" if webp_every and i % webp_every == webp_every - 1 else "JPEG"
+        data = immich_preview(width, height, seed=700 + i, fmt=fmt)
+        out.append(Sample(f"{width}x{height}-{fmt.lower()}-{i}", data, width * height / 1e6))
+    return out

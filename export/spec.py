@@ -176,6 +176,16 @@ def model_identity(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
+def immich_name(manifest: dict[str, Any]) -> str | None:
+    """The export's model as Immich names it (``ViT-B-32__openai``: the open_clip model and its
+    pretrained tag), or None when its weights are not a pretrained tag: random weights or a
+    checkpoint never claim a pretrained model's name on their own."""
+    weights = manifest["weights"]
+    if weights["kind"] != "pretrained":
+        return None
+    return f"{manifest['model']}__{weights['value']}"
+
+
 def cache_key(model_name: str, weights: Weights, fp16: bool) -> str:
     material = json.dumps(
         [model_name, weights.cache_id(), export_code_version(), fp16], separators=(",", ":")

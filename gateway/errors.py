@@ -41,6 +41,16 @@ class UnknownModel(EmbeddingError):
     """The request names a model this gateway does not serve."""
 
 
+class OtherModel(UnknownModel):
+    """Immich's ``/predict`` names a model this gateway does not serve: its server must try its
+    next URL rather than mix another model's vectors into the index."""
+
+
+class UnsupportedTask(EmbeddingError):
+    """Immich's ``/predict`` asks for a task other than one CLIP encoding (faces, OCR, several
+    at once): the full Immich ML server behind this one in Immich's URL list does them."""
+
+
 class LimitExceeded(EmbeddingError):
     """A size limit: the body, one item's bytes, the number of items."""
 

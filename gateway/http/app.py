@@ -18,7 +18,7 @@ from opentelemetry.trace import Tracer
 
 from gateway.backend.protocol import InferenceBackend
 from gateway.errors import EmbeddingError
-from gateway.http import docs, head, problems
+from gateway.http import docs, head, immich, problems
 from gateway.http.auth import load_api_keys, require_api_key
 from gateway.http.protocol import DeadlineProtocol
 from gateway.http.routes import ROUTES
@@ -103,7 +103,7 @@ def create_app(
             telemetry.shutdown()
 
     app = Litestar(
-        route_handlers=[*ROUTES, docs.assets()],
+        route_handlers=[*ROUTES, *(immich.ROUTES if settings.immich else ()), docs.assets()],
         lifespan=[lifespan],
         state=State(
             {"settings": settings, "telemetry": telemetry, "metrics": metrics, "api_keys": api_keys}

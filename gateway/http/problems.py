@@ -44,6 +44,7 @@ PROBLEMS: dict[type[Exception], Problem] = {
     Unauthorized: Problem(401, "unauthorized", "Missing or invalid API key"),
     errors.UnknownModel: Problem(404, "unknown-model", "Unknown model"),
     errors.BodyTooSlow: Problem(408, "request-timeout", "Request body too slow"),
+    errors.OtherModel: Problem(409, "other-model", "Another model is served here"),
     errors.LimitExceeded: Problem(413, "payload-too-large", "Request too large"),
     errors.UnsupportedFormat: Problem(415, "unsupported-media-type", "Unsupported media type"),
     errors.InvalidFields: Problem(
@@ -54,6 +55,7 @@ PROBLEMS: dict[type[Exception], Problem] = {
     errors.ImageTooLarge: Problem(422, "image-too-large", "Image too large to decode"),
     errors.Overloaded: Problem(429, "overloaded", "Too much work in flight"),
     errors.ClientGone: Problem(499, "client-closed-request", "Client closed the request"),
+    errors.UnsupportedTask: Problem(501, "unsupported-task", "Task not served here"),
     errors.BackendFailed: Problem(502, "backend-error", "Inference backend failed"),
     errors.BackendUnavailable: Problem(503, "backend-unavailable", "Inference backend unavailable"),
     errors.BackendTimeout: Problem(504, "backend-timeout", "Inference backend timed out"),

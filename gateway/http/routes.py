@@ -297,6 +297,7 @@ async def list_models(state: State) -> ModelList:
         aliases=list(settings.model_aliases),
         ready=False,
         imaging=ImagingPath(**dataclasses.asdict(state.imaging)),
+        immich_names=list(settings.immich_names) if settings.immich else msgspec.UNSET,
     )
     try:
         info = await service.model_info()

@@ -149,6 +149,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     quantization: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     #: The libraries that decode and resize images in this gateway (gateway/imaging/paths.py).
     imaging: ImagingPath | msgspec.UnsetType = msgspec.UNSET
+    #: The names Immich's ``/predict`` answers to (``GATEWAY_IMMICH``; docs/IMMICH.md).
+    immich_names: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelList(msgspec.Struct):

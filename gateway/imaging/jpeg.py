@@ -310,13 +310,20 @@ def exif_segment(data: bytes) -> tuple[int, int] | None:
 
 
 def decode(
-    data: bytes, layout: JpegLayout, target: int, *, rgbx: bool = False, long_side: bool = False
+    data: bytes,
+    layout: JpegLayout,
+    target: int,
+    *,
+    rgbx: bool = False,
+    long_side: bool = False,
+    full_size: bool = False,
 ) -> np.ndarray:
     """RGB uint8 ``[h, w, 3]`` (``[h, w, 4]`` RGBX with ``rgbx``, the layout Pillow keeps RGB
     in, so it can use the array without a copy) at the power-of-two scale whose short side
     (``long_side``: long side) is still >= target (from the DC-only stream when the walk made
-    one). CMYK and YCCK become RGB."""
-    divisor = scale_divisor(layout.width, layout.height, target, long_side=long_side)
+    one), or every pixel with ``full_size``. CMYK and YCCK become RGB."""
+    divisor = 1 if full_size else scale_divisor(layout.width, layout.height, target,
+                                                long_side=long_side)  # fmt: skip
     # Asking for ceil(size/divisor) makes libjpeg pick exactly 1/divisor: the next smaller n/8
     # falls short of it.
     min_height, min_width = -(-layout.height // divisor), -(-layout.width // divisor)

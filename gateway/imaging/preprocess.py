@@ -79,6 +79,11 @@ class ImageOptions:
     #: Progressive JPEGs with more scans than this are refused (CPU bombs).
     max_scans: int = 256
     progressive_dc_only: bool = True
+    #: Immich's own ML server's transform instead of open_clip's (its /predict, docs/IMMICH.md):
+    #: the short side to S with the long side truncated, a centre crop at truncated offsets,
+    #: bicubic, no EXIF orientation (its previews are stored upright), whatever the model's
+    #: resize mode and interpolation say.
+    immich: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,8 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
         )
     kind = sniff(data)
     image, turn, info = _jpeg(data, options) if kind == "jpeg" else _pillow(data, kind, options)
+    if options.immich:
+        turn = 1  # Immich's decode_pil never reads EXIF orientation
     # the geometry of open_clip's transform on the full-size upright image...
     transposed = turn >= 5
     width, height = (info.height, info.width) if transposed else (info.width, info.height)
@@ -135,7 +142,11 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
     sx, sy = image.size[0] / info.width, image.size[1] / info.height
     scaled = (cols, rows) if not transposed else (rows, cols)
     resized = _resize_box(
-        image, scaled, (left * sx, top * sy, right * sx, bottom * sy), options.interpolation
+        image,
+        scaled,
+        (left * sx, top * sy, right * sx, bottom * sy),
+        "bicubic" if options.immich else options.interpolation,
+        reduce=not options.immich,
     )
     pixels = orientation.upright(_rgb(resized), turn)
     if (rows, cols) == (options.size, options.size):
@@ -153,6 +164,8 @@ def _geometry(
     """The source box (on the full-size upright image) and the (width, height) it becomes, as
     open_clip's inference transform computes them, its rounding included."""
     size, full = options.size, (0.0, 0.0, float(width), float(height))
+    if options.immich:
+        return _immich_geometry(width, height, size), (size, size)
     if options.resize_mode == "squash":
         return full, (size, size)
     if options.resize_mode == "longest":  # ResizeKeepRatio(longest=1), then padded
@@ -166,6 +179,18 @@ def _geometry(
     left, top = round((new_w - size) / 2), round((new_h - size) / 2)
     sx, sy = width / new_w, height / new_h
     return (left * sx, top * sy, (left + size) * sx, (top + size) * sy), (size, size)
+
+
+def _immich_geometry(width: int, height: int, size: int) -> orientation.Box:
+    """Immich's ``resize_pil`` (short side to ``size``, the other ``int(ratio * size)``) then
+    ``crop_pil`` (offsets ``int(side / 2 - size / 2)``), as a box on the source image."""
+    if width < height:
+        new_w, new_h = size, int((height / width) * size)
+    else:
+        new_w, new_h = int((width / height) * size), size
+    left, top = int(new_w / 2 - size / 2), int(new_h / 2 - size / 2)
+    sx, sy = width / new_w, height / new_h
+    return left * sx, top * sy, (left + size) * sx, (top + size) * sy
 
 
 def _rgb(image: Image.Image) -> np.ndarray:
@@ -196,11 +221,14 @@ def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions)
 
 
 def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
+    # Immich's server decodes every pixel: so does its mode here, or its embeddings would not
+    # be Immich's (a DCT-scaled decode moved pixels by up to 42/255, cosine 0.99991)
+    dc_only = options.progressive_dc_only and not options.immich
     try:
         layout = jpeg.walk(
             data,
             max_scans=options.max_scans,
-            dc_only_for=options.size if options.progressive_dc_only else None,
+            dc_only_for=options.size if dc_only else None,
             long_side=options.resize_mode == "longest",
         )
     except jpeg.UnsupportedJpeg as exc:
@@ -209,7 +237,8 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
         raise InvalidImage(str(exc)) from exc
     width, height = layout.width, layout.height
     long_side = options.resize_mode == "longest"
-    divisor = jpeg.scale_divisor(width, height, options.size, long_side=long_side)
+    divisor = 1 if options.immich else jpeg.scale_divisor(width, height, options.size,
+                                                          long_side=long_side)  # fmt: skip
     scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
     # the coefficient buffer and the decoded RGBX array (Pillow maps it without a copy)
     _check_cost(width, height, layout.coefficient_bytes + scaled * 4 + DECODER_OVERHEAD, options)
@@ -223,7 +252,9 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
             height=height,
         )
     try:
-        rgbx = jpeg.decode(data, layout, options.size, rgbx=True, long_side=long_side)
+        rgbx = jpeg.decode(
+            data, layout, options.size, rgbx=True, long_side=long_side, full_size=options.immich
+        )
     except jpeg.JpegError as exc:
         raise InvalidImage(str(exc)) from exc
     turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
@@ -273,11 +304,17 @@ def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image,
 
 
 def _resize_box(
-    image: Image.Image, size: tuple[int, int], box: orientation.Box, interpolation: Interpolation
+    image: Image.Image,
+    size: tuple[int, int],
+    box: orientation.Box,
+    interpolation: Interpolation,
+    *,
+    reduce: bool = True,
 ) -> Image.Image:
     """Antialiased resize of ``box`` to ``size``, as a resize of the whole image followed by a
     crop would compute it (Pillow's box maps coordinates; its filters read past the box). A box
-    pre-reduction when the source is over 3x the target (PNG/WebP/GIF: no DCT scaling)."""
+    pre-reduction when the source is over 3x the target (PNG/WebP/GIF: no DCT scaling), unless
+    ``reduce`` is off (Immich resizes in one step)."""
     width, height = image.size
     if size == (width, height) and box == (0.0, 0.0, float(width), float(height)):
         return image  # nothing to do (RGBX stays RGBX: _rgb packs it)
@@ -293,5 +330,5 @@ def _resize_box(
         size,
         _RESAMPLING[interpolation],
         box=box,
-        reducing_gap=3.0 if source > 3 * min(size) else None,
+        reducing_gap=3.0 if reduce and source > 3 * min(size) else None,
     )

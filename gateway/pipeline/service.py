@@ -115,18 +115,25 @@ class EmbeddingService:
         return await self._backend.ready()
 
     async def embed(
-        self, items: Sequence[Item], *, normalize: bool = True, skip_invalid: bool = False
+        self,
+        items: Sequence[Item],
+        *,
+        normalize: bool = True,
+        skip_invalid: bool = False,
+        immich: bool = False,
     ) -> Embeddings:
-        """Embed admitted items (the caller holds their ``Reservation``) within the deadline."""
+        """Embed admitted items (the caller holds their ``Reservation``) within the deadline.
+        ``immich``: preprocess images and clean texts as Immich's own ML server does (its
+        /predict, docs/IMMICH.md), not as open_clip does; the model and batching are the same."""
         timeout = self._settings.request_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await self._embed(items, normalize, skip_invalid)
+                return await self._embed(items, normalize, skip_invalid, immich)
         except TimeoutError as exc:
             raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
 
     async def _embed(
-        self, items: Sequence[Item], normalize: bool, skip_invalid: bool
+        self, items: Sequence[Item], normalize: bool, skip_invalid: bool, immich: bool = False
     ) -> Embeddings:
         deadline = time.monotonic() + self._settings.request_timeout_s
         model = await self._backend.model_info()
@@ -138,9 +145,11 @@ class EmbeddingService:
             # checked before any work is spent, on texts or images: they cost nothing to check
             good, refused = self._check_texts(items, texts, model, skip_invalid)
             if good:
-                work.append(lambda: self._embed_texts(items, good, model, deadline))
+                work.append(lambda: self._embed_texts(items, good, model, deadline, immich))
         if images:
-            work.append(lambda: self._embed_images(items, images, model, skip_invalid, deadline))
+            work.append(
+                lambda: self._embed_images(items, images, model, skip_invalid, deadline, immich)
+            )
         parts = await _all([make() for make in work])
         empty = np.empty((0, model.embed_dim), dtype=np.float32)
         vectors = np.concatenate([p.vectors for p in parts]) if parts else empty
@@ -201,6 +210,7 @@ class EmbeddingService:
         model: ModelInfo,
         skip_invalid: bool,
         deadline: float,
+        immich: bool = False,
     ) -> _Part:
         pre = model.image_preprocessing
         options = ImageOptions(
@@ -212,6 +222,7 @@ class EmbeddingService:
             resize_mode=pre.resize_mode,
             interpolation=pre.interpolation,
             fill_color=pre.fill_color,
+            immich=immich,
         )
         images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
         limit = min(self._settings.max_batch_size or model.max_batch_size, model.max_batch_size)
@@ -243,12 +254,18 @@ class EmbeddingService:
         )
 
     async def _embed_texts(
-        self, items: Sequence[Item], positions: list[int], model: ModelInfo, deadline: float
+        self,
+        items: Sequence[Item],
+        positions: list[int],
+        model: ModelInfo,
+        deadline: float,
+        immich: bool = False,
     ) -> _Part:
         assert model.text is not None
         texts: list[TextItem] = [items[i] for i in positions]  # type: ignore[misc]
         started = time.perf_counter()
-        batch = await self.texts.encode(texts, positions, self.texts.tokenizer(model))
+        tokenizer = self.texts.tokenizer(model)
+        batch = await self.texts.encode(texts, positions, tokenizer, immich=immich)
         tokenized_at = time.perf_counter()
         vectors = await self._infer(self._backend.infer_text, batch.tokens,
                                     model.text.max_batch_size, deadline, True,

@@ -17,7 +17,7 @@ from gateway.backend.protocol import ModelInfo
 from gateway.errors import EmbeddingError, InvalidText, LimitExceeded, ModalityUnavailable
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.items import TextItem
-from gateway.text.tokenizer import Tokenizer
+from gateway.text.tokenizer import Tokenizer, clean, clean_immich
 
 # One request's texts are tokenised by one pool thread; the pool spreads requests over the cores,
 # so the tokenizer's own thread pool would only oversubscribe them.
@@ -71,13 +71,20 @@ class TextEncoder:
         return None
 
     async def encode(
-        self, texts: Sequence[TextItem], positions: Sequence[int], tokenizer: Tokenizer
+        self,
+        texts: Sequence[TextItem],
+        positions: Sequence[int],
+        tokenizer: Tokenizer,
+        *,
+        immich: bool = False,
     ) -> TokenBatch:
-        """Token rows for texts already checked; one pool task for them all."""
+        """Token rows for texts already checked; one pool task for them all. ``immich``: the
+        texts cleaned as Immich's server cleans them (its /predict), not as open_clip does."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
+        cleaning = clean_immich if immich else clean
         rows = await loop.run_in_executor(
-            self._pool, tokenizer.encode_batch, [item.text for item in texts]
+            self._pool, tokenizer.encode_batch, [item.text for item in texts], cleaning
         )
         self._metrics.tokenize_seconds.observe(time.perf_counter() - started)
         self._metrics.texts.inc(len(texts))

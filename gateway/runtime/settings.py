@@ -13,10 +13,10 @@ import ipaddress
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from export.gate import MIN_COSINE, MIN_MEAN_COSINE
 
@@ -152,6 +152,33 @@ class ServerSettings(BaseSettings):
     #: Obey an incoming traceparent's "sampled" flag. Off by default: a client could otherwise
     #: make the server (and Triton) trace every request whatever the ratio.
     trace_trust_upstream: bool = False
+
+    # --- Immich -----------------------------------------------------------------------------
+    #: Also speak Immich's machine-learning protocol: ``GET /ping``, ``GET /`` and ``POST
+    #: /predict`` (docs/IMMICH.md). Immich sends no API key, so with keys configured its
+    #: ``/predict`` calls are refused: serve it without keys on loopback or a trusted network,
+    #: or let a proxy beside Immich add the key (deploy/compose.yaml shows one).
+    immich: bool = False
+    #: The model's Immich name, ``<open_clip model>__<pretrained tag>`` (``ViT-B-32__openai``):
+    #: set by the launcher from the export when its weights are that pretrained tag; never for
+    #: random weights or a checkpoint, which could not give Immich that model's embeddings.
+    immich_name: str | None = None
+    #: More names ``/predict`` answers to (comma separated): the operator vouching that these
+    #: weights are that model (a checkpoint of it; random weights in tests).
+    immich_aliases: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("immich_aliases", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
+
+    @property
+    def immich_names(self) -> tuple[str, ...]:
+        """Every model name ``/predict`` answers to; empty: none (each request gets 409)."""
+        named = (self.immich_name,) if self.immich_name else ()
+        return tuple(dict.fromkeys((*named, *self.immich_aliases)))
 
     @model_validator(mode="after")
     def _horizon_within_the_deadline(self) -> ServerSettings:
@@ -336,6 +363,21 @@ def load_api_keys(settings: ServerSettings) -> tuple[bytes, ...]:
             if key:
                 keys.append(key)
     return tuple(key.encode() for key in keys if key)
+
+
+def immich_protection(settings: ServerSettings) -> str:
+    """How the Immich routes are protected as configured, in one sentence for the log."""
+    if load_api_keys(settings):
+        return (
+            "API keys are configured, so /predict needs one: put a proxy beside Immich that "
+            "adds it (deploy/compose.yaml), or Immich's calls get 401 and go to its next URL"
+        )
+    if is_loopback(settings.host):
+        return f"no API keys; served on loopback ({settings.host}) only"
+    return (
+        f"no API keys and {settings.host} is not loopback: anyone who can reach this port can "
+        "use the model; keep it on a trusted network or behind a key-adding proxy"
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from export import gate
-from export.spec import model_identity
+from export.spec import immich_name, model_identity
 from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from gateway.backend.repository import render, rendered_config
 from gateway.imaging import paths
@@ -51,6 +51,7 @@ from gateway.runtime.settings import (
     RepositorySettings,
     Settings,
     exposure_problem,
+    immich_protection,
 )
 
 log = logging.getLogger("gateway.supervisor")
@@ -110,6 +111,9 @@ class Supervisor:
         if self.settings.server.anonymous:
             log.warning("GATEWAY_ANONYMOUS: serving without API keys on %s",
                         self.settings.server.host)  # fmt: skip
+        if self.settings.server.immich:
+            log.warning("GATEWAY_IMMICH: POST /predict serves Immich, which sends no API key: %s",
+                        immich_protection(self.settings.server))  # fmt: skip
         deadline = time.monotonic() + launch.startup_timeout_s
         for problem in self.timings.problems():
             log.warning("%s", problem)
@@ -285,10 +289,14 @@ class Supervisor:
             "GATEWAY_DECODE_THREADS": str(workers.decode_threads),
             "GATEWAY_TRITON_METRICS_URL": self.triton.metrics_url,
         }
+        manifest = json.loads((export_dir / "manifest.json").read_text())
         if "model_id" not in server.model_fields_set:
             # the public id names the model served (CLIP_MODEL), unless GATEWAY_MODEL_ID is set
-            manifest = json.loads((export_dir / "manifest.json").read_text())
             env["GATEWAY_MODEL_ID"] = manifest["model"]
+        if server.immich:
+            env["GATEWAY_IMMICH"] = "true"  # --immich reaches the HTTP process too
+            if "immich_name" not in server.model_fields_set:
+                env["GATEWAY_IMMICH_NAME"] = immich_name(manifest) or ""
         if workers.workers > 1:
             # each worker counts for itself; prometheus-client sums them through files here
             metrics_dir = self.scratch / "metrics"
@@ -394,6 +402,10 @@ def serve(argv: list[str] | None = None) -> int:
         "--log-file", type=Path, default=None,
         help="where Triton's and the gateway's logs go (default: <cache>/logs/serve.log)",
     )  # fmt: skip
+    parser.add_argument(
+        "--immich", action="store_true",
+        help="also serve Immich's ML protocol (/ping, /predict; docs/IMMICH.md)",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="all logs on the terminal")
     args = parser.parse_args(argv)
     log_file = None
@@ -403,7 +415,7 @@ def serve(argv: list[str] | None = None) -> int:
         log_file = args.log_file or (args.cache_dir or default_cache_dir()) / "logs" / "serve.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)
     settings = Settings.from_env(
-        server={"host": args.host, "port": args.port},
+        server={"host": args.host, "port": args.port} | ({"immich": True} if args.immich else {}),
         repository={"profile": args.profile},
         launch={
             "model": args.model,

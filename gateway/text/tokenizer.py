@@ -19,7 +19,9 @@ take a slower path that walks the pre-tokens and maps those to the special ids.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+import string
+import unicodedata
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import ftfy
@@ -37,6 +39,26 @@ def clean(text: str) -> str:
     split-and-join does both of open_clip's strips and its collapse.
     """
     return " ".join(html.unescape(html.unescape(ftfy.fix_text(text))).split()).lower()
+
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def immich_clean_text(text: str, canonicalize: bool = False) -> str:
+    """Immich's ``clean_text``: whitespace runs to one space, trimmed; for models whose
+    ``tokenizer_kwargs.clean`` is ``canonicalize`` (SigLIP's), then ASCII punctuation removed and
+    lower case. Unlike open_clip's ``canonicalize_text``, ``_`` is removed, not made a space, and
+    removing punctuation may leave double spaces."""
+    text = " ".join(text.split())
+    return text.translate(_PUNCTUATION).lower() if canonicalize else text
+
+
+def clean_immich(text: str) -> str:
+    """What Immich's server does to a query before its ids, for OpenAI's CLIP BPE: its
+    ``clean_text``, then the normaliser of the ``tokenizer.json`` it loads from the Hugging Face
+    hub (NFC, lower case). No ftfy, no HTML unescaping: ``&amp;`` stays five characters, as
+    Immich embeds it."""
+    return unicodedata.normalize("NFC", immich_clean_text(text)).lower()
 
 
 class Tokenizer:
@@ -58,9 +80,12 @@ class Tokenizer:
     def from_file(cls, path: str | Path, context_length: int) -> Tokenizer:
         return cls(tokenizers.Tokenizer.from_file(str(path)), context_length)
 
-    def encode_batch(self, texts: Sequence[str]) -> np.ndarray:
-        """Token ids for each text, one row each; empty or blank text is start + end only."""
-        cleaned = [clean(text) for text in texts]
+    def encode_batch(
+        self, texts: Sequence[str], cleaning: Callable[[str], str] = clean
+    ) -> np.ndarray:
+        """Token ids for each text, one row each; empty or blank text is start + end only.
+        ``cleaning``: open_clip's (``clean``) or Immich's (``clean_immich``)."""
+        cleaned = [cleaning(text) for text in texts]
         plain = [i for i, text in enumerate(cleaned) if not self._has_special(text)]
         bodies: list[list[int]] = [[] for _ in cleaned]
         encodings = self._tokenizer.encode_batch(

@@ -381,7 +381,8 @@ def siglip_photos() -> list[bytes]:
 def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
     """``make serve CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=random``: exported by the launch path
     (or found in the cache), served with its own dimension, preprocessing (squash, mean/std 0.5)
-    and id; faithful to open_clip's own pipeline for it; texts refused, saying why."""
+    and id; faithful to open_clip's own pipeline for it; texts refused, saying why; with
+    ``--immich``, Immich's routes on, and no Immich name claimed by random weights."""
     ports = [reserve_port() for _ in range(4)]
     env = {
         "GATEWAY_SCRATCH_DIR": str(tmp_path),
@@ -390,7 +391,7 @@ def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
         "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
     }
     command = [sys.executable, "-m", "gateway", "serve", "--model", "ViT-B-16-SigLIP",
-               "--weights", "random", "--port", str(ports[0].port),
+               "--weights", "random", "--immich", "--port", str(ports[0].port),
                "--cache-dir", str(exported.directory.parents[1]),
                "--log-file", str(tmp_path / "children.log")]  # fmt: skip
     process = launch(command, env, tmp_path, ports[0].port)
@@ -411,6 +412,12 @@ def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
         assert model["modalities"] == ["image"] and "Hugging Face" in model["text_unavailable"]
         assert model["preprocessing"]["resize_mode"] == "squash"
         assert model["preprocessing"]["mean"] == [0.5, 0.5, 0.5]
+        # --immich reaches the HTTP process; random weights claim no Immich name (docs/IMMICH.md)
+        assert model["immich_names"] == []
+        entries = '{"clip": {"visual": {"modelName": "ViT-B-16-SigLIP__webli"}}}'
+        refused = httpx.post(f"{url}/predict", timeout=30, files=[
+            ("entries", (None, entries)), ("image", ("blob", samples.compact(1)))])  # fmt: skip
+        assert refused.status_code == 409, refused.text[:300]
         photos = siglip_photos()
         form = [("image", (f"{i}", p, "image/jpeg")) for i, p in enumerate(photos)]
         answer = httpx.post(f"{url}/v1/embeddings", files=form, timeout=120)
