@@ -151,3 +151,58 @@ def test_openvino_missing_from_the_triton_env_says_how_to_install_it(tmp_path: P
     python.chmod(0o755)
     with pytest.raises(bf16.Bf16Unavailable, match="make triton-env"):
         bf16.openvino_version(python)
+
+
+class FakeInstall:
+    python_bin_dir = Path("/nonexistent/bin")
+
+
+def supervisor(monkeypatch: pytest.MonkeyPatch, profile: str, flags: str, **launch: object):
+    """The launcher's gate step with this CPU's flags, and no Triton env to look at."""
+    from gateway.runtime import supervisor as module
+    from gateway.runtime.settings import Settings
+
+    monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr(module.TritonInstall, "discover", classmethod(lambda cls: FakeInstall()))
+    settings = Settings.from_env(repository={"profile": profile}, launch=launch)
+    return module.Supervisor(settings, progress=lambda line: None)
+
+
+def test_an_explicit_cpu_bf16_on_a_cpu_without_bf16_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gateway.runtime.processes import LaunchError
+
+    launcher = supervisor(monkeypatch, "cpu-bf16", ICE_LAKE, bf16_fallback=False)
+    with pytest.raises(LaunchError, match=r"no BF16 units .*amx_bf16, avx512_bf16"):
+        launcher.bf16_gate(tmp_path, "as configured")
+
+
+def test_figures_below_the_gate_refuse_or_fall_back_saying_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gateway.runtime.processes import LaunchError
+
+    poor = {"image": {"vs_fp32": {"mean": 0.9, "min": 0.5, "count": 48}}}
+    monkeypatch.setattr(bf16, "figures", lambda *args: ("2026.4.1", poor))
+    launcher = supervisor(monkeypatch, "cpu-bf16", SAPPHIRE_RAPIDS, bf16_fallback=False)
+    with pytest.raises(LaunchError, match="BF16 refused by the quality gate: image tower"):
+        launcher.bf16_gate(tmp_path, "as configured")
+    launcher = supervisor(monkeypatch, "cpu-bf16", SAPPHIRE_RAPIDS, bf16_fallback=True)
+    profile, reason = launcher.bf16_gate(tmp_path, "as configured")
+    assert profile == "cpu-bf16" and reason.startswith("BF16 refused, FP32 serves")
+    assert launcher.bf16 is not None and "mean 0.90000 < 0.998" in launcher.bf16["fallback"]
+    # chosen by auto: always falls back, never refuses to start
+    launcher = supervisor(monkeypatch, "auto", SAPPHIRE_RAPIDS, bf16_fallback=False)
+    assert launcher.bf16_gate(tmp_path, "no GPU")[0] == "cpu-bf16"
+    assert launcher.bf16 is not None and launcher.bf16["fallback"]
+
+
+def test_figures_within_the_gate_serve_bf16(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(bf16, "figures", lambda *args: ("2026.4.1", FIGURES))
+    launcher = supervisor(monkeypatch, "cpu-bf16", COOPER_LAKE)
+    assert launcher.bf16_gate(tmp_path, "as configured") == ("cpu-bf16", "as configured")
+    assert launcher.bf16 is not None and launcher.bf16["fallback"] is None
+    assert launcher.bf16["figures"] == FIGURES and launcher.bf16["openvino"] == "2026.4.1"
