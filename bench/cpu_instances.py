@@ -132,5 +132,32 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results_json: str) -> None:
+    """``python bench/cpu_instances.py --plot OUT/cpu_instances.json`` (any env with matplotlib):
+    the images per CPU-second of each profile and plan, beside the JSON."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = json.loads(Path(results_json).read_text())
+    names = list(results["plans"])
+    values = [results["plans"][n]["median_images_per_cpu_s"] for n in names]
+    colours = ["tab:green" if n.startswith("cpu-bf16") else "tab:blue" if "int8" in n
+               else "tab:gray" for n in names]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.barh(names[::-1], values[::-1], color=colours[::-1])
+    for y, v in enumerate(values[::-1]):
+        ax.text(v, y, f" {v:.1f}", va="center")
+    ax.set_xlabel("images per CPU-second (median of 3 rounds), batch 32")
+    ax.set_title("CPU profiles x model plan (instances x threads), ViT-B/32 image tower")
+    ax.set_xlim(0, max(values) * 1.18)
+    fig.tight_layout()
+    fig.savefig(Path(results_json).with_suffix(".png"), dpi=110)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1:2] == ["--plot"]:
+        plot(sys.argv[2])
+    else:
+        main(*sys.argv[1:])
