@@ -17,6 +17,8 @@ import json
 import logging
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,25 +109,36 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return result
 
 
-def measure(export_dir: Path, python: Path, script: Path, threads: int) -> dict[str, Any]:
-    """Per tower, BF16 (OpenVINO) vs FP32 (ONNX Runtime) cosine on the calibration set."""
+def measure(
+    export_dir: Path,
+    python: Path,
+    script: Path,
+    threads: int,
+    *,
+    timeout: float = CHECK_SECONDS,
+    stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """Per tower, BF16 (OpenVINO) vs FP32 (ONNX Runtime) cosine on the calibration set; the
+    check is ended if it outlasts ``timeout`` or ``stop()`` says the launch is being stopped."""
     manifest = json.loads((export_dir / "manifest.json").read_text())
     inputs = calibration_inputs(manifest, export_dir)
     with tempfile.TemporaryDirectory(prefix="clip-gateway-bf16-") as scratch:
-        feed, out = Path(scratch) / "inputs.npz", Path(scratch) / "out.npz"
+        feed, out, err = (Path(scratch) / name for name in ("inputs.npz", "out.npz", "err.txt"))
         np.savez(feed, **inputs)  # type: ignore[arg-type]
-        try:
-            done = subprocess.run(
-                [str(python), str(script), str(export_dir), str(feed), str(out), str(threads)],
-                capture_output=True,
-                text=True,
-                timeout=CHECK_SECONDS,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise Bf16Unavailable(f"the BF16 check took over {CHECK_SECONDS:.0f} s") from exc
-        if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise Bf16Unavailable(f"the BF16 check failed: {tail}")
+        command = [str(python), str(script), str(export_dir), str(feed), str(out), str(threads)]
+        with open(err, "wb") as errors:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+            ends = time.monotonic() + timeout
+            while process.poll() is None:
+                if stop() or time.monotonic() >= ends:
+                    process.kill()
+                    process.wait()
+                    why = "the launch was stopped" if stop() else f"it took over {timeout:.0f} s"
+                    raise Bf16Unavailable(f"the BF16 check was ended: {why}")
+                time.sleep(0.2)
+        if process.returncode != 0:
+            lines = err.read_text(errors="replace").strip().splitlines() or ["(no output)"]
+            raise Bf16Unavailable(f"the BF16 check failed: {lines[-1]}")
         embeddings = dict(np.load(out))
     sets = {
         "image": f"{PHOTOS} generated photos (export/calibration.py), resized and centre-cropped",
@@ -141,7 +154,13 @@ def measure(export_dir: Path, python: Path, script: Path, threads: int) -> dict[
 
 
 def figures(
-    export_dir: Path, python: Path, script: Path, threads: int
+    export_dir: Path,
+    python: Path,
+    script: Path,
+    threads: int,
+    *,
+    timeout: float = CHECK_SECONDS,
+    stop: Callable[[], bool] = lambda: False,
 ) -> tuple[str, dict[str, Any]]:
     """(OpenVINO version, figures): recorded beside the export for this version, else measured
     now and recorded (a read-only export directory is measured at every start)."""
@@ -154,7 +173,7 @@ def figures(
     except (OSError, ValueError):
         pass
     log.info("measuring OpenVINO %s BF16 against FP32 on the calibration set", version)
-    measured = measure(export_dir, python, script, threads)
+    measured = measure(export_dir, python, script, threads, timeout=timeout, stop=stop)
     try:
         record.write_text(json.dumps({"openvino": version, "figures": measured}, indent=1))
     except OSError as exc:

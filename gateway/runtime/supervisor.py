@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shutil
 import signal
 import sys
@@ -134,7 +135,7 @@ class Supervisor:
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
         profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         if profile == "cpu-bf16":
-            profile, reason = self.bf16_gate(export_dir, reason)
+            profile, reason = self.bf16_gate(export_dir, reason, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
         profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
         assert self.triton is not None
@@ -252,7 +253,9 @@ class Supervisor:
         self.progress(f"INT8 refused, serving FP32 (GATEWAY_INT8_FALLBACK): {refused}")
         return refused
 
-    def bf16_gate(self, export_dir: Path, reason: str) -> tuple[Profile, str]:
+    def bf16_gate(
+        self, export_dir: Path, reason: str, deadline: float = math.inf
+    ) -> tuple[Profile, str]:
         """``cpu-bf16``: only on a CPU with BF16 units, and only if OpenVINO's BF16 embeddings
         pass the INT8 gate's thresholds against FP32 (runtime/bf16.py). Refused: a LaunchError
         when named explicitly (unless GATEWAY_BF16_FALLBACK), else the ``cpu`` profile's
@@ -273,7 +276,11 @@ class Supervisor:
             self.progress(f"cpu-bf16: {unit}; checking OpenVINO BF16 against FP32")
             try:
                 threads = plan.model_plan("cpu-bf16", plan.usable_cpus()).threads
-                version, measured = bf16.figures(export_dir, python, script, threads)
+                version, measured = bf16.figures(
+                    export_dir, python, script, threads,
+                    timeout=max(1.0, min(bf16.CHECK_SECONDS, deadline - time.monotonic())),
+                    stop=self.stop_requested.is_set,
+                )  # fmt: skip
                 refused = gate.refusal(measured, thresholds, "BF16")
             except bf16.Bf16Unavailable as exc:
                 refused = str(exc)

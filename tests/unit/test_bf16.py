@@ -184,7 +184,7 @@ def test_figures_below_the_gate_refuse_or_fall_back_saying_why(
     from gateway.runtime.processes import LaunchError
 
     poor = {"image": {"vs_fp32": {"mean": 0.9, "min": 0.5, "count": 48}}}
-    monkeypatch.setattr(bf16, "figures", lambda *args: ("2026.4.1", poor))
+    monkeypatch.setattr(bf16, "figures", lambda *args, **kwargs: ("2026.4.1", poor))
     launcher = supervisor(monkeypatch, "cpu-bf16", SAPPHIRE_RAPIDS, bf16_fallback=False)
     with pytest.raises(LaunchError, match="BF16 refused by the quality gate: image tower"):
         launcher.bf16_gate(tmp_path, "as configured")
@@ -201,8 +201,34 @@ def test_figures_below_the_gate_refuse_or_fall_back_saying_why(
 def test_figures_within_the_gate_serve_bf16(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(bf16, "figures", lambda *args: ("2026.4.1", FIGURES))
+    monkeypatch.setattr(bf16, "figures", lambda *args, **kwargs: ("2026.4.1", FIGURES))
     launcher = supervisor(monkeypatch, "cpu-bf16", COOPER_LAKE)
     assert launcher.bf16_gate(tmp_path, "as configured") == ("cpu-bf16", "as configured")
     assert launcher.bf16 is not None and launcher.bf16["fallback"] is None
     assert launcher.bf16["figures"] == FIGURES and launcher.bf16["openvino"] == "2026.4.1"
+
+
+def fake_check(tmp_path: Path, body: str) -> tuple[Path, Path]:
+    """An export directory with a small manifest, and an "interpreter" running ``body``."""
+    export = tmp_path / "export"
+    export.mkdir()
+    manifest = {"image_size": 32, "towers": {"image": {}}, "tokenizer": {"available": False}}
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    python = tmp_path / "python3"
+    python.write_text(f"#!/bin/sh\n{body}\n")
+    python.chmod(0o755)
+    return export, python
+
+
+def test_a_failing_check_says_why(tmp_path: Path) -> None:
+    export, python = fake_check(tmp_path, "echo 'RuntimeError: no bf16 here' >&2; exit 3")
+    with pytest.raises(bf16.Bf16Unavailable, match="check failed: RuntimeError: no bf16 here"):
+        bf16.measure(export, python, tmp_path / "check.py", 1)
+
+
+def test_a_stopped_launch_ends_the_check(tmp_path: Path) -> None:
+    export, python = fake_check(tmp_path, "exec sleep 600")
+    with pytest.raises(bf16.Bf16Unavailable, match="the launch was stopped"):
+        bf16.measure(export, python, tmp_path / "check.py", 1, stop=lambda: True)
+    with pytest.raises(bf16.Bf16Unavailable, match="took over 1 s"):
+        bf16.measure(export, python, tmp_path / "check.py", 1, timeout=1.0)
