@@ -29,16 +29,13 @@ class Thresholds:
         return {"min_mean_cosine": self.mean, "min_cosine": self.min}
 
 
-def refusal(figures: dict[str, Any], thresholds: Thresholds, precision: str = "INT8") -> str | None:
-    """Why INT8 (or ``precision``: BF16, gateway/runtime/bf16.py) must not be served (every
-    failing tower, with its numbers), or None.
+def refusal(figures: dict[str, Any], thresholds: Thresholds) -> str | None:
+    """Why INT8 must not be served (every failing tower, with its numbers), or None.
 
     ``figures`` is the manifest's ``int8.figures``: per tower, ``vs_fp32`` with ``mean``,
     ``min`` and ``count``. A tower without figures fails: nothing was measured.
     """
     if not figures:
-        if precision != "INT8":
-            return f"no {precision} figures were measured"
         return "no INT8 figures were recorded: export again with --int8"
     problems = []
     for tower, measured in sorted(figures.items()):
@@ -57,4 +54,4 @@ def refusal(figures: dict[str, Any], thresholds: Thresholds, precision: str = "I
             problems.append(f"{tower} tower cosine vs FP32 {', '.join(failed)} ({items} items)")
     if not problems:
         return None
-    return f"{precision} refused by the quality gate: " + "; ".join(problems)
+    return "INT8 refused by the quality gate: " + "; ".join(problems)

@@ -25,8 +25,7 @@ CANARY_PARAMETER: Final = "canary_embedding"
 
 #: ``clip_image`` and ``clip_text`` config parameter in the ``cpu-int8`` profile: the tower's
 #: precision (``int8``, or ``fp32`` where the operator allowed a fallback and says why), the
-#: quantization method and the export's quality-gate figures, as JSON; shown in /v1/models. The
-#: ``cpu-bf16`` profile writes its runtime (OpenVINO), precision and gate figures here too.
+#: quantization method and the export's quality-gate figures, as JSON; shown in /v1/models.
 QUANTIZATION_PARAMETER: Final = "quantization"
 #: In the ``tensorrt`` profile, a model whose graph TensorRT's parser cannot take whole says so
 #: (the nodes) here and is served on the CUDA EP (backend/repository.py).

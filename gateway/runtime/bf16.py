@@ -181,6 +181,15 @@ def figures(
     return version, measured
 
 
+def refusal(measured: dict[str, Any], thresholds: gate.Thresholds) -> str | None:
+    """The INT8 gate's verdict (export/gate.py) on BF16's figures, worded for BF16. (The gate's
+    module is left as it is: it is part of the INT8 files' code version, export/spec.py.)"""
+    if not measured:
+        return "no BF16 figures were measured"
+    why = gate.refusal(measured, thresholds)
+    return None if why is None else why.replace("INT8 refused", "BF16 refused", 1)
+
+
 def section(
     version: str | None,
     measured: dict[str, Any],

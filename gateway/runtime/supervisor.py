@@ -281,7 +281,7 @@ class Supervisor:
                     timeout=max(1.0, min(bf16.CHECK_SECONDS, deadline - time.monotonic())),
                     stop=self.stop_requested.is_set,
                 )  # fmt: skip
-                refused = gate.refusal(measured, thresholds, "BF16")
+                refused = bf16.refusal(measured, thresholds)
             except bf16.Bf16Unavailable as exc:
                 refused = str(exc)
         if refused is None:

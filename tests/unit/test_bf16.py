@@ -68,10 +68,11 @@ def test_an_explicit_profile_and_a_gpu_are_not_overridden_by_the_cpu_flags(tmp_p
 
 def test_the_gate_names_bf16_in_its_refusal() -> None:
     figures = {"image": {"vs_fp32": {"mean": 0.997, "min": 0.995, "count": 48}}}
-    why = refusal(figures, Thresholds(), "BF16")
+    why = bf16.refusal(figures, Thresholds())
     assert why is not None and why.startswith("BF16 refused by the quality gate: image tower")
     assert "mean 0.99700 < 0.998" in why
-    assert refusal({}, Thresholds(), "BF16") == "no BF16 figures were measured"
+    assert bf16.refusal({}, Thresholds()) == "no BF16 figures were measured"
+    assert bf16.refusal(FIGURES, Thresholds()) is None
     # INT8's wording is unchanged
     assert refusal({}, Thresholds()) == "no INT8 figures were recorded: export again with --int8"
 
