@@ -81,6 +81,8 @@ def test_cpu_bf16_is_a_cpu_profile_with_int8s_core_plan() -> None:
     assert "cpu-bf16" in PROFILES
     assert plan.model_plan("cpu-bf16", 2) == plan.model_plan("cpu-int8", 2)
     assert RepositorySettings(profile="cpu-bf16").warmup == (1,)
+    # chosen by auto and failing to load: the FP32 cpu profile, as tensorrt falls back to cuda
+    assert profiles.FALLBACK["cpu-bf16"] == "cpu"
 
 
 FIGURES = {
