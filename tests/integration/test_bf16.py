@@ -98,3 +98,17 @@ def test_without_bf16_units_an_explicit_cpu_bf16_is_refused(exported, launch) ->
     assert served.process.wait(300) == 2
     log = served.log.read_text()
     assert "this CPU has no BF16 units" in log and "tritonserver" not in log
+
+
+@needs_bf16
+def test_auto_without_a_gpu_serves_cpu_bf16_on_this_cpu(exported, launch) -> None:  # noqa: F811
+    from gateway.runtime import profiles
+
+    if profiles.detect() is not None:
+        pytest.skip("a GPU is present: auto picks a GPU profile")
+    served = launch(GATEWAY_MODEL_DIR=str(exported.directory), GATEWAY_TRITON_PROFILE="auto")
+    wait_ready(served)
+    assert "Triton cpu-bf16 profile (no GPU; the CPU has" in served.log.read_text()
+    card = model_card(served.url)
+    assert {tower: card["quantization"][tower]["precision"] for tower in ("image", "text")} == {
+        "image": "bf16", "text": "bf16"}  # fmt: skip
