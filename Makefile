@@ -10,8 +10,9 @@ PORT ?= 8000
 # `random`. Another model needs its own weights, e.g. CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=webli.
 CLIP_MODEL ?= ViT-B-32
 CLIP_WEIGHTS ?= laion2b_s34b_b79k
-# Triton profile: cpu | cpu-int8 | cuda | tensorrt | auto (GPU profiles need an NGC tritonserver;
-# deploy/). cpu-int8: the INT8 graphs, quantized on first use and held to the quality gate.
+# Triton profile: cpu | cpu-int8 | cpu-bf16 | cuda | tensorrt | auto (GPU profiles need an NGC
+# tritonserver; deploy/). cpu-int8: the INT8 graphs, quantized on first use and held to the quality
+# gate. cpu-bf16: OpenVINO BF16 on CPUs with AVX-512 BF16/AMX, held to the same gate.
 PROFILE ?= cpu
 HOST ?= 127.0.0.1
 # pillow-simd: Pillow's API with SIMD resampling (the resize is 5-8x faster here than stock

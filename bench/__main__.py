@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=None, help="default: bench/results/<suite>")
     run.add_argument(
         "--profile",
-        choices=("cpu", "cpu-int8", "cuda", "tensorrt"),
+        choices=("cpu", "cpu-int8", "cpu-bf16", "cuda", "tensorrt"),
         default="cpu",
         help="Triton profile for B and C (GPU profiles need the NGC tritonserver)",
     )

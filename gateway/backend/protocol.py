@@ -58,7 +58,8 @@ class ModelInfo:
     text_unavailable: str | None = None
     #: Per tower (``image``, ``text``), its precision and the INT8 quality gate's figures, when
     #: the profile is ``cpu-int8`` (the configs' quantization parameter; README "The cpu-int8
-    #: profile"). None: the export's own FP32/FP16 graphs, nothing quantized.
+    #: profile"), or its runtime, BF16 precision and gate figures with ``cpu-bf16``. None: the
+    #: export's own FP32/FP16 graphs, nothing quantized.
     quantization: dict[str, Any] | None = field(default=None, compare=False)
     #: Model instances that run calls side by side (the config's instance groups): a request
     #: larger than one image is split so every instance gets a share (pipeline/service.py).

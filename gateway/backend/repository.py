@@ -31,6 +31,10 @@ from gateway.backend.contract import (
 )
 from gateway.runtime.settings import CPU_PROFILES, PROFILES, RepositorySettings
 
+#: triton/python/model.py's parameters: which runtime runs the ONNX file, at which precision.
+RUNTIME_PARAMETER = "runtime"
+PRECISION_PARAMETER = "inference_precision"
+
 #: The exporter's tokenizer file (export/spec.py TOKENIZER_FILE), placed beside clip_text's config.
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -127,6 +131,12 @@ def render_tower_config(
     for part in ("base.pbtxt", f"profiles/{_profile_template(settings)}.pbtxt"):
         text = Template((templates / part).read_text()).substitute(values)
         text_format.Merge(text, config)
+    if settings.profile == "cpu-bf16":
+        if settings.cpu_backend != "python":
+            raise ValueError("the cpu-bf16 profile runs OpenVINO in the Python backend: "
+                             "GATEWAY_TRITON_CPU_BACKEND must be python")  # fmt: skip
+        config.parameters[RUNTIME_PARAMETER].string_value = "openvino"
+        config.parameters[PRECISION_PARAMETER].string_value = "bf16"
     for batch in settings.warmup:
         warmup = config.model_warmup.add(name=f"batch_{batch}", batch_size=batch, count=1)
         tensor = warmup.inputs[tower.input_name]
@@ -158,6 +168,7 @@ def render(
     *,
     link: bool = True,
     int8_fallback: str | None = None,
+    bf16: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``out_dir/<model>/{config.pbtxt,1/...}`` for ``settings.profile``; return ``out_dir``.
 
@@ -169,9 +180,18 @@ def render(
     ``cpu-int8`` renders the INT8 files (the launcher has held their figures to the quality
     gate), each config with its tower's figures and INT8 canary; with ``int8_fallback`` (why
     INT8 is not served) the FP32 files instead, the configs saying so.
+
+    ``cpu-bf16`` renders the FP32 files for OpenVINO at BF16; ``bf16`` is what the launcher's
+    gate measured (runtime/bf16.py ``section``), shown per tower in /v1/models; with its
+    ``fallback`` set (why BF16 is not served) the ``cpu`` profile instead, the configs saying so.
     """
     templates = templates or settings.templates_dir or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
+    if settings.profile == "cpu-bf16" and bf16 is not None and bf16.get("fallback"):
+        served = settings.model_copy(update={"profile": "cpu"})
+        render(served, export_dir, out_dir, templates, link=link)
+        _precision(out_dir, bf16)
+        return out_dir
     if settings.profile == "cpu-int8" and int8_fallback is not None:
         served = settings.model_copy(update={"profile": "cpu"})
         render(served, export_dir, out_dir, templates, link=link)
@@ -202,7 +222,35 @@ def render(
         (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
     if settings.profile == "cpu-int8":
         _quantization(out_dir, manifest, None)
+    if settings.profile == "cpu-bf16":
+        _precision(out_dir, bf16 or {})
     return out_dir
+
+
+def _precision(out_dir: Path, bf16: dict[str, Any]) -> None:
+    """``cpu-bf16``'s entry in each tower's quantization parameter (/v1/models): the runtime and
+    precision that serve, the gate's figures for the tower, or why FP32 serves instead."""
+    for model_name, kind in ((TRITON_MODEL_NAME, "image"), (TEXT_MODEL_NAME, "text")):
+        path = out_dir / model_name / "config.pbtxt"
+        if not path.exists():
+            continue
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+        value: dict[str, Any]
+        if fallback := bf16.get("fallback"):
+            value = {"precision": "fp32", "runtime": "onnxruntime", "requested": "bf16",
+                     "fallback": fallback}  # fmt: skip
+        else:
+            value = {"precision": "bf16", "runtime": "openvino"}
+        if version := bf16.get("openvino"):
+            value["openvino"] = version
+        if figures := (bf16.get("figures") or {}).get(kind):
+            value |= {
+                "calibration_set": figures.get("set"),
+                "cosine_vs_fp32": figures.get("vs_fp32"),
+                "gate": bf16.get("thresholds"),
+            }
+        config.parameters[QUANTIZATION_PARAMETER].string_value = json.dumps(value)
+        path.write_text(text_format.MessageToString(config))
 
 
 def _blockers(manifest: dict[str, Any], tower: Tower) -> list[str]:

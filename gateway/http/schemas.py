@@ -145,7 +145,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
     #: Per tower (``image``, ``text``): ``precision`` (``int8``; ``fp32`` with ``fallback``, why,
     #: when INT8 was asked for and refused), the method and the INT8 quality gate's figures.
-    #: Only with the ``cpu-int8`` profile.
+    #: Only with the ``cpu-int8`` profile; with ``cpu-bf16``: ``precision`` ``bf16``, ``runtime``
+    #: ``openvino`` and its version, BF16 vs FP32 figures and the gate (or ``fp32`` + ``fallback``).
     quantization: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     #: The libraries that decode and resize images in this gateway (gateway/imaging/paths.py).
     imaging: ImagingPath | msgspec.UnsetType = msgspec.UNSET

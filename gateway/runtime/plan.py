@@ -110,7 +110,9 @@ class ModelPlan:
 #: time and scale over threads, so one instance with every thread is as fast with 4 clients and
 #: far better for one client (single image ~58 vs ~94 ms) and in memory (each instance holds
 #: a copy of the model: ~600 MB for both FP32 towers). More than two was not measured.
-CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2}
+#: ``cpu-bf16``: cpu-int8's plan (its BF16 matrix products are as short as INT8's, so the
+#: single-threaded stretches between them weigh as much); docs/PERFORMANCE.md has its figures.
+CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2, "cpu-bf16": 2}
 
 
 def model_plan(profile: str, cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:

@@ -115,6 +115,13 @@ def from_table(gpu: GpuInfo | None) -> tuple[Profile, str]:
     return "tensorrt", DEFAULT_REASON
 
 
+def cpu_choice(bf16_unit: str | None) -> tuple[Profile, str]:
+    """Without a GPU: ``cpu-bf16`` where the CPU has BF16 units (runtime/bf16.py), else ``cpu``."""
+    if bf16_unit is None:
+        return "cpu", "no GPU"
+    return "cpu-bf16", f"no GPU; the CPU has {bf16_unit} (OpenVINO BF16, held to the quality gate)"
+
+
 def choose(
     override: str,
     gpu: GpuInfo | None,
@@ -124,8 +131,10 @@ def choose(
     calibrate_now: bool = False,
     timer: calibrate.Timer | None = None,
     deadline: float = math.inf,
+    bf16_unit: str | None = None,
 ) -> tuple[Profile, str]:
-    """Operator override > recorded calibration > fresh calibration (opt-in) > the table.
+    """Operator override > recorded calibration > fresh calibration (opt-in) > the table;
+    without a GPU, ``cpu-bf16`` where the CPU has ``bf16_unit`` (its flag), else ``cpu``.
 
     ``model`` is the model's identity (export.spec.model_identity): a calibration holds only for
     the GPU model and the weights it measured. A calibration that measures nothing falls back
@@ -134,7 +143,7 @@ def choose(
     if override != "auto":
         return override, "as configured"  # type: ignore[return-value]
     if gpu is None:
-        return "cpu", "no GPU"
+        return cpu_choice(bf16_unit)
     if (previous := calibrate.recorded(record, gpu.name, model)) is not None:
         return previous.winner, f"calibrated on this GPU earlier: {previous.reason}"
     table_choice, table_reason = from_table(gpu)
@@ -153,4 +162,5 @@ def choose(
 #: When an automatically chosen profile does not load (an engine build failing, an unsupported
 #: op): what to try next, within the same start-up budget. The CUDA EP runs any graph ONNX
 #: Runtime can; an operator's explicit choice never falls back.
-FALLBACK: dict[Profile, Profile] = {"tensorrt": "cuda"}
+#: ``cpu-bf16`` chosen by ``auto`` that does not load (OpenVINO refusing the model): ``cpu``.
+FALLBACK: dict[Profile, Profile] = {"tensorrt": "cuda", "cpu-bf16": "cpu"}

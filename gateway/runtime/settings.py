@@ -22,11 +22,12 @@ from export.gate import MIN_COSINE, MIN_MEAN_COSINE
 
 MiB = 1 << 20
 #: Triton execution profiles (triton/profiles/*.pbtxt); ``cpu-int8`` is the ``cpu`` profile
-#: serving the export's INT8 files (``python -m export --int8``).
-Profile = Literal["cpu", "cpu-int8", "cuda", "tensorrt"]
-PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cuda", "tensorrt")
-#: The profiles that run the model on the CPU (ONNX Runtime's CPU EP): the core plan applies.
-CPU_PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8")
+#: serving the export's INT8 files (``python -m export --int8``); ``cpu-bf16`` the export's FP32
+#: files on OpenVINO at BF16 inference precision (CPUs with AVX-512 BF16 or AMX, runtime/bf16.py).
+Profile = Literal["cpu", "cpu-int8", "cpu-bf16", "cuda", "tensorrt"]
+PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cuda", "tensorrt")
+#: The profiles that run the model on the CPU (the Python backend): the core plan applies.
+CPU_PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16")
 
 
 class ServerSettings(BaseSettings):
@@ -210,8 +211,10 @@ class RepositorySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_TRITON_", frozen=True)
 
     #: Execution profile: ``cpu`` (Python backend + ORT CPU EP), ``cpu-int8`` (the same, with
-    #: the export's INT8 files, held to the quality gate), ``cuda`` (ORT CUDA EP), ``tensorrt``
-    #: (ORT TensorRT EP, FP16), or ``auto``: chosen by the launcher for the GPU it finds
+    #: the export's INT8 files, held to the quality gate), ``cpu-bf16`` (the FP32 files on
+    #: OpenVINO at BF16 inference precision, held to the same gate; CPUs with BF16 units only),
+    #: ``cuda`` (ORT CUDA EP), ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``: chosen by the
+    #: launcher for the GPU it finds, or without one for the CPU's flags
     #: (gateway/runtime/profiles.py). Rendering needs a concrete one.
     profile: Profile | Literal["auto"] = "cpu"
     #: Largest batch Triton accepts; the gateway splits bigger requests to fit.
@@ -305,8 +308,12 @@ class LaunchSettings(BaseSettings):
     #: ``cpu-int8`` when the quality gate refuses the export's INT8 files: serve the FP32 files
     #: (saying so in the log and in /v1/models) instead of refusing to start.
     int8_fallback: bool = False
+    #: ``cpu-bf16`` named explicitly when the quality gate refuses OpenVINO's BF16 figures: serve
+    #: the ``cpu`` profile (saying so) instead of refusing to start. ``auto`` always falls back.
+    bf16_fallback: bool = False
     #: The INT8 quality gate (export/gate.py): mean and lowest cosine, INT8 vs FP32, each tower
-    #: must reach on the export's calibration set, checked again at every ``cpu-int8`` start.
+    #: must reach on the export's calibration set, checked again at every ``cpu-int8`` start;
+    #: the ``cpu-bf16`` profile is held to the same thresholds (BF16 vs FP32).
     int8_min_mean_cosine: float = Field(MIN_MEAN_COSINE, gt=0, le=1)
     int8_min_cosine: float = Field(MIN_COSINE, gt=0, le=1)
     #: Triton's loopback ports, never published; 0 = reserve free ones.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shutil
 import signal
 import sys
@@ -30,14 +31,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from export import gate
 from export.spec import immich_name, model_identity
 from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
-from gateway.backend.repository import render, rendered_config
+from gateway.backend.repository import default_templates, render, rendered_config
 from gateway.imaging import paths
 from gateway.observability.logs import configure
-from gateway.runtime import calibrate, engines, exports, plan, profiles, timings
+from gateway.runtime import bf16, calibrate, engines, exports, plan, profiles, timings
 from gateway.runtime.processes import (
     GatewayProcess,
     Interrupted,
@@ -76,6 +78,8 @@ class Supervisor:
         self.scratch: Path | None = None
         #: ``cpu-int8`` refused by the quality gate and served as FP32 (GATEWAY_INT8_FALLBACK): why
         self.int8_fallback: str | None = None
+        #: ``cpu-bf16``: what its gate measured, and why FP32 serves instead where it refused
+        self.bf16: dict[str, Any] | None = None
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         # only flags here: printing from a signal handler can re-enter a stream's write
@@ -134,6 +138,8 @@ class Supervisor:
                                        build)  # fmt: skip
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
         profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
+        if profile == "cpu-bf16":
+            profile, reason = self.bf16_gate(export_dir, reason, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
         profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
         assert self.triton is not None
@@ -185,7 +191,8 @@ class Supervisor:
         launch = self.settings.launch
         install = TritonInstall.discover()
         if repository.profile in CPU_PROFILES:
-            model = plan.model_plan(repository.profile, plan.usable_cpus(),
+            served = "cpu" if self.bf16 and self.bf16.get("fallback") else repository.profile
+            model = plan.model_plan(served, plan.usable_cpus(),
                                     repository.instance_count,
                                     repository.cpu_threads)  # fmt: skip
             repository = repository.model_copy(
@@ -194,7 +201,7 @@ class Supervisor:
             log.info("core plan: %d model instance(s) x %d ORT thread(s) per tower",
                      model.instances, model.threads)  # fmt: skip
         rendered = render(repository, export_dir, self.scratch / "model_repository",
-                          int8_fallback=self.int8_fallback)  # fmt: skip
+                          int8_fallback=self.int8_fallback, bf16=self.bf16)  # fmt: skip
         backend = rendered_config(rendered).backend
         if not (install.backend_dir / backend).is_dir():
             raise LaunchError(
@@ -250,6 +257,50 @@ class Supervisor:
         self.progress(f"INT8 refused, serving FP32 (GATEWAY_INT8_FALLBACK): {refused}")
         return refused
 
+    def bf16_gate(
+        self, export_dir: Path, reason: str, deadline: float = math.inf
+    ) -> tuple[Profile, str]:
+        """``cpu-bf16``: only on a CPU with BF16 units, and only if OpenVINO's BF16 embeddings
+        pass the INT8 gate's thresholds against FP32 (runtime/bf16.py). Refused: a LaunchError
+        when named explicitly (unless GATEWAY_BF16_FALLBACK), else the ``cpu`` profile's
+        FP32 graphs serve, the log and /v1/models saying why."""
+        launch = self.settings.launch
+        automatic = self.settings.repository.profile == "auto"
+        thresholds = gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
+        version: str | None = None
+        measured: dict[str, Any] = {}
+        refused: str | None = None
+        if (unit := bf16.bf16_flag(bf16.cpu_flags())) is None:
+            refused = ("this CPU has no BF16 units (neither of "
+                       f"{', '.join(bf16.BF16_FLAGS)} in /proc/cpuinfo's flags)")  # fmt: skip
+        else:
+            install = TritonInstall.discover()
+            python = (install.python_bin_dir or Path("/usr/bin")) / "python3"
+            script = default_templates() / "python" / "bf16_check.py"
+            self.progress(f"cpu-bf16: {unit}; checking OpenVINO BF16 against FP32")
+            try:
+                threads = plan.model_plan("cpu-bf16", plan.usable_cpus()).threads
+                version, measured = bf16.figures(
+                    export_dir, python, script, threads,
+                    timeout=max(1.0, min(bf16.CHECK_SECONDS, deadline - time.monotonic())),
+                    stop=self.stop_requested.is_set,
+                )  # fmt: skip
+                refused = bf16.refusal(measured, thresholds)
+            except bf16.Bf16Unavailable as exc:
+                refused = str(exc)
+        if refused is None:
+            self.bf16 = bf16.section(version, measured, thresholds, None)
+            return "cpu-bf16", reason
+        if not (automatic or launch.bf16_fallback):
+            raise LaunchError(
+                f"the cpu-bf16 profile is refused: {refused}. Serve the cpu or cpu-int8 "
+                "profile, or set GATEWAY_BF16_FALLBACK=true to fall back to cpu"
+            )
+        log.warning("cpu-bf16 refused (%s); serving the cpu profile's FP32 graphs", refused)
+        self.progress(f"BF16 refused, serving FP32 (cpu profile): {refused}")
+        self.bf16 = bf16.section(version, measured, thresholds, refused)
+        return "cpu-bf16", f"BF16 refused, FP32 serves: {refused}"
+
     def choose_profile(
         self,
         export_dir: Path,
@@ -278,6 +329,7 @@ class Supervisor:
             calibrate_now=self.settings.launch.calibrate,
             timer=timer,
             deadline=deadline,
+            bf16_unit=bf16.bf16_flag(bf16.cpu_flags()) if gpu is None else None,
         )
 
     def gateway_process(self, export_dir: Path) -> GatewayProcess:

@@ -1,0 +1,114 @@
+"""The cpu-bf16 profile end to end: the launch path (a real Triton running OpenVINO at BF16 in the
+Python backend, a real gateway, real HTTP) within the quality gate of open_clip's own pipeline,
+its figures and runtime in /v1/models; a gate it cannot pass refuses to start unless the operator
+asked for the FP32 fallback, which then says so. Needs a CPU with BF16 units (avx512_bf16 or
+amx_bf16): elsewhere the profile is refused, and that refusal is what runs."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+from export.gate import MIN_COSINE, MIN_MEAN_COSINE
+from gateway.runtime import bf16
+from tests import reference, samples
+from tests.integration.test_int8 import launch, model_card, wait_ready  # noqa: F401
+
+TEXTS = ["a photo of a cat", "a diagram of the solar system", "東京の夜景 at night", "x" * 300]
+IMAGES = [samples.compact(i) for i in range(4)] + [samples.png(7), samples.webp(8)]
+HAS_BF16 = bf16.bf16_flag(bf16.cpu_flags()) is not None
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no avx512_bf16 / amx_bf16")
+
+
+def embed(url: str) -> tuple[np.ndarray, np.ndarray]:
+    files = [("image", (f"{i}", data, "application/octet-stream")) for i, data in enumerate(IMAGES)]
+    with httpx.Client(base_url=url, timeout=300) as http:
+        pictures = http.post("/v1/embeddings", files=files)
+        words = http.post("/v1/embeddings", json={"input": TEXTS})
+    assert pictures.status_code == 200, pictures.text[:500]
+    assert words.status_code == 200, words.text[:500]
+    return tuple(  # type: ignore[return-value]
+        np.array([row["embedding"] for row in answer.json()["data"]], dtype=np.float64)
+        for answer in (pictures, words)
+    )
+
+
+def bf16_launch(launch, exported, **env: str):  # noqa: F811
+    return launch(GATEWAY_MODEL_DIR=str(exported.directory), GATEWAY_TRITON_PROFILE="cpu-bf16",
+                  **env)  # fmt: skip
+
+
+@needs_bf16
+def test_cpu_bf16_serves_within_the_gate_of_open_clip(exported, gateway, launch) -> None:  # noqa: F811
+    served = bf16_launch(launch, exported)
+    wait_ready(served)
+    card = model_card(served.url)
+    assert card["modalities"] == ["image", "text"]
+    for tower in ("image", "text"):
+        value = card["quantization"][tower]
+        assert (value["precision"], value["runtime"]) == ("bf16", "openvino")
+        assert value["cosine_vs_fp32"]["mean"] >= MIN_MEAN_COSINE
+        assert value["cosine_vs_fp32"]["min"] >= MIN_COSINE
+        assert value["gate"] == {"min_mean_cosine": MIN_MEAN_COSINE, "min_cosine": MIN_COSINE}
+    images, texts = embed(served.url)
+    expected_images = reference.embed_images(IMAGES)
+    expected_texts = reference.embed_tokens(reference.tokens(TEXTS))
+    for got, expected in ((images, expected_images), (texts, expected_texts)):
+        found = reference.cosines(got, expected)
+        print(f"\ncpu-bf16 vs open_clip: mean={found.mean():.6f} min={found.min():.6f}")
+        assert found.mean() >= MIN_MEAN_COSINE and found.min() >= MIN_COSINE, found
+    # BF16 really runs: not the FP32 graphs under a new name (the session's FP32 gateway)
+    fp32_images, fp32_texts = embed(gateway.url)
+    assert (images * fp32_images).sum(axis=1).min() < 0.999999
+    assert (texts * fp32_texts).sum(axis=1).min() < 0.999999
+
+
+@needs_bf16
+def test_a_bf16_gate_it_cannot_pass_does_not_start_and_says_why(exported, launch) -> None:  # noqa: F811
+    # OpenVINO BF16 measures ~0.99995 against FP32 here: a gate of 0.999999 refuses it
+    served = bf16_launch(launch, exported, GATEWAY_INT8_MIN_MEAN_COSINE="0.999999")
+    assert served.process.wait(300) == 2
+    log = served.log.read_text()
+    assert "BF16 refused by the quality gate" in log
+    assert "< 0.999999" in log  # the numbers, not just a verdict
+    assert "GATEWAY_BF16_FALLBACK=true" in log
+    assert "tritonserver" not in log  # refused before Triton started
+
+
+@needs_bf16
+def test_the_bf16_fallback_serves_fp32_and_says_so(exported, gateway, launch) -> None:  # noqa: F811
+    served = bf16_launch(launch, exported, GATEWAY_INT8_MIN_MEAN_COSINE="0.999999",
+                         GATEWAY_BF16_FALLBACK="true")  # fmt: skip
+    wait_ready(served)
+    assert "serving the cpu profile's FP32 graphs" in served.log.read_text()
+    card = model_card(served.url)
+    for tower in ("image", "text"):
+        value = card["quantization"][tower]
+        assert (value["precision"], value["runtime"], value["requested"]) == (
+            "fp32", "onnxruntime", "bf16")  # fmt: skip
+        assert value["fallback"].startswith("BF16 refused by the quality gate")
+    for ours, theirs in zip(embed(served.url), embed(gateway.url), strict=True):
+        assert (ours * theirs).sum(axis=1).min() > 0.99999  # the FP32 graphs' answers
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has BF16 units: the profile is not refused")
+def test_without_bf16_units_an_explicit_cpu_bf16_is_refused(exported, launch) -> None:  # noqa: F811
+    served = bf16_launch(launch, exported)
+    assert served.process.wait(300) == 2
+    log = served.log.read_text()
+    assert "this CPU has no BF16 units" in log and "tritonserver" not in log
+
+
+@needs_bf16
+def test_auto_without_a_gpu_serves_cpu_bf16_on_this_cpu(exported, launch) -> None:  # noqa: F811
+    from gateway.runtime import profiles
+
+    if profiles.detect() is not None:
+        pytest.skip("a GPU is present: auto picks a GPU profile")
+    served = launch(GATEWAY_MODEL_DIR=str(exported.directory), GATEWAY_TRITON_PROFILE="auto")
+    wait_ready(served)
+    assert "Triton cpu-bf16 profile (no GPU; the CPU has" in served.log.read_text()
+    card = model_card(served.url)
+    assert {tower: card["quantization"][tower]["precision"] for tower in ("image", "text")} == {
+        "image": "bf16", "text": "bf16"}  # fmt: skip
