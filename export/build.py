@@ -132,9 +132,12 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
     # what would keep TensorRT from building one engine of a whole graph (export/graph.py);
     # recorded rather than fatal: the cpu and cuda profiles serve such a graph fine
+    # only the FP32 graphs: the tensorrt profile builds its FP16 engines from them; the FP16
+    # files are the CUDA EP's, with ONNX Runtime's fused contrib ops (export/onnx_export.py)
     blockers = {
         p.name: tensorrt_blockers(onnx.load(str(p), load_external_data=False))
         for p in sorted(directory.glob("*.onnx"))
+        if not p.stem.endswith("_fp16")
     }
     for name, found in blockers.items():
         for blocker in found:
