@@ -24,10 +24,12 @@ from gateway.runtime.processes import GatewayProcess
 from gateway.runtime.settings import RepositorySettings
 from tests import reference
 from tests.hf_tokenizers import build
+from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, siglip_photos
 from tests.unit.test_hf_tokenizer import SPECIAL_TEXTS
 from tests.unit.test_tokenizer import corpus
 
-MODELS = {"ViT-B-16-SigLIP": "t5", "ViT-B-16-SigLIP2": "gemma"}
+#: Each model and the kind of tokenizer its hub repository holds (SigLIP2 at 224 and 256 px).
+MODELS = {"ViT-B-16-SigLIP": "t5", "ViT-B-16-SigLIP2": "gemma", "ViT-B-16-SigLIP2-256": "gemma"}
 #: Measured (random weights, seed 0, cpu profile, 2-core machine): see docs/MODELS.md.
 COSINE_LIMIT = 0.99999
 TEXTS = [
@@ -101,8 +103,8 @@ def test_texts_match_open_clip_end_to_end(served: Served, tmp_path: Path) -> Non
     texts = TEXTS + random.Random(5).sample([t for t in corpus(200, seed=5) if t.strip()], 200)
     got = embed(served, texts)
     cosines = reference.cosines(got, expected(served, tmp_path, texts))
-    print(f"\n{served.name} text fidelity over {len(texts)} texts: mean {cosines.mean():.9f} "
-          f"min {cosines.min():.9f}")  # fmt: skip
+    print(f"\n{served.name} text fidelity over {len(texts)} texts: 1 - mean "
+          f"{1 - cosines.mean():.1e}, 1 - min {1 - cosines.min():.1e}")  # fmt: skip
     assert cosines.min() >= COSINE_LIMIT
 
 
@@ -122,6 +124,25 @@ def test_negative_controls_fall_below_the_limit(
     cosines = reference.cosines(embed(served, texts), expected(served, tmp_path, texts, theirs))
     print(f"\n{served.name} control {control!r}: min cosine {cosines.min():.5f}")
     assert cosines.min() < COSINE_LIMIT
+
+
+def test_images_match_open_clip_end_to_end(served: Served) -> None:
+    """The same gateway's images (squashed, as SigLIP's own pipeline does) at the model's size;
+    the same photos cropped (the wrong resize mode) fall below the limit."""
+    photos = siglip_photos()
+    files = [
+        ("image", (f"{i}.img", data, "application/octet-stream")) for i, data in enumerate(photos)
+    ]
+    response = httpx.post(f"{served.gateway.url}/v1/embeddings", files=files, timeout=300)
+    assert response.status_code == 200, response.text
+    got = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float64)
+    cosines = reference.cosines(got, reference.embed_images(photos, name=served.name))
+    cropped = reference.cosines(got, reference.embed_images(photos, "shortest-crop", served.name))
+    print(f"\n{served.name} image fidelity: mean {cosines.mean():.6f} min {cosines.min():.6f}; "
+          f"cropped control mean {cropped.mean():.4f}")  # fmt: skip
+    assert cosines.mean() >= SIGLIP_MEAN_LIMIT and cropped.mean() < SIGLIP_MEAN_LIMIT
+    (card,) = httpx.get(f"{served.gateway.url}/v1/models").json()["data"]
+    assert card["image_size"] == served.exported.manifest["image_size"]
 
 
 def test_models_report_the_tokenizer_and_the_openai_client_embeds_text(
