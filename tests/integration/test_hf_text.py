@@ -8,6 +8,8 @@ limit. Each model is exported once into the export cache and reused."""
 from __future__ import annotations
 
 import random
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,14 +19,15 @@ import openai
 import pytest
 
 from export.build import ensure_exported
-from export.spec import Weights
+from export.spec import Weights, default_cache_dir
 from gateway.backend.local import LocalTriton
 from gateway.backend.repository import render
-from gateway.runtime.processes import GatewayProcess
+from gateway.runtime.processes import GatewayProcess, reserve_port
 from gateway.runtime.settings import RepositorySettings
 from tests import reference
+from tests.controlled import wait_until
 from tests.hf_tokenizers import build
-from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, siglip_photos
+from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, launch, siglip_photos
 from tests.unit.test_hf_tokenizer import SPECIAL_TEXTS
 from tests.unit.test_tokenizer import corpus
 
@@ -130,9 +133,7 @@ def test_images_match_open_clip_end_to_end(served: Served) -> None:
     """The same gateway's images (squashed, as SigLIP's own pipeline does) at the model's size;
     the same photos cropped (the wrong resize mode) fall below the limit."""
     photos = siglip_photos()
-    files = [
-        ("image", (f"{i}.img", data, "application/octet-stream")) for i, data in enumerate(photos)
-    ]
+    files = [("image", (f"{i}", data, "image/jpeg")) for i, data in enumerate(photos)]
     response = httpx.post(f"{served.gateway.url}/v1/embeddings", files=files, timeout=300)
     assert response.status_code == 200, response.text
     got = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float64)
@@ -162,3 +163,51 @@ def test_models_report_the_tokenizer_and_the_openai_client_embeds_text(
     # built here; SigLIP pads with it too, SigLIP2 with 0)
     ids = reference.hf_tokenizer(served.name, served.source, tmp_path)(texts).numpy()
     assert result.usage.prompt_tokens == int((np.argmax(ids == 1, axis=1) + 1).sum())
+
+
+def test_serve_with_a_tokenizer_directory_serves_texts(tmp_path: Path) -> None:
+    """``make serve CLIP_MODEL=ViT-B-16-SigLIP2 CLIP_WEIGHTS=random CLIP_TOKENIZER=<dir>``
+    (the Makefile passes ``--tokenizer``): the launch path finds the export keyed by the
+    directory's content (exported above, or now), serves images and texts, and stops cleanly."""
+    name = "ViT-B-16-SigLIP2"
+    source = build(MODELS[name], tmp_path / "tokenizer")
+    ports = [reserve_port() for _ in range(4)]
+    env = {
+        "GATEWAY_SCRATCH_DIR": str(tmp_path),
+        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
+        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
+        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
+    }
+    command = [sys.executable, "-m", "gateway", "serve", "--model", name, "--weights", "random",
+               "--tokenizer", str(source), "--port", str(ports[0].port),
+               "--cache-dir", str(default_cache_dir()),
+               "--log-file", str(tmp_path / "children.log")]  # fmt: skip
+    process = launch(command, env, tmp_path, ports[0].port)
+    url = f"http://127.0.0.1:{ports[0].port}"
+
+    def ready() -> bool:
+        assert process.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
+        try:
+            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, "the launched SigLIP2 gateway is ready", timeout=1200, every=0.5)
+        (card,) = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert card["modalities"] == ["image", "text"] and card["tokenizer"]["kind"] == "hf"
+        texts = ["a photo of a cat", "東京の夜景"]
+        answer = httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120)
+        assert answer.status_code == 200, answer.text[:300]
+        got = np.array([row["embedding"] for row in answer.json()["data"]])
+        theirs = reference.hf_tokenizer(name, source, tmp_path)
+        want = reference.embed_tokens(theirs(texts).numpy(), name=name)
+        assert reference.cosines(got, want).min() >= COSINE_LIMIT
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for reserved in ports:
+            reserved.release()
