@@ -162,8 +162,10 @@ def test_missing_tokenizer_files_name_the_model_the_files_and_both_ways(
                  "CLIP_TOKENIZER=DIR", "Hugging Face hub"):  # fmt: skip
         assert part in message
     # no directory: the hub, here unreachable and with no cache
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     with pytest.raises(hf_tokenizer.TokenizerFilesMissing, match="could not be fetched"):
         hf_tokenizer.find_source("ViT-B-16-SigLIP", "timm/ViT-B-16-SigLIP", None)
 
