@@ -92,6 +92,10 @@ def write(
     hf = theirs.tokenizer
     if not getattr(hf, "is_fast", False):
         raise RuntimeError(f"{source}: transformers built a slow tokenizer ({type(hf).__name__})")
+    # transformers may switch the backend per call (NLLB's __call__ resets the language-code
+    # template to its src_lang, undoing open_clip's set_language under transformers 5): save it
+    # as a call leaves it, which is what open_clip's ids come from
+    theirs(["a photo of a cat"])
     backend = tokenizers.Tokenizer.from_str(hf.backend_tokenizer.to_str())
     # what transformers' __call__ sets before encoding (set_truncation_and_padding)
     backend.enable_truncation(

@@ -6,7 +6,9 @@ built here with ``tokenizers`` (no hub) and saved as tokenizer directories, as o
 - ``t5``: SigLIP's kind, a T5-style Unigram (Metaspace, ``</s>`` appended), ``T5Tokenizer`` with
   ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2, and ``</s>`` as its pad token, as open_clip sets it;
 - ``xlmr``: the multilingual towers' kind, an XLM-R-style Unigram (``<s> … </s>``),
-  ``XLMRobertaTokenizer`` with ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, ``<mask>`` last.
+  ``XLMRobertaTokenizer`` with ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, ``<mask>`` last;
+- ``nllb``: NLLB's kind, the same Unigram with language codes (``eng_Latn``, ``fra_Latn``) as
+  special tokens, ``NllbTokenizer`` prefixing the source language's code.
 
 Trained on a seeded corpus of every script and symbol the parity corpus uses, so most texts
 split into many pieces and some need the unknown token or byte fallback.
@@ -18,7 +20,7 @@ import json
 import random
 from pathlib import Path
 
-KINDS = ("gemma", "t5", "xlmr")
+KINDS = ("gemma", "t5", "xlmr", "nllb")
 VOCAB = 1200
 
 _TRAINING = [
@@ -41,7 +43,7 @@ def build(kind: str, directory: Path) -> Path:
     """Write a tokenizer directory of ``kind`` (tokenizer.json, tokenizer_config.json,
     special_tokens_map.json) and return it."""
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer, config = {"gemma": _gemma, "t5": _t5, "xlmr": _xlmr}[kind]()
+    tokenizer, config = {"gemma": _gemma, "t5": _t5, "xlmr": _xlmr, "nllb": _nllb}[kind]()
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     specials = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
@@ -136,5 +138,23 @@ def _xlmr():  # type: ignore[no-untyped-def]
         "tokenizer_class": "XLMRobertaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
         "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
         "mask_token": "<mask>", "model_max_length": 512,
+    }  # fmt: skip
+    return tokenizer, config
+
+
+def _nllb():  # type: ignore[no-untyped-def]
+    from tokenizers import processors
+
+    tokenizer = _unigram(["<s>", "<pad>", "</s>", "<unk>"], "<unk>")
+    tokenizer.add_special_tokens(["eng_Latn", "fra_Latn", "<mask>"])
+    english = tokenizer.token_to_id("eng_Latn")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="eng_Latn $A </s>", special_tokens=[("eng_Latn", english), ("</s>", 2)]
+    )
+    config = {
+        "tokenizer_class": "NllbTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+        "sep_token": "</s>", "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>",
+        "mask_token": "<mask>", "src_lang": "eng_Latn",
+        "additional_special_tokens": ["eng_Latn", "fra_Latn"], "model_max_length": 1024,
     }  # fmt: skip
     return tokenizer, config

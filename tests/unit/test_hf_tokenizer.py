@@ -26,12 +26,14 @@ from tests.unit.test_tokenizer import corpus
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = 64
 #: kind, open_clip options: SigLIP2's and SigLIP's (their model configs), XLM-R's default
-#: cleaning, and XLM-R with ``strip_sep_token`` (its separator is its end token)
+#: cleaning, XLM-R with ``strip_sep_token`` (its separator is its end token), and NLLB with a
+#: language (open_clip's ``language``: its ``set_src_lang_special_tokens``)
 CASES = {
     "gemma-siglip2": ("gemma", {"clean": "canonicalize"}),
     "t5-siglip": ("t5", {"clean": "canonicalize"}),
     "xlmr": ("xlmr", {}),
     "xlmr-strip-sep": ("xlmr", {"clean": "lower", "strip_sep_token": True}),
+    "nllb-language": ("nllb", {"language": "fra_Latn"}),
 }
 SPECIAL_TEXTS = ["<pad>", "<eos>", "<bos>", "<unk>", "</s>", "<s>", "<mask>", "a </s> b",
                  "x<eos>y", "<0x41>", "▁", "▁▁a", "sea_waves", "a_b_c", "__init__"]  # fmt: skip
