@@ -10,6 +10,10 @@ PORT ?= 8000
 # `random`. Another model needs its own weights, e.g. CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=webli.
 CLIP_MODEL ?= ViT-B-32
 CLIP_WEIGHTS ?= laion2b_s34b_b79k
+# SigLIP, SigLIP2 and multilingual models tokenise texts with a Hugging Face tokenizer: the
+# exporter fetches its files from the hub, or takes them from CLIP_TOKENIZER=<dir> offline
+# (docs/MODELS.md). Unset and unreachable: the model serves images only.
+CLIP_TOKENIZER ?=
 # Triton profile: cpu | cpu-int8 | cpu-bf16 | cuda | tensorrt | auto (GPU profiles need an NGC
 # tritonserver; deploy/). cpu-int8: the INT8 graphs, quantized on first use and held to the quality
 # gate. cpu-bf16: OpenVINO BF16 on CPUs with AVX-512 BF16/AMX, held to the same gate.
@@ -63,7 +67,7 @@ $(PEER_ENV)/.installed:
 # A few progress lines; Triton's and the gateway's logs go to a file (VERBOSE=1: the terminal).
 serve: install
 	@$(VENV)/bin/clip-gateway serve --host $(HOST) --port $(PORT) --model "$(CLIP_MODEL)" \
-	  --weights "$(CLIP_WEIGHTS)" \
+	  --weights "$(CLIP_WEIGHTS)" $(if $(CLIP_TOKENIZER),--tokenizer "$(CLIP_TOKENIZER)") \
 	  --profile $(PROFILE) $(if $(VERBOSE),--verbose)
 
 test: install check pytest

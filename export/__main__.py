@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -41,6 +42,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="default: " + str(default_cache_dir())
     )
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None,
+        help="a directory with the model's Hugging Face tokenizer files (tokenizer.json, "
+        "tokenizer_config.json, ...), for SigLIP, SigLIP2 and multilingual models "
+        "(default: $CLIP_TOKENIZER, else the Hugging Face hub)",
+    )  # fmt: skip
     parser.add_argument("--no-fp16", action="store_true", help="skip the FP16 variant")
     parser.add_argument("--force", action="store_true", help="re-export even if cached")
     parser.add_argument("--print-dir", action="store_true", help="print only the export directory")
@@ -74,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         weights = Weights.checkpoint(args.checkpoint)
     else:
         weights = Weights.pretrained(args.pretrained or DEFAULT_PRETRAINED)
+    tokenizer = args.tokenizer or (Path(env) if (env := os.environ.get("CLIP_TOKENIZER")) else None)
     try:
         # torch.onnx reports progress with print(): keep stdout for the answer (--print-dir is
         # read by scripts, e.g. the Dockerfile)
         with contextlib.redirect_stdout(sys.stderr):
             exported = ensure_exported(
                 args.model, weights, args.cache_dir, fp16=not args.no_fp16, force=args.force,
-                int8=args.int8,
+                int8=args.int8, tokenizer=tokenizer,
             )  # fmt: skip
     except (WeightsUnavailableError, UnsupportedModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -20,6 +20,7 @@ from export.spec import (
     TEXT_FP32_FILE,
     TOKENIZER_FILE,
     ExportedModel,
+    UnsupportedModelError,
     Weights,
     cache_entry,
     default_cache_dir,
@@ -42,6 +43,7 @@ from gateway.backend.contract import (
 if TYPE_CHECKING:  # torch-free at import: a cache hit never loads torch
     from export.model import LoadedModel
     from export.tokenizer import TokenizerInfo
+    from gateway.text import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +56,18 @@ def ensure_exported(
     fp16: bool = True,
     force: bool = False,
     int8: bool = False,
+    tokenizer: Path | None = None,
 ) -> ExportedModel:
     """Return the cached export for these inputs, exporting (and parity-checking) it if missing;
-    with ``int8``, its INT8 files and gate figures too (added to the entry once)."""
-    target = cache_entry(model_name, weights, cache_dir or default_cache_dir(), fp16=fp16)
+    with ``int8``, its INT8 files and gate figures too (added to the entry once). ``tokenizer``:
+    a directory with the model's Hugging Face tokenizer files (else they come from the hub)."""
+    target = cache_entry(
+        model_name, weights, cache_dir or default_cache_dir(), fp16=fp16, tokenizer=tokenizer
+    )
     if (target / MANIFEST).exists() and not force:
         log.info("export cache hit: %s", target)
     else:
-        _export_entry(target, model_name, weights, fp16)
+        _export_entry(target, model_name, weights, fp16, tokenizer)
     exported = ExportedModel.open(target)
     if int8 and (force or (exported.int8 or {}).get("code_version") != int8_code_version()):
         _add_int8(exported, model_name, weights)
@@ -69,11 +75,13 @@ def ensure_exported(
     return exported
 
 
-def _export_entry(target: Path, model_name: str, weights: Weights, fp16: bool) -> None:
+def _export_entry(
+    target: Path, model_name: str, weights: Weights, fp16: bool, tokenizer: Path | None
+) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
-        manifest = _export_into(staging, model_name, weights, fp16)
+        manifest = _export_into(staging, model_name, weights, fp16, tokenizer)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if target.exists():
             shutil.rmtree(target)
@@ -109,7 +117,9 @@ def _add_int8(exported: ExportedModel, model_name: str, weights: Weights) -> Non
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool) -> dict[str, Any]:
+def _export_into(
+    directory: Path, model_name: str, weights: Weights, fp16: bool, tokenizer_dir: Path | None
+) -> dict[str, Any]:
     # torch and open_clip are imported here, not at module level, so that a cache hit (e.g. from
     # `make serve`) costs milliseconds rather than a torch import.
     import onnx
@@ -128,7 +138,7 @@ def _export_into(directory: Path, model_name: str, weights: Weights, fp16: bool)
     text_side = tokenizer.describe(model_name)
     log.info("exporting %s (%s) to ONNX", model_name, weights.describe())
     image = _export_image(directory, loaded, fp16)
-    text = _export_text(directory, loaded, fp16, text_side)
+    text = _export_text(directory, model_name, loaded, fp16, text_side, tokenizer_dir)
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
     # what would keep TensorRT from building one engine of a whole graph (export/graph.py);
     # recorded rather than fatal: the cpu and cuda profiles serve such a graph fine
@@ -213,15 +223,19 @@ def _export_image(directory: Path, loaded: LoadedModel, fp16: bool) -> dict[str,
 
 
 def _export_text(
-    directory: Path, loaded: LoadedModel, fp16: bool, side: TokenizerInfo
+    directory: Path,
+    model_name: str,
+    loaded: LoadedModel,
+    fp16: bool,
+    side: TokenizerInfo,
+    tokenizer_dir: Path | None,
 ) -> dict[str, Any]:
     """The text tower, always (its graph needs no tokenizer); the tokenizer file and the canary
     only where the gateway can tokenise for this model."""
     import numpy as np
 
-    from export import onnx_export, parity, tokenizer
+    from export import onnx_export, parity
     from export.text import TokenEncoder, context_length, vocab_size
-    from gateway.text.tokenizer import Tokenizer
 
     started = time.perf_counter()
     length = context_length(loaded.clip)
@@ -236,23 +250,20 @@ def _export_text(
         fp16_path = directory / TEXT_FP16_FILE
     # random ids exercise every position and the whole vocabulary; real texts the framing
     tokens = np.random.default_rng(0).integers(0, vocab_size(loaded.clip), size=(6, length))
-    described: dict[str, Any] = {"kind": side.kind, "context_length": length}
+    described = _write_tokenizer(directory, model_name, side, length, tokenizer_dir)
     canary = None
-    if side.available:
-        tokenizer.write_clip_bpe(directory / TOKENIZER_FILE)
-        check = tokenizer.check_against_open_clip(
-            directory / TOKENIZER_FILE, length, tokenizer.self_check_texts()
-        )
-        ours = Tokenizer.from_file(directory / TOKENIZER_FILE, length)
-        tokens = np.concatenate([ours.encode_batch(PARITY_TEXTS), tokens])
+    if described["available"]:
+        ours = served_tokenizer(directory, described)
+        texts_tokens = ours.encode_batch(PARITY_TEXTS)
+        if texts_tokens.max() >= vocab_size(loaded.clip):
+            raise RuntimeError(
+                f"the tokenizer gives ids up to {texts_tokens.max()}, the text tower takes "
+                f"{vocab_size(loaded.clip)}: not this model's tokenizer"
+            )
+        tokens = np.concatenate([texts_tokens, tokens])
         canary = parity.session(directory / TEXT_FP32_FILE).run(
             None, {TEXT_INPUT_NAME: ours.encode_batch([TEXT_CANARY])}
         )[0][0]
-        described |= {"available": True, "file": TOKENIZER_FILE, "self_check": check}
-    else:
-        described |= {"available": False, "reason": side.unavailable_reason}
-        if side.hf_name:
-            described["hf_name"] = side.hf_name
     report = parity.check_text(loaded, directory / TEXT_FP32_FILE, fp16_path, tokens)
     if not report.ok:
         raise RuntimeError(f"exported text graph failed its parity check: {report.as_dict()}")
@@ -272,6 +283,79 @@ def _export_text(
         "context_length": length,
         "seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def _write_tokenizer(
+    directory: Path, model_name: str, side: TokenizerInfo, length: int, tokenizer_dir: Path | None
+) -> dict[str, Any]:
+    """The tokenizer file and the manifest's ``tokenizer`` section, or why text is not served.
+    A directory given for a model that needs none, or without the files, is an error."""
+    from export import hf_tokenizer, tokenizer
+
+    described: dict[str, Any] = {"kind": side.kind, "context_length": length}
+    if side.pooling:
+        described["pooling"] = side.pooling
+    if side.hf_name:
+        described["hf_name"] = side.hf_name
+    if tokenizer_dir is not None and side.kind != "hf":
+        raise UnsupportedModelError(
+            f"a tokenizer directory ({tokenizer_dir}) was given, but this model's text tower "
+            f"uses open_clip's {side.kind} tokenizer, not a Hugging Face one"
+        )
+    if not side.available:
+        return described | {"available": False, "reason": side.unavailable_reason}
+    if side.kind != "hf":
+        tokenizer.write_clip_bpe(directory / TOKENIZER_FILE)
+        check = tokenizer.check_against_open_clip(
+            directory / TOKENIZER_FILE, length, tokenizer.self_check_texts()
+        )
+        return described | {
+            "available": True, "file": TOKENIZER_FILE, "clean": "lower", "self_check": check,
+        }  # fmt: skip
+    assert side.hf_name is not None
+    try:
+        source, origin = hf_tokenizer.find_source(model_name, side.hf_name, tokenizer_dir)
+    except hf_tokenizer.TokenizerFilesMissing as exc:
+        if tokenizer_dir is not None:  # asked for and not there: never a silent images-only
+            raise UnsupportedModelError(str(exc)) from exc
+        log.warning("%s; this export serves images only", exc)
+        return described | {"available": False, "reason": f"{exc}; this export serves images only"}
+    framing = hf_tokenizer.write(source, directory, TOKENIZER_FILE, length, side.options)
+    check = hf_tokenizer.check(
+        directory / TOKENIZER_FILE, source, length, side.options, tokenizer.self_check_texts()
+    )
+    return described | framing | {
+        "available": True, "file": TOKENIZER_FILE, "source": origin, "self_check": check,
+    }  # fmt: skip
+
+
+def served_tokenizer(directory: Path, described: dict[str, Any]) -> TextTokenizer:
+    """The gateway's tokenizer for an export, as the served model loads it."""
+    from gateway.text import load_tokenizer
+
+    return load_tokenizer(
+        described["kind"],
+        str(directory / described["file"]),
+        described["context_length"],
+        clean=described.get("clean"),
+        strip_sep_id=described.get("strip_sep_id"),
+    )
+
+
+def reference_tokenizer(directory: Path, manifest: dict[str, Any]) -> Any:
+    """open_clip's own tokenizer for an export: ``get_tokenizer`` for its CLIP BPE, its
+    HFTokenizer on the files the export keeps for a Hugging Face one (no hub needed)."""
+    import open_clip
+
+    from export import hf_tokenizer
+
+    described = manifest["tokenizer"]
+    if described["kind"] != "hf":
+        return open_clip.get_tokenizer(manifest["model"])
+    options = open_clip.get_model_config(manifest["model"])["text_cfg"].get("tokenizer_kwargs", {})
+    return hf_tokenizer.reference(
+        directory / hf_tokenizer.SOURCE_DIR, described["context_length"], dict(options)
+    )
 
 
 def _tower(

@@ -22,7 +22,7 @@ from export import calibration, gate
 from export.model import LoadedModel
 from export.parity import cosine
 from export.quantize import DEFAULT_METHOD, Method, quantize
-from export.spec import FP32_FILE, INT8_FILE, TEXT_FP32_FILE, TEXT_INT8_FILE, TOKENIZER_FILE
+from export.spec import FP32_FILE, INT8_FILE, TEXT_FP32_FILE, TEXT_INT8_FILE
 from gateway.backend.contract import (
     INPUT_NAME,
     TEXT_CANARY,
@@ -120,15 +120,13 @@ def _image_figures(loaded: LoadedModel, fp32: Path, int8: Path) -> tuple[dict[st
 def _text_figures(
     loaded: LoadedModel, manifest: dict[str, Any], directory: Path, int8: Path
 ) -> tuple[dict[str, Any], str]:
-    import open_clip
-
-    from gateway.text.tokenizer import Tokenizer
+    from export.build import reference_tokenizer, served_tokenizer
 
     texts = calibration.texts(TEXTS, SEED)
-    ours = Tokenizer.from_file(directory / TOKENIZER_FILE, manifest["context_length"])
+    ours = served_tokenizer(directory, manifest["tokenizer"])
     tokens = ours.encode_batch(texts)
     # open_clip's own pipeline: its tokenizer and encode_text
-    theirs = open_clip.get_tokenizer(manifest["model"])(texts)
+    theirs = reference_tokenizer(directory, manifest)(texts)
     with torch.no_grad():
         reference = loaded.clip.encode_text(theirs).numpy()  # type: ignore[operator]
     exact = session(directory / TEXT_FP32_FILE).run(None, {TEXT_INPUT_NAME: tokens})[0]

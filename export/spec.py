@@ -89,8 +89,10 @@ _VERSIONED_SOURCES = (
     "export/preprocessing.py",
     "export/text.py",
     "export/tokenizer.py",
+    "export/hf_tokenizer.py",
     "gateway/backend/contract.py",
     "gateway/text/tokenizer.py",
+    "gateway/text/hf.py",
 )
 
 
@@ -186,13 +188,32 @@ def immich_name(manifest: dict[str, Any]) -> str | None:
     return f"{manifest['model']}__{weights['value']}"
 
 
-def cache_key(model_name: str, weights: Weights, fp16: bool) -> str:
-    material = json.dumps(
-        [model_name, weights.cache_id(), export_code_version(), fp16], separators=(",", ":")
-    )
+def tokenizer_id(directory: Path) -> str:
+    """A string that changes whenever a tokenizer directory's files do (hashed by content)."""
+    if not directory.is_dir():
+        raise WeightsUnavailableError(f"tokenizer directory not found: {directory}")
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"tokenizer:{digest.hexdigest()}"
+
+
+def cache_key(model_name: str, weights: Weights, fp16: bool, tokenizer: Path | None = None) -> str:
+    inputs: list[object] = [model_name, weights.cache_id(), export_code_version(), fp16]
+    if tokenizer is not None:  # a given tokenizer directory; without one, the hub's (if any)
+        inputs.append(tokenizer_id(tokenizer))
+    material = json.dumps(inputs, separators=(",", ":"))
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
-def cache_entry(model_name: str, weights: Weights, cache_dir: Path, *, fp16: bool = True) -> Path:
+def cache_entry(
+    model_name: str,
+    weights: Weights,
+    cache_dir: Path,
+    *,
+    fp16: bool = True,
+    tokenizer: Path | None = None,
+) -> Path:
     """The directory an export of these inputs lives in (complete once it has a manifest)."""
-    return cache_dir / "models" / f"{model_name}-{cache_key(model_name, weights, fp16)}"
+    key = cache_key(model_name, weights, fp16, tokenizer)
+    return cache_dir / "models" / f"{model_name}-{key}"

@@ -14,7 +14,7 @@ the regex stays in Python (``gateway.text.tokenizer.clean``).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -42,41 +42,52 @@ class TokenizerInfo:
     unavailable_reason: str | None = None
     #: The Hugging Face tokenizer's name, for those.
     hf_name: str | None = None
+    #: open_clip's ``tokenizer_kwargs`` for HFTokenizer (``clean``, ``strip_sep_token``...).
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: How the text graph pools its tokens (``argmax``, ``last``...; HF towers: their pooler).
+    pooling: str | None = field(default=None, compare=False)
 
     @property
     def available(self) -> bool:
         return self.unavailable_reason is None
 
 
-def describe(model_name: str, hub_cache: str | None = None) -> TokenizerInfo:
+#: open_clip's HFTokenizer options the gateway reproduces (gateway/text/hf.py).
+HF_OPTIONS = {"clean", "strip_sep_token", "language"}
+
+
+def describe(model_name: str) -> TokenizerInfo:
     """The tokenizer ``open_clip.get_tokenizer(model_name)`` would build, decided the same way
     (from the model's ``text_cfg``), without building it: HF tokenizers would go to the hub."""
     import open_clip
 
+    from gateway.text.tokenizer import CLEANERS
+
     text_cfg = (open_clip.get_model_config(model_name) or {}).get("text_cfg", {})
     context_length = int(text_cfg.get("context_length", DEFAULT_CONTEXT_LENGTH))
     options = dict(text_cfg.get("tokenizer_kwargs", {}))
+    pooling = text_cfg.get("hf_pooler_type") or text_cfg.get("pool_type") or "argmax"
     if hf_name := text_cfg.get("hf_tokenizer_name"):
-        where = (
-            "its files are on this machine"
-            if hf_tokenizer_cached(hf_name, hub_cache)
-            else "its files are not on this machine (no copy in the Hugging Face hub cache)"
-        )
-        return TokenizerInfo(
-            "hf",
-            context_length,
-            f"{model_name} uses the Hugging Face tokenizer {hf_name!r} (open_clip options "
-            f"{options or 'none'}); {where}, and the gateway reproduces only open_clip's CLIP "
-            "BPE tokenizer, so this model serves images only",
-            hf_name,
-        )
+        unsupported = {k: v for k, v in options.items() if k not in HF_OPTIONS}
+        if mode := text_cfg.get("tokenizer_mode"):
+            unsupported["tokenizer_mode"] = mode
+        if options.get("clean", "whitespace") not in CLEANERS:
+            unsupported["clean"] = options["clean"]
+        reason = None
+        if unsupported:
+            reason = (
+                f"{model_name}'s Hugging Face tokenizer {hf_name!r} takes open_clip options "
+                f"{unsupported} that the gateway does not reproduce, so this model serves "
+                "images only"
+            )
+        return TokenizerInfo("hf", context_length, reason, hf_name, options, pooling)
     if "siglip" in model_name.lower():
         return TokenizerInfo(
             "siglip",
             context_length,
-            f"{model_name} uses open_clip's SigLipTokenizer (a SentencePiece model from the "
-            "Hugging Face hub); the gateway reproduces only open_clip's CLIP BPE tokenizer, so "
-            "this model serves images only",
+            f"{model_name} uses open_clip's SigLipTokenizer (a SentencePiece model downloaded "
+            "from Google storage, no Hugging Face name); the gateway reproduces open_clip's CLIP "
+            "BPE and HFTokenizer only, so this model serves images only",
         )
     unsupported = {k: v for k, v in options.items() if (k, v) != ("clean", "lower")}
     if unsupported:
@@ -87,15 +98,7 @@ def describe(model_name: str, hub_cache: str | None = None) -> TokenizerInfo:
             "does not reproduce (it reproduces the default: clean='lower', no reduction), so "
             "this model serves images only",
         )
-    return TokenizerInfo(CLIP_BPE, context_length)
-
-
-def hf_tokenizer_cached(name: str, hub_cache: str | None = None) -> bool:
-    """Whether the Hugging Face hub cache holds this tokenizer's ``tokenizer.json``."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(name, "tokenizer.json", cache_dir=hub_cache)
-    return isinstance(found, str)
+    return TokenizerInfo(CLIP_BPE, context_length, pooling=pooling)
 
 
 def write_clip_bpe(path: Path) -> None:

@@ -101,6 +101,22 @@ def tokens(texts: list[str], name: str = "ViT-B-32") -> np.ndarray:
     return open_clip.get_tokenizer(name)(texts).numpy()
 
 
+def hf_tokenizer(name: str, tokenizer_dir: Any, work: Any) -> Any:
+    """open_clip's own ``get_tokenizer`` for a model whose Hugging Face tokenizer files are in
+    ``tokenizer_dir`` (no hub here): its ``local-dir:`` schema, on a copy of the directory with
+    the model's configuration beside the files, builds what it builds from the hub for ``name``
+    (HFTokenizer, the config's context length and ``tokenizer_kwargs``)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    local = Path(work) / f"{name}-tokenizer"
+    shutil.copytree(tokenizer_dir, local, dirs_exist_ok=True)
+    config = {"model_cfg": open_clip.get_model_config(name)}
+    (local / "open_clip_config.json").write_text(json.dumps(config))
+    return open_clip.get_tokenizer(f"local-dir:{local}")
+
+
 def embed_tokens(ids: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
     """Raw (not normalised) ``encode_text`` of token ids."""
     clip, _ = model(name)

@@ -43,15 +43,20 @@ TEXT_OUTPUT_NAME: Final = OUTPUT_NAME
 
 #: ``clip_text`` config parameters (string values): tokens per text (the input's second axis),
 CONTEXT_LENGTH_PARAMETER: Final = "context_length"
-#: which tokenizer (``clip_bpe``: open_clip's CLIP BPE, see gateway/text/tokenizer.py; anything
-#: else: text cannot be served, the reason parameter says why),
+#: which tokenizer (``clip_bpe``: open_clip's CLIP BPE, see gateway/text/tokenizer.py; ``hf``:
+#: open_clip's HFTokenizer, see gateway/text/hf.py; anything else: text cannot be served, the
+#: reason parameter says why),
 TOKENIZER_PARAMETER: Final = "tokenizer"
-#: the absolute path of the tokenizer file (``clip_bpe`` only),
+#: the absolute path of the tokenizer file (a ``tokenizers`` file the exporter wrote),
 TOKENIZER_FILE_PARAMETER: Final = "tokenizer_file"
+#: open_clip's framing around it, JSON: ``clean`` (its cleaning function), ``strip_sep_id`` (the
+#: id ``strip_sep_token`` zeroes, or null) and ``pooling`` (the graph's, for /v1/models),
+TOKENIZER_OPTIONS_PARAMETER: Final = "tokenizer_options"
 #: and, when text cannot be served, a sentence saying why (for the 4xx a text request gets).
 TEXT_UNAVAILABLE_PARAMETER: Final = "text_unavailable_reason"
-#: The tokenizer kind the gateway reproduces without torch.
+#: The tokenizer kinds the gateway reproduces without torch.
 CLIP_BPE: Final = "clip_bpe"
+HF_TOKENIZER: Final = "hf"
 
 #: A fixed text whose export-time embedding ``clip_text`` carries (CANARY_PARAMETER).
 TEXT_CANARY: Final = "a photo of a red circle and a yellow square on a green field"

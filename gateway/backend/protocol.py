@@ -33,8 +33,16 @@ class TextModel:
     name: str
     context_length: int
     max_batch_size: int
-    #: The tokenizer file (open_clip's CLIP BPE for ``tokenizers``), readable by the gateway.
+    #: The tokenizer file (a ``tokenizers`` file the exporter wrote), readable by the gateway.
     tokenizer_file: str
+    #: Its kind: ``clip_bpe`` (open_clip's SimpleTokenizer) or ``hf`` (open_clip's HFTokenizer).
+    tokenizer_kind: str = "clip_bpe"
+    #: open_clip's cleaning before tokenising (``lower``, ``whitespace``, ``canonicalize``).
+    clean: str = "lower"
+    #: With open_clip's ``strip_sep_token``: the separator id replaced by 0 after tokenising.
+    strip_sep_id: int | None = None
+    #: How the text graph pools its tokens (``argmax``, ``last``, ...), as the export recorded it.
+    pooling: str | None = None
     #: Export-time embedding of ``contract.TEXT_CANARY``, when the config has one.
     canary: np.ndarray | None = field(default=None, compare=False)
     #: Model instances that run calls side by side (the config's instance groups).

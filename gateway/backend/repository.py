@@ -26,6 +26,7 @@ from gateway.backend.contract import (
     TEXT_OUTPUT_NAME,
     TEXT_UNAVAILABLE_PARAMETER,
     TOKENIZER_FILE_PARAMETER,
+    TOKENIZER_OPTIONS_PARAMETER,
     TOKENIZER_PARAMETER,
     TRITON_MODEL_NAME,
 )
@@ -344,6 +345,10 @@ def _text_parameters(
     placed = model_dir / TOKENIZER_FILE
     _place(export_dir / tokenizer["file"], placed, link)
     config.parameters[TOKENIZER_FILE_PARAMETER].string_value = str(placed.absolute())
+    # open_clip's framing around the file (exports from before it was recorded: CLIP BPE's)
+    options = {k: tokenizer[k] for k in ("clean", "strip_sep_id", "pooling") if k in tokenizer}
+    if options:
+        config.parameters[TOKENIZER_OPTIONS_PARAMETER].string_value = json.dumps(options)
     if canary := manifest["towers"]["text"].get("canary_embedding"):
         config.parameters[CANARY_PARAMETER].string_value = canary
 

@@ -31,6 +31,7 @@ from gateway.backend.contract import (
     CANARY_PARAMETER,
     CLIP_BPE,
     CONTEXT_LENGTH_PARAMETER,
+    HF_TOKENIZER,
     INPUT_NAME,
     OUTPUT_NAME,
     PREPROCESS_PARAMETER,
@@ -40,6 +41,7 @@ from gateway.backend.contract import (
     TEXT_OUTPUT_NAME,
     TEXT_UNAVAILABLE_PARAMETER,
     TOKENIZER_FILE_PARAMETER,
+    TOKENIZER_OPTIONS_PARAMETER,
     TOKENIZER_PARAMETER,
     decode_reference,
 )
@@ -424,9 +426,11 @@ def parse_text_config(info: ModelInfo, config: dict[str, Any]) -> ModelInfo:
             f"model into {info.embed_dim}: not one space"
         )
     kind = parameters.get(TOKENIZER_PARAMETER)
-    if kind != CLIP_BPE:
+    if kind not in (CLIP_BPE, HF_TOKENIZER):
         reason = parameters.get(TEXT_UNAVAILABLE_PARAMETER) or f"tokenizer {kind!r} is not served"
         return dataclasses.replace(info, text_unavailable=reason)
+    options = json.loads(parameters.get(TOKENIZER_OPTIONS_PARAMETER) or "{}")
+    strip_sep_id = options.get("strip_sep_id")
     context = int(parameters.get(CONTEXT_LENGTH_PARAMETER) or tokens["dims"][-1])
     canary = parameters.get(CANARY_PARAMETER)
     text = TextModel(
@@ -434,6 +438,10 @@ def parse_text_config(info: ModelInfo, config: dict[str, Any]) -> ModelInfo:
         context_length=context,
         max_batch_size=max(1, int(config.get("max_batch_size", 1))),
         tokenizer_file=parameters[TOKENIZER_FILE_PARAMETER],
+        tokenizer_kind=kind,
+        clean=str(options.get("clean") or ("lower" if kind == CLIP_BPE else "whitespace")),
+        strip_sep_id=None if strip_sep_id is None else int(strip_sep_id),
+        pooling=options.get("pooling"),
         canary=decode_reference(canary) if canary else None,
         instances=_instances(config),
     )

@@ -37,6 +37,7 @@ from gateway.http.schemas import (
     ImagingPath,
     ModelCard,
     ModelList,
+    TextTokenizer,
 )
 from gateway.pipeline.admission import Reservation
 from gateway.pipeline.canary import Canary
@@ -314,11 +315,20 @@ async def list_models(state: State) -> ModelList:
         std=list(pre.std) if pre.std else msgspec.UNSET,
         from_tag=pre.from_tag or msgspec.UNSET,
     )
+    tokenizer: TextTokenizer | msgspec.UnsetType = msgspec.UNSET
     try:
         service.texts.tokenizer(info)
         text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
     except ModalityUnavailable as exc:
         text_unavailable = exc.reason
+    if info.text is not None and not text_unavailable:
+        text = info.text
+        tokenizer = TextTokenizer(
+            kind=text.tokenizer_kind,
+            context_length=text.context_length,
+            clean=text.clean,
+            pooling=text.pooling or msgspec.UNSET,
+        )
     ready = msgspec.structs.replace(
         card,
         ready=True,
@@ -327,6 +337,7 @@ async def list_models(state: State) -> ModelList:
         dimensions=[info.embed_dim],
         image_size=info.image_size,
         context_length=info.text.context_length if info.text else msgspec.UNSET,
+        tokenizer=tokenizer,
         preprocessing=preprocessing,
         text_unavailable=text_unavailable,
         quantization=info.quantization if info.quantization is not None else msgspec.UNSET,

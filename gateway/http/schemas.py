@@ -122,6 +122,22 @@ class ImagingPath(msgspec.Struct):
     simd: bool
 
 
+class TextTokenizer(msgspec.Struct, omit_defaults=True):
+    """How the gateway turns a text into the model's tokens, as open_clip does for this model."""
+
+    #: ``clip_bpe`` (open_clip's CLIP BPE) or ``hf`` (a Hugging Face tokenizer: SigLIP, SigLIP2,
+    #: multilingual towers).
+    kind: str
+    #: Tokens a text is read up to (longer texts are truncated, as open_clip does).
+    context_length: int
+    #: open_clip's cleaning before tokenising: ``lower``, ``whitespace`` or ``canonicalize``
+    #: (lower-cased, ASCII punctuation removed).
+    clean: str
+    #: How the text graph pools its tokens (``argmax``: at the end token; ``last``: the last
+    #: position, padding included), when the export recorded it.
+    pooling: str | msgspec.UnsetType = msgspec.UNSET
+
+
 class ModelCard(msgspec.Struct, omit_defaults=True):
     id: str
     object: Literal["model"]
@@ -140,6 +156,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     image_size: int | msgspec.UnsetType = msgspec.UNSET
     #: Tokens a text is read up to (longer texts are truncated, as open_clip does).
     context_length: int | msgspec.UnsetType = msgspec.UNSET
+    #: The text tokenizer, when texts are served.
+    tokenizer: TextTokenizer | msgspec.UnsetType = msgspec.UNSET
     preprocessing: ImagePreprocessing | msgspec.UnsetType = msgspec.UNSET
     #: Why texts cannot be embedded, when ``text`` is not among the modalities.
     text_unavailable: str | msgspec.UnsetType = msgspec.UNSET

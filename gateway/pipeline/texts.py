@@ -5,6 +5,7 @@ repository names (after the worker's fork: ``tokenizers`` keeps threads of its o
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from gateway.backend.protocol import ModelInfo
 from gateway.errors import EmbeddingError, InvalidText, LimitExceeded, ModalityUnavailable
 from gateway.observability.metrics import Metrics
 from gateway.pipeline.items import TextItem
-from gateway.text.tokenizer import Tokenizer, clean, clean_immich
+from gateway.text import TextTokenizer, load_tokenizer
 
 # One request's texts are tokenised by one pool thread; the pool spreads requests over the cores,
 # so the tokenizer's own thread pool would only oversubscribe them.
@@ -37,22 +38,38 @@ class TextEncoder:
         self._pool = pool
         self.max_chars = max_chars
         self._metrics = metrics
-        #: per tokenizer file: the loaded tokenizer, or why it could not be loaded
-        self._tokenizers: dict[tuple[str, int], Tokenizer | str] = {}
+        #: per tokenizer file and framing: the loaded tokenizer, or why it could not be loaded
+        self._tokenizers: dict[tuple[str, str, int, str, int | None], TextTokenizer | str] = {}
 
-    def tokenizer(self, model: ModelInfo) -> Tokenizer:
+    def tokenizer(self, model: ModelInfo) -> TextTokenizer:
         """The model's tokenizer, or ModalityUnavailable saying why there is none."""
         if model.text is None:
             raise ModalityUnavailable(
                 f"this model embeds images only: {model.text_unavailable or 'no text model'}"
             )
-        key = (model.text.tokenizer_file, model.text.context_length)
+        text = model.text
+        key = (
+            text.tokenizer_kind,
+            text.tokenizer_file,
+            text.context_length,
+            text.clean,
+            text.strip_sep_id,
+        )
         loaded = self._tokenizers.get(key)
         if loaded is None:
             try:
-                loaded = Tokenizer.from_file(*key)
+                loaded = load_tokenizer(
+                    text.tokenizer_kind,
+                    text.tokenizer_file,
+                    text.context_length,
+                    clean=text.clean,
+                    strip_sep_id=text.strip_sep_id,
+                )
             except Exception as exc:  # a missing or foreign file: text cannot be served
-                loaded = f"the tokenizer file {key[0]} cannot be loaded by the gateway: {exc}"
+                loaded = (
+                    f"the {text.tokenizer_kind} tokenizer file {text.tokenizer_file} cannot be "
+                    f"loaded by the gateway: {exc}"
+                )
             self._tokenizers[key] = loaded
         if isinstance(loaded, str):
             raise ModalityUnavailable(loaded)
@@ -74,7 +91,7 @@ class TextEncoder:
         self,
         texts: Sequence[TextItem],
         positions: Sequence[int],
-        tokenizer: Tokenizer,
+        tokenizer: TextTokenizer,
         *,
         immich: bool = False,
     ) -> TokenBatch:
@@ -82,12 +99,11 @@ class TextEncoder:
         texts cleaned as Immich's server cleans them (its /predict), not as open_clip does."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        cleaning = clean_immich if immich else clean
-        rows = await loop.run_in_executor(
-            self._pool, tokenizer.encode_batch, [item.text for item in texts], cleaning
+        rows, count = await loop.run_in_executor(
+            self._pool,
+            functools.partial(tokenizer.encode_counted, immich=immich),
+            [item.text for item in texts],
         )
         self._metrics.tokenize_seconds.observe(time.perf_counter() - started)
         self._metrics.texts.inc(len(texts))
-        # each row ends with the end-of-text token (truncated texts keep it last)
-        lengths = np.argmax(rows == tokenizer.end_id, axis=1) + 1
-        return TokenBatch(rows, tuple(positions), int(lengths.sum()))
+        return TokenBatch(rows, tuple(positions), count)

@@ -43,7 +43,7 @@ def find_or_export(
     cache = launch.cache_dir or default_cache_dir()
     try:
         weights = weights_from_spec(launch.weights)
-        entry = cache_entry(launch.model, weights, cache)
+        entry = cache_entry(launch.model, weights, cache, tokenizer=launch.tokenizer)
     except WeightsUnavailableError as exc:
         raise LaunchError(str(exc)) from exc
     manifest = entry / "manifest.json"
@@ -72,6 +72,8 @@ def _export(launch: LaunchSettings, cache: Path, stop: threading.Event, int8: bo
                launch.weights, "--cache-dir", str(cache), "--print-dir"]  # fmt: skip
     if int8:
         command.append("--int8")
+    if launch.tokenizer is not None:
+        command += ["--tokenizer", str(launch.tokenizer)]
     # the exporter's chatter (hundreds of lines) goes to a file, never to the terminal
     with tempfile.TemporaryFile() as output:
         # a launcher killed outright (SIGKILL, OOM) takes the exporter with it

@@ -301,6 +301,10 @@ class LaunchSettings(BaseSettings):
     model: str = "ViT-B-32"
     #: open_clip pretrained tag, a checkpoint path, or ``random`` (tests and benchmarks only).
     weights: str = "laion2b_s34b_b79k"
+    #: A directory with the model's Hugging Face tokenizer files (SigLIP, SigLIP2, multilingual
+    #: towers), when exporting; unset: the exporter fetches them from the hub, or serves images
+    #: only if it cannot (docs/MODELS.md).
+    tokenizer: Path | None = None
     #: Export cache (default ``$CLIP_GATEWAY_CACHE`` or ``~/.cache/clip-gateway``).
     cache_dir: Path | None = None
     #: Measure both GPU profiles on first start and keep the winner (cached with the engines).

@@ -444,6 +444,11 @@ def serve(argv: list[str] | None = None) -> int:
         help="open_clip pretrained tag, a checkpoint path, or 'random' (tests, benchmarks)",
     )
     parser.add_argument(
+        "--tokenizer", type=Path, default=None,
+        help="directory with the model's Hugging Face tokenizer files (SigLIP, SigLIP2, "
+        "multilingual models; default: the Hugging Face hub)",
+    )  # fmt: skip
+    parser.add_argument(
         "--profile", default="cpu", choices=["auto", *PROFILES], help="Triton profile"
     )
     parser.add_argument(
@@ -472,6 +477,7 @@ def serve(argv: list[str] | None = None) -> int:
         launch={
             "model": args.model,
             "weights": args.weights,
+            "tokenizer": args.tokenizer,
             "cache_dir": args.cache_dir,
             "log_file": log_file,
         },

@@ -32,16 +32,47 @@ START_OF_TEXT = "<start_of_text>"
 END_OF_TEXT = "<end_of_text>"
 
 
+def _basic(text: str) -> str:
+    """open_clip's ``basic_clean`` without its strip (every cleaning below strips anyway)."""
+    return html.unescape(html.unescape(ftfy.fix_text(text)))
+
+
 def clean(text: str) -> str:
     """open_clip's ``lower`` cleaning (``basic_clean``, ``whitespace_clean``, ``lower``).
 
     ``str.split()`` with no argument splits on the same whitespace ``str.strip()`` trims, so one
     split-and-join does both of open_clip's strips and its collapse.
     """
-    return " ".join(html.unescape(html.unescape(ftfy.fix_text(text))).split()).lower()
+    return " ".join(_basic(text).split()).lower()
 
 
-_PUNCTUATION = str.maketrans("", "", string.punctuation)
+def clean_whitespace(text: str) -> str:
+    """open_clip's ``whitespace`` cleaning, HFTokenizer's default: ``lower`` minus lower-casing."""
+    return " ".join(_basic(text).split())
+
+
+def clean_whitespace_underscore(text: str) -> str:
+    """open_clip's ``whitespace_underscore`` (open_clip 4): underscores become spaces first."""
+    return " ".join(_basic(text).replace("_", " ").split())
+
+
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def canonicalize(text: str) -> str:
+    """open_clip's ``canonicalize`` (big_vision's): underscores to spaces, ASCII punctuation
+    removed, lower-cased, whitespace collapsed (SigLIP and SigLIP2)."""
+    stripped = _basic(text).strip().replace("_", " ").translate(_NO_PUNCTUATION)
+    return " ".join(stripped.lower().split())
+
+
+#: open_clip's cleaning functions by the name its ``tokenizer_kwargs`` give (``get_clean_fn``).
+CLEANERS: dict[str, Callable[[str], str]] = {
+    "lower": clean,
+    "whitespace": clean_whitespace,
+    "whitespace_underscore": clean_whitespace_underscore,
+    "canonicalize": canonicalize,
+}
 
 
 def immich_clean_text(text: str, canonicalize: bool = False) -> str:
@@ -50,7 +81,7 @@ def immich_clean_text(text: str, canonicalize: bool = False) -> str:
     lower case. Unlike open_clip's ``canonicalize_text``, ``_`` is removed, not made a space, and
     removing punctuation may leave double spaces."""
     text = " ".join(text.split())
-    return text.translate(_PUNCTUATION).lower() if canonicalize else text
+    return text.translate(_NO_PUNCTUATION).lower() if canonicalize else text
 
 
 def clean_immich(text: str) -> str:
@@ -103,6 +134,15 @@ class Tokenizer:
             ids = [self.start_id, *body[:keep], self.end_id]
             row[: len(ids)] = ids
         return rows
+
+    def encode_counted(
+        self, texts: Sequence[str], *, immich: bool = False
+    ) -> tuple[np.ndarray, int]:
+        """``encode_batch`` and the tokens the model reads (start and end included, padding
+        not), summed: each row ends with the end token, truncated texts keep it last.
+        ``immich``: the texts cleaned as Immich's server cleans them (its /predict)."""
+        rows = self.encode_batch(texts, clean_immich if immich else clean)
+        return rows, int((np.argmax(rows == self.end_id, axis=1) + 1).sum())
 
     @staticmethod
     def _has_special(text: str) -> bool:

@@ -143,6 +143,7 @@ def test_models_lists_modalities_context_and_preprocessing(client: TestClient) -
     assert card["preprocessing"]["resize_mode"] == "shortest"
     assert card["preprocessing"]["size"] == 224
     assert "text_unavailable" not in card
+    assert card["tokenizer"] == {"kind": "clip_bpe", "context_length": 77, "clean": "lower"}
 
 
 @pytest.fixture

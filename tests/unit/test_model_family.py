@@ -3,8 +3,6 @@ gateway must reproduce (or a refusal) and the tokenizer (or why text cannot be s
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from export import tokenizer
@@ -70,24 +68,26 @@ def test_clip_models_take_the_clip_bpe_tokenizer() -> None:
         assert tokenizer.describe(name) == tokenizer.TokenizerInfo("clip_bpe", context)
 
 
-def test_hf_tokenizers_make_text_unavailable_and_say_why(tmp_path: Path) -> None:
-    empty_hub = str(tmp_path / "hub")
-    info = tokenizer.describe("ViT-B-16-SigLIP", hub_cache=empty_hub)
-    assert (info.kind, info.context_length, info.available) == ("hf", 64, False)
+def test_hf_tokenizers_are_served_with_open_clips_options() -> None:
+    info = tokenizer.describe("ViT-B-16-SigLIP")
+    assert (info.kind, info.context_length, info.available) == ("hf", 64, True)
     assert info.hf_name == "timm/ViT-B-16-SigLIP"
-    reason = info.unavailable_reason or ""
-    assert "'timm/ViT-B-16-SigLIP'" in reason and "not on this machine" in reason
-    assert "serves images only" in reason
-    # with the files in the hub cache the reason says so, and text is still not served
-    snapshot = tmp_path / "hub" / "models--timm--ViT-B-16-SigLIP" / "snapshots" / "abc"
-    snapshot.mkdir(parents=True)
-    (snapshot / "tokenizer.json").write_text("{}")
-    (tmp_path / "hub" / "models--timm--ViT-B-16-SigLIP" / "refs").mkdir()
-    (tmp_path / "hub" / "models--timm--ViT-B-16-SigLIP" / "refs" / "main").write_text("abc")
-    cached = tokenizer.describe("ViT-B-16-SigLIP", hub_cache=empty_hub)
-    assert not cached.available and "its files are on this machine" in (
-        cached.unavailable_reason or ""
-    )
+    assert (info.options, info.pooling) == ({"clean": "canonicalize"}, "last")
+
+
+def test_hf_tokenizer_options_the_gateway_does_not_reproduce_make_text_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import open_clip
+
+    config = {"text_cfg": {"hf_tokenizer_name": "org/tok", "tokenizer_mode": "clips"}}
+    monkeypatch.setattr(open_clip, "get_model_config", lambda name: config)
+    info = tokenizer.describe("Custom")
+    assert (info.kind, info.available) == ("hf", False)
+    assert "{'tokenizer_mode': 'clips'}" in (info.unavailable_reason or "")
+    assert "serves images only" in (info.unavailable_reason or "")
+    config["text_cfg"] = {"hf_tokenizer_name": "org/tok", "tokenizer_kwargs": {"clean": "odd"}}
+    assert "{'clean': 'odd'}" in (tokenizer.describe("Custom").unavailable_reason or "")
 
 
 def test_clip_bpe_options_the_gateway_does_not_reproduce_make_text_unavailable(

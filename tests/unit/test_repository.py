@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.backend.contract import (
@@ -282,6 +282,31 @@ def test_render_places_the_tokenizer_beside_clip_text_and_names_it(
     assert "text_unavailable_reason" not in text.parameters
     assert text.parameters[CANARY_PARAMETER].string_value == "BBBB"
     assert (repo / TEXT_MODEL_NAME / "1" / "text.onnx").exists()
+
+
+def test_render_passes_a_hf_tokenizers_framing_to_the_gateway(tmp_path: Path) -> None:
+    """SigLIP's: open_clip's cleaning, the separator strip and the graph's pooling, read back by
+    the gateway's parser (backend/triton.py) into the text model it tokenises for."""
+    from gateway.backend.protocol import ModelInfo
+    from gateway.backend.triton import parse_text_config
+
+    tokenizer = {"kind": "hf", "available": True, "file": "tokenizer.json",
+                 "clean": "canonicalize", "strip_sep_id": 2, "pooling": "last",
+                 "pad_id": 1}  # fmt: skip
+    repo = render(RepositorySettings(profile="cpu"), fake_export(tmp_path / "e", tokenizer),
+                  tmp_path / "repo")  # fmt: skip
+    text = read(repo, TEXT_MODEL_NAME)
+    assert text.parameters["tokenizer"].string_value == "hf"
+    options = json.loads(text.parameters["tokenizer_options"].string_value)
+    assert options == {"clean": "canonicalize", "strip_sep_id": 2, "pooling": "last"}
+    config = json.loads(json_format.MessageToJson(text, preserving_proto_field_name=True))
+    config["parameters"].pop(CANARY_PARAMETER)  # the fake export's is not a vector
+    info = parse_text_config(ModelInfo("clip_image", 256, 768, 8), config)
+    assert info.text is not None and info.text_unavailable is None
+    assert (info.text.tokenizer_kind, info.text.clean, info.text.strip_sep_id) == (
+        "hf", "canonicalize", 2,
+    )  # fmt: skip
+    assert (info.text.pooling, info.text.context_length) == ("last", 64)
 
 
 def test_render_says_why_text_is_unavailable(tmp_path: Path) -> None:
