@@ -20,7 +20,7 @@ from gateway.backend.local import LocalTriton
 from gateway.backend.repository import render
 from gateway.runtime.processes import GatewayProcess
 from gateway.runtime.settings import RepositorySettings
-from tests import immich_reference, reference
+from tests import hf_tokenizers, immich_reference, reference
 
 #: Measured on the 2-core machine (random weights, seed 0; the test prints 7 places): ViT-B-32
 #: images and texts min 1.0000000, SigLIP images min 0.9999999. A DCT-scaled decode (what
@@ -161,18 +161,22 @@ def test_the_text_limit_catches_open_clips_cleaning(vit_texts: np.ndarray) -> No
 
 @pytest.fixture(scope="module")
 def siglip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, Path]]:
-    """ViT-B-16-SigLIP with random weights (seed 0), served by its own Triton."""
+    """ViT-B-16-SigLIP with random weights (seed 0), served by its own Triton, exported with a
+    locally built T5-style tokenizer directory (the kind its hub repository holds; the same one
+    tests/integration/test_hf_text.py builds, so the export is shared). Yields the gateway and
+    that directory: the files Immich's server would load."""
     from export.build import ensure_exported
     from export.spec import Weights
 
-    exported = ensure_exported(SIGLIP, Weights.random(0))
     work = tmp_path_factory.mktemp("siglip")
+    source = hf_tokenizers.build("t5", work / "tokenizer")
+    exported = ensure_exported(SIGLIP, Weights.random(0), tokenizer=source)
     repository = render(RepositorySettings(profile="cpu"), exported.directory, work / "repo")
     with LocalTriton(repository, log_path=work / "triton.log") as server:
         gateway = immich_gateway(server.grpc_url, work / "gateway.log", "ViT-B-16-SigLIP__webli")
         with gateway as process:
             process.wait_ready(timeout=300)
-            yield process, exported.directory
+            yield process, source
 
 
 @pytest.fixture(scope="module")
@@ -200,23 +204,40 @@ def test_the_siglip_limit_catches_open_clips_squash(siglip_images: np.ndarray, b
     assert cosines.min() < IMAGE_MIN_LIMIT
 
 
-def test_siglip_texts_match_immichs_server(siglip: tuple[GatewayProcess, Path]) -> None:
-    """PENDING ISSUE 27 (Hugging Face tokenizers): runs once the SigLIP export ships its
-    tokenizer. Immich's side: ``clean_text`` with ``canonicalize`` (punctuation removed, lower
-    case; ``_`` removed, not a space as open_clip makes it), the model's tokenizer.json,
-    padded and truncated to 64."""
-    process, directory = siglip
-    tokenizer = json.loads((directory / "manifest.json").read_text())["tokenizer"]
-    if not tokenizer.get("available"):
-        pytest.skip(f"SigLIP texts are not served yet (issue 27): {tokenizer.get('reason')}")
+@pytest.fixture(scope="module")
+def siglip_texts(siglip: tuple[GatewayProcess, Path]) -> np.ndarray:
+    return vectors([predict(siglip[0].url, "ViT-B-16-SigLIP__webli", text=t) for t in TEXTS])
+
+
+def siglip_text_reference(source: Path, canonicalize: bool = True, pad: str | None = None):
+    config = json.loads((source / "tokenizer_config.json").read_text())
     ids = immich_reference.tokenize(
-        TEXTS,
-        directory / tokenizer["file"],
-        tokenizer.get("pad_token", "</s>"),
-        64,
-        canonicalize=True,
+        TEXTS, source / "tokenizer.json", pad or config["pad_token"], 64, canonicalize
     )
-    got = vectors([predict(process.url, "ViT-B-16-SigLIP__webli", text=t) for t in TEXTS])
-    cosines = reference.cosines(got, immich_reference.embed_texts(ids, name=SIGLIP))
+    return immich_reference.embed_texts(ids, name=SIGLIP)
+
+
+def test_siglip_texts_match_immichs_server(
+    siglip: tuple[GatewayProcess, Path], siglip_texts: np.ndarray
+) -> None:
+    """Immich's side, from the model's own tokenizer files: ``clean_text`` with
+    ``canonicalize`` (punctuation removed, lower case; ``_`` removed, not a space as open_clip
+    makes it), its tokenizer.json, padded with the config's pad token and truncated to 64."""
+    cosines = reference.cosines(siglip_texts, siglip_text_reference(siglip[1]))
     report("SigLIP texts vs Immich", TEXTS, cosines)
     assert cosines.min() >= TEXT_MIN_LIMIT
+
+
+@pytest.mark.parametrize("bug", ["no-canonicalize", "pad-with-pad-token"])
+def test_the_siglip_text_limit_catches_other_framing(
+    siglip: tuple[GatewayProcess, Path], siglip_texts: np.ndarray, bug: str
+) -> None:
+    """A backend that skips Immich's canonicalize for SigLIP, or pads with ``<pad>`` where the
+    model's config says ``</s>``, gives other vectors: the limit catches each."""
+    if bug == "no-canonicalize":
+        expected = siglip_text_reference(siglip[1], canonicalize=False)
+    else:
+        expected = siglip_text_reference(siglip[1], pad="<pad>")
+    cosines = reference.cosines(siglip_texts, expected)
+    print(f"\nSigLIP texts {bug}: mean={cosines.mean():.7f} min={cosines.min():.7f}")
+    assert cosines.min() < TEXT_MIN_LIMIT
