@@ -23,7 +23,7 @@ import pytest
 
 from bench.photos import immich_preview
 from tests import immich_reference, reference
-from tests.integration.test_immich import immich_gateway
+from tests.integration.test_immich_parity import immich_gateway
 
 NAME = "ViT-B-32__openai"
 #: Immich's ``machineLearning.availabilityChecks.timeout`` is 2 s; the test allows more so that

@@ -1,6 +1,6 @@
 """The cpu-bf16 profile's pure parts: which CPUs get it (their /proc/cpuinfo flags), the quality
 gate's wording for BF16, and what the renderer writes for it (runtime, precision, figures, or
-the FP32 fallback and why). The end-to-end path is tests/integration/test_bf16.py."""
+the FP32 fallback and why). The end-to-end path is tests/integration/test_bf16_served.py."""
 
 from __future__ import annotations
 
