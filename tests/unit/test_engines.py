@@ -57,7 +57,8 @@ def test_the_versions_come_from_the_libraries_the_image_carries(tmp_path: Path) 
     backends, libs = tmp_path / "backends", tmp_path / "lib"
     (backends / "onnxruntime").mkdir(parents=True)
     libs.mkdir()
-    for name in ("libonnxruntime.so", "libonnxruntime.so.1.20.1", "libonnxruntime_providers_tensorrt.so"):
+    ort = ("libonnxruntime.so", "libonnxruntime.so.1.20.1", "libonnxruntime_providers_tensorrt.so")
+    for name in ort:
         (backends / "onnxruntime" / name).touch()
     for name in ("libnvinfer.so.10", "libnvinfer.so.10.8.0", "libnvinfer_plugin.so.10.8.0"):
         (libs / name).touch()
