@@ -109,11 +109,11 @@ clean:
 # Dockerfile as clip-gateway:local (layers cached: a second build takes seconds), `make image-test`
 # runs it as users do and checks it (tests/image/). Needs root, podman, buildah, runc, debootstrap
 # (.ci/run installs them). TORCH_INDEX_URL: the export stage's torch wheels (the Dockerfile's
-# default; where that index is unreachable, pip falls back to this machine's pip configuration,
-# which the build sees). CLIP_WEIGHTS: random here (no model hub).
+# default; where it does not answer, the local index of this machine's pip configuration that
+# serves torch: deploy/image/build.sh). IMAGE_WEIGHTS: random here (no model hub).
 IMAGE ?= clip-gateway:local
 IMAGE_WEIGHTS ?= random
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
 image:
 	@IMAGE_TAG=$(IMAGE) CLIP_MODEL=$(CLIP_MODEL) CLIP_WEIGHTS=$(IMAGE_WEIGHTS) \
 	  TORCH_INDEX_URL=$(TORCH_INDEX_URL) deploy/image/build.sh

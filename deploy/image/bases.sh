@@ -19,7 +19,7 @@ if ! podman image exists "$debian"; then
   tar -C "$rootfs" --exclude=./.complete -c . | podman import --quiet - "$debian" >/dev/null
 fi
 # --network host: the builds fetch Debian and PyPI packages (no bridge to set up).
-for base in tritonserver:standin python:3.11-standin; do
+for base in tritonserver:standin python:3.11-standin nginx:standin; do
   echo "image: stand-in base localhost/clip-gateway-base/$base"
   podman build --quiet --format docker --network host "${build_volumes[@]}" \
     --build-arg DEBIAN_IMAGE="$debian" -t "localhost/clip-gateway-base/$base" \
