@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ENV = REPO_ROOT / ".triton-env"
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
+SYSTEM_BIN = Path("/usr/bin")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class TritonInstall:
             server = Path(explicit)
             return cls(server, server.parents[1] / "backends")
         if NGC_SERVER.exists():
-            return cls(NGC_SERVER, NGC_SERVER.parents[1] / "backends")
+            # the Python backend's stub runs the base image's python3 (the one it was built
+            # for, with the base's packages), not the gateway's virtualenv first on PATH
+            return cls(NGC_SERVER, NGC_SERVER.parents[1] / "backends", python_bin_dir=SYSTEM_BIN)
         return cls.from_pytriton_env(env_dir or DEFAULT_ENV)
 
     @classmethod
