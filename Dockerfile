@@ -92,6 +92,7 @@ ARG RUNTIME_PACKAGES="libjpeg-turbo8 libwebp7 libwebpdemux2 libwebpmux3 zlib1g t
 # hadolint ignore=SC2086
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ${RUNTIME_PACKAGES} \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=venv /opt/venv /opt/venv
 COPY --from=export /models/export /models/export
