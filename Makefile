@@ -23,7 +23,7 @@ PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
 .PHONY: install triton-env peer-env serve test check lint format typecheck pytest mutation lock clean api-key \
-  image image-test compose-test
+  image image-test compose-test kube-test
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -119,14 +119,19 @@ image:
 	  TORCH_INDEX_URL=$(TORCH_INDEX_URL) deploy/image/build.sh
 
 image-test: $(VENV)/.installed
-	CLIP_GATEWAY_IMAGE_TEST=1 CLIP_GATEWAY_IMAGE=$(IMAGE) $(PY) -m pytest tests/image -p no:randomly \
-	  $(PYTEST_ARGS)
+	CLIP_GATEWAY_IMAGE_TEST=1 CLIP_GATEWAY_IMAGE=$(IMAGE) $(PY) -m pytest tests/image/test_image.py \
+	  -p no:randomly $(PYTEST_ARGS)
 	$(PY) -m bench.image_budget --image $(IMAGE) --out build/image/budget
 
 # deploy/compose under podman-compose on the local images: a rolling restart of one gateway
 # under steady load through nginx (bench/rolling_restart.py; figures to bench/results/compose/).
 compose-test: $(VENV)/.installed
 	$(PY) -m bench.rolling_restart --image $(IMAGE)
+
+# deploy/k8s rendered without the GPU request (deploy/image/k8s) under `podman kube play`: how far
+# a local pod runtime goes (tests/image/test_kube_play.py says where podman 4.3 stops).
+kube-test: $(VENV)/.installed
+	CLIP_GATEWAY_IMAGE_TEST=1 $(PY) -m pytest tests/image/test_kube_play.py -p no:randomly $(PYTEST_ARGS)
 
 # An API key for deploy/compose (its `api_keys` secret), made once: a 0700 directory, the file
 # 0644 inside it (compose bind-mounts it; the image's user must read it). Prints nothing secret.
