@@ -21,7 +21,8 @@ fi
 # --network host: the builds fetch Debian and PyPI packages (no bridge to set up).
 for base in tritonserver:standin python:3.11-standin nginx:standin; do
   echo "image: stand-in base localhost/clip-gateway-base/$base"
-  podman build --quiet --format docker --network host "${build_volumes[@]}" \
+  podman build --format docker --network host "${build_volumes[@]}" \
     --build-arg DEBIAN_IMAGE="$debian" -t "localhost/clip-gateway-base/$base" \
-    -f "$here/${base%%:*}-standin.Containerfile" "$here" >/dev/null
+    -f "$here/${base%%:*}-standin.Containerfile" "$here" > "$work/base-${base%%:*}.log" 2>&1 \
+    || { tail -30 "$work/base-${base%%:*}.log" >&2; echo "image: $base failed" >&2; exit 1; }
 done
