@@ -39,7 +39,7 @@ def remove_leftovers() -> None:
     names = podman("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split()
     ours = [name for name in names if name.startswith(PREFIX)]
     if ours:
-        podman("rm", "-f", "-t", "0", *ours, check=False)
+        podman("rm", "-f", "-v", "-t", "0", *ours, check=False)
     podman("volume", "rm", "-f", VOLUME, check=False)
 
 
@@ -105,7 +105,7 @@ def run_container(name: str, secrets: Secrets, **env: str) -> Container:
     file, only the gateway's port published, on loopback."""
     port = free_port()
     settings = {"GATEWAY_STARTUP_TIMEOUT_S": str(STARTUP_S), **env}
-    podman("rm", "-f", "-t", "0", name, check=False)
+    podman("rm", "-f", "-v", "-t", "0", name, check=False)
     started = time.monotonic()
     podman(
         "run", "-d", "--name", name,

@@ -64,7 +64,7 @@ def first(secrets: Secrets) -> Iterator[Container]:
     container = run_container(f"{PREFIX}-first", secrets)
     container.wait_ready()
     yield container
-    podman("rm", "-f", "-t", "0", container.name, check=False)
+    podman("rm", "-f", "-v", "-t", "0", container.name, check=False)
 
 
 def record(**figures: object) -> None:
@@ -137,14 +137,14 @@ def test_the_healthcheck_reaches_healthy(first: Container) -> None:
 def exported_graphs() -> Iterator[Path]:
     """The image's /models/export, copied out (no container runs for it)."""
     name = f"{PREFIX}-copy"
-    podman("rm", "-f", name, check=False)
+    podman("rm", "-f", "-v", name, check=False)
     podman("create", "--name", name, IMAGE)
     try:
         with tempfile.TemporaryDirectory() as scratch:
             podman("cp", f"{name}:/models/export", scratch)
             yield from sorted(Path(scratch, "export").rglob("*.onnx"))
     finally:
-        podman("rm", "-f", name, check=False)
+        podman("rm", "-f", "-v", name, check=False)
 
 
 PROBE = """
@@ -281,4 +281,4 @@ def test_a_second_start_reuses_the_cache_volume(first: Container, secrets: Secre
         listing = second.exec("ls", "-a", "/var/cache/clip-gateway").stdout.split()
         assert "written-by-the-first-start" in listing, listing
     finally:
-        podman("rm", "-f", "-t", "0", second.name, check=False)
+        podman("rm", "-f", "-v", "-t", "0", second.name, check=False)
