@@ -167,6 +167,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             stopped = time.monotonic()
             podman("start", names["gateway-0"])
             back = ready(names["gateway-0"], args.startup_s)
+            if args.reload_lb:  # the README's procedure: nginx resolves the names again
+                podman("exec", names["lb"], "nginx", "-s", "reload")
             restart_end = time.monotonic()
             time.sleep(args.warm_s)
         rows = sorted(load.rows)
@@ -177,6 +179,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
         return {
             "clients": args.clients,
+            "reload_lb": args.reload_lb,
             "ready_s": started,
             "restart": {
                 "stop_exit_ok": stop.returncode == 0,
@@ -196,14 +199,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         compose(path, "down", "-v", "-t", "70", timeout=300)
 
 
+def stem(results: dict[str, Any]) -> str:
+    return "rolling-restart-reload" if results["reload_lb"] else "rolling-restart"
+
+
 def write(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rolling-restart.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{stem(results)}.json").write_text(json.dumps(results, indent=1) + "\n")
+    procedure = ", then `nginx -s reload` in the lb" if results["reload_lb"] else ""
     lines = [
         "# Rolling restart of one gateway under steady load (deploy/compose, podman-compose)",
         "",
         f"{results['clients']} clients through nginx, one small JPEG per request, back to back; "
-        f"gateway-0 stopped (SIGTERM, drain) and started again while gateway-1 serves. Restart "
+        f"gateway-0 stopped (SIGTERM, drain) and started again{procedure} while gateway-1 "
+        "serves. Restart "
         f"window {results['restart']['window_s']} s (stop {results['restart']['stop_s']} s, "
         f"ready again after {results['restart']['ready_again_s']} s).",
         "",
@@ -214,7 +223,7 @@ def write(results: dict[str, Any], out: Path) -> None:
         row = results[phase]
         lines.append(f"| {phase} | {row['sent']} | {row['answered']} | {row['failed']} | "
                      f"{row['p50_ms']} | {row['p95_ms']} | {row['max_ms']} |")  # fmt: skip
-    (out / "rolling-restart.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem(results)}.md").write_text("\n".join(lines) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,7 +241,7 @@ def write(results: dict[str, Any], out: Path) -> None:
     axes.set_title("Requests through nginx during a rolling restart")
     axes.legend(loc="upper right")
     figure.tight_layout()
-    figure.savefig(out / "rolling-restart.png", dpi=110)
+    figure.savefig(out / f"{stem(results)}.png", dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,10 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-s", type=float, default=600.0)
     parser.add_argument("--max-requests", type=int, default=50_000)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compose")
+    parser.add_argument(
+        "--reload-lb", action="store_true", help="nginx -s reload once the gateway is back"
+    )
     args = parser.parse_args(argv)
     results = measure(args)
     write(results, args.out)
-    print((args.out / "rolling-restart.md").read_text())
+    print((args.out / f"{stem(results)}.md").read_text())
     return 0 if results["all"]["failed"] == 0 else 1
 
 
