@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import threading
@@ -32,6 +33,15 @@ KEY = "compose-test-key-0123456789"
 os.environ.setdefault("CONTAINERS_CONF", str(ROOT / "deploy" / "image" / "containers.conf"))
 
 
+def interpolate(value: str) -> str:
+    """Compose's ``${NAME}`` / ``${NAME:-default}`` from this process's environment."""
+
+    def one(match: re.Match[str]) -> str:
+        return os.environ.get(match.group(1)) or (match.group(3) or "")
+
+    return re.sub(r"\$\{(\w+)(:-([^}]*))?\}", one, value)
+
+
 def render(work: Path, image: str, lb_image: str, port: int) -> Path:
     """deploy/compose/docker-compose.yml for this machine, beside its own copies of the nginx
     config and an API key file (0644 in a 0755 directory: the image's user reads it)."""
@@ -45,6 +55,12 @@ def render(work: Path, image: str, lb_image: str, port: int) -> Path:
     (work / "nginx.conf").write_text((COMPOSE / "nginx.conf").read_text())
     (work / "nginx.conf").chmod(0o644)
     for name, service in doc["services"].items():
+        # podman-compose 1.0.3 passes `${NAME:-}` (an empty default) through literally: the
+        # gateways got OTEL_EXPORTER_OTLP_ENDPOINT="${OTEL_EXPORTER_OTLP_ENDPOINT:-}", and Triton
+        # aborted on the first sampled request. Compose's own interpolation, done here:
+        service["environment"] = {
+            key: interpolate(str(value)) for key, value in service.get("environment", {}).items()
+        }
         if name.startswith("gateway-"):
             service["image"] = image
             service.pop("build", None)
