@@ -221,7 +221,7 @@ def stem(results: dict[str, Any]) -> str:
 
 def write(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem(results)}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{stem(results)}.json").write_text(json.dumps(results) + "\n")
     procedure = ", then `nginx -s reload` in the lb" if results["reload_lb"] else ""
     lines = [
         "# Rolling restart of one gateway under steady load (deploy/compose, podman-compose)",
