@@ -20,16 +20,26 @@
 # Base images: the tags below are the ones tested; for reproducible builds pin them by digest
 # (resolve with `docker buildx imagetools inspect <image>`; this repository's CI has no registry
 # access to do it) and pass them in: --build-arg TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-py3@sha256:…
+# Every difference between bases is a build argument whose default is the NGC / Docker Hub one;
+# `make image` builds this file on Debian stand-ins with no registry (docs/CONTAINER.md).
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:25.01-py3
-ARG EXPORT_IMAGE=python:3.12-slim-bookworm
+# Python 3.11: the version requirements/lock.txt is resolved for (`make lock`).
+ARG EXPORT_IMAGE=python:3.11-slim-bookworm
 
 # ---- stage 1: export OpenCLIP to ONNX (CPU torch; nothing of it reaches the final image) ----
 FROM ${EXPORT_IMAGE} AS export
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.9.1 torchvision==0.24.1 \
- && pip install "open_clip_torch>=3.3,<4" "onnx>=1.23" "onnxscript>=0.7" "onnxruntime>=1.23" \
-      "tokenizers>=0.21,<1" "ftfy>=6,<7" "regex>=2024.11"
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Where torch comes from: the lock pins torch/torchvision (2.14.1/0.29.1); PyTorch's CPU index has
+# those versions as +cpu builds (no CUDA libraries in this stage). A machine without that index
+# passes another (`make image`: a local wheel index, mounted into the build).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 WORKDIR /src
+# The export extra at the lock's versions, the ones the export was validated with.
+COPY pyproject.toml ./
+COPY requirements/lock.txt requirements/
+RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["export"]))' > /tmp/export.txt \
+ && pip install --extra-index-url "$TORCH_INDEX_URL" -c requirements/lock.txt -r /tmp/export.txt
 # exactly what `python -m export` imports (export/spec.py lists what decides its output)
 COPY export/ export/
 COPY gateway/__init__.py gateway/
@@ -37,9 +47,13 @@ COPY gateway/backend/__init__.py gateway/backend/contract.py gateway/backend/
 COPY gateway/text/ gateway/text/
 ARG CLIP_MODEL=ViT-B-32
 ARG CLIP_WEIGHTS=laion2b_s34b_b79k
-RUN python -m export --model "$CLIP_MODEL" --weights "$CLIP_WEIGHTS" --cache-dir /build/cache \
+# /build exists before the shell opens the redirect into it; the export is made private (0700,
+# mkdtemp) and `cp`/`COPY --from` keep modes: the runtime's user (10001) must be able to read it.
+RUN mkdir -p /build /models \
+ && python -m export --model "$CLIP_MODEL" --weights "$CLIP_WEIGHTS" --cache-dir /build/cache \
       --print-dir > /build/dir \
- && mkdir -p /models && cp -r "$(cat /build/dir)" /models/export
+ && cp -r "$(cat /build/dir)" /models/export \
+ && chmod -R u=rwX,go=rX /models/export
 
 # ---- stage 2: the gateway's virtualenv, built with compilers that never reach the runtime ----
 FROM ${TRITON_IMAGE} AS venv
@@ -69,11 +83,16 @@ RUN /opt/venv/bin/pip install --no-deps .
 # ---- stage 3: the runtime ----
 FROM ${TRITON_IMAGE}
 ENV PYTHONUNBUFFERED=1
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Shared libraries pillow-simd was built against, and tini: the supervisor is not an init, so
-# tini (PID 1) reaps whatever a crashed child leaves orphaned and passes signals on.
+# tini (PID 1) reaps whatever a crashed child leaves orphaned and passes signals on. Package names
+# are the base's distribution's: Ubuntu 24.04 in NGC 25.01 (Debian: libjpeg62-turbo).
+ARG RUNTIME_PACKAGES="libjpeg-turbo8 libwebp7 libwebpdemux2 libwebpmux3 zlib1g tini"
+# word splitting of the package list is wanted
+# hadolint ignore=SC2086
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libjpeg-turbo8 libwebp7 libwebpdemux2 libwebpmux3 \
-      zlib1g tini \
+ && apt-get install -y --no-install-recommends ${RUNTIME_PACKAGES} \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=venv /opt/venv /opt/venv
 COPY --from=export /models/export /models/export
@@ -81,11 +100,14 @@ RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin clip \
  && mkdir -p /var/cache/clip-gateway/trt && chown -R clip:clip /var/cache/clip-gateway
 # GATEWAY_WORKERS=0: the worker plan comes from the CPUs the container may use (cgroup quota,
 # gateway/runtime/plan.py). CPU_BACKEND: without a GPU, `auto` chooses the cpu profile, which
-# here runs on Triton's onnxruntime backend (the image's Python backend has no ONNX Runtime).
+# in the NGC image runs on Triton's onnxruntime backend (its Python backend has no ONNX Runtime);
+# a base without that backend but with ONNX Runtime in the Python backend's interpreter passes
+# `python`.
+ARG CPU_BACKEND=onnxruntime
 ENV PATH=/opt/venv/bin:$PATH \
     GATEWAY_MODEL_DIR=/models/export \
     GATEWAY_TRITON_PROFILE=auto \
-    GATEWAY_TRITON_CPU_BACKEND=onnxruntime \
+    GATEWAY_TRITON_CPU_BACKEND=${CPU_BACKEND} \
     GATEWAY_WORKERS=0 \
     GATEWAY_TRITON_TRT_CACHE_PATH=/var/cache/clip-gateway/trt \
     GATEWAY_PORT=8000
@@ -97,4 +119,7 @@ EXPOSE 8000
 # gateway/runtime/timings.py, so a first start's engine build never reads as unhealthy.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=1810s --retries=3 \
   CMD ["/opt/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
-ENTRYPOINT ["/usr/bin/tini", "--", "/opt/venv/bin/clip-gateway-entrypoint"]
+# NGC's entrypoint script runs first, as in every NGC image: it sets up CUDA forward
+# compatibility (hosts with older drivers, e.g. R535/R545) before anything loads CUDA, then
+# execs the supervisor under tini.
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/nvidia/nvidia_entrypoint.sh", "/opt/venv/bin/clip-gateway-entrypoint"]

@@ -29,7 +29,8 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env peer-env serve test check lint format typecheck pytest mutation lock clean api-key
+.PHONY: install triton-env peer-env serve test check lint format typecheck pytest mutation lock clean api-key \
+  image image-test compose-test kube-test
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -105,6 +106,35 @@ lock:
 
 clean:
 	rm -rf $(VENV) $(TRITON_ENV) $(PEER_ENV) build mutants .mypy_cache .ruff_cache .pytest_cache
+
+# The container image (docs/CONTAINER.md), built and run with podman from Debian's packages on
+# Debian stand-in bases (debootstrap; no container registry): `make image` builds the repository's
+# Dockerfile as clip-gateway:local (layers cached: a second build takes seconds), `make image-test`
+# runs it as users do and checks it (tests/image/). Needs root, podman, buildah, runc, debootstrap
+# (.ci/run installs them). TORCH_INDEX_URL: the export stage's torch wheels (the Dockerfile's
+# default; where it does not answer, the local index of this machine's pip configuration that
+# serves torch: deploy/image/build.sh). IMAGE_WEIGHTS: random here (no model hub).
+IMAGE ?= clip-gateway:local
+IMAGE_WEIGHTS ?= random
+TORCH_INDEX_URL ?=
+image:
+	@IMAGE_TAG=$(IMAGE) CLIP_MODEL=$(CLIP_MODEL) CLIP_WEIGHTS=$(IMAGE_WEIGHTS) \
+	  TORCH_INDEX_URL=$(TORCH_INDEX_URL) deploy/image/build.sh
+
+image-test: $(VENV)/.installed
+	CLIP_GATEWAY_IMAGE_TEST=1 CLIP_GATEWAY_IMAGE=$(IMAGE) $(PY) -m pytest tests/image/test_image.py \
+	  -p no:randomly $(PYTEST_ARGS)
+	$(PY) -m bench.image_budget --image $(IMAGE) --out build/image/budget
+
+# deploy/compose under podman-compose on the local images: a rolling restart of one gateway
+# under steady load through nginx (bench/rolling_restart.py; figures to bench/results/compose/).
+compose-test: $(VENV)/.installed
+	$(PY) -m bench.rolling_restart --image $(IMAGE)
+
+# deploy/k8s rendered without the GPU request (deploy/image/k8s) under `podman kube play`: how far
+# a local pod runtime goes (tests/image/test_kube_play.py says where podman 4.3 stops).
+kube-test: $(VENV)/.installed
+	CLIP_GATEWAY_IMAGE_TEST=1 $(PY) -m pytest tests/image/test_kube_play.py -p no:randomly $(PYTEST_ARGS)
 
 # An API key for deploy/compose (its `api_keys` secret), made once: a 0700 directory, the file
 # 0644 inside it (compose bind-mounts it; the image's user must read it). Prints nothing secret.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from gateway.backend.repository import render
 from gateway.runtime.settings import RepositorySettings
 
 TESTS = Path(__file__).parent
-#: The client suite runs in a client-only virtualenv (tests/integration/test_client_install.py).
-collect_ignore = ["client"]
+#: The client suite runs in a client-only virtualenv (tests/integration/test_client_install.py);
+#: the image suite needs the image (`make image`) and runs under `make image-test` only.
+collect_ignore = ["client"] + ([] if os.environ.get("CLIP_GATEWAY_IMAGE_TEST") else ["image"])
 
 if TESTS.parent.name == "mutants":  # `make mutation` runs the suite from its copy in mutants/
     # a mutant that a property test catches is caught at the first failing example; shrinking

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+from urllib.parse import urlsplit
 
 from gateway.runtime.processes import ReservedPort, ServerProcess, reserve_port
 
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ENV = REPO_ROOT / ".triton-env"
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
+SYSTEM_BIN = Path("/usr/bin")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,9 @@ class TritonInstall:
             server = Path(explicit)
             return cls(server, server.parents[1] / "backends")
         if NGC_SERVER.exists():
-            return cls(NGC_SERVER, NGC_SERVER.parents[1] / "backends")
+            # the Python backend's stub runs the base image's python3 (the one it was built
+            # for, with the base's packages), not the gateway's virtualenv first on PATH
+            return cls(NGC_SERVER, NGC_SERVER.parents[1] / "backends", python_bin_dir=SYSTEM_BIN)
         return cls.from_pytriton_env(env_dir or DEFAULT_ENV)
 
     @classmethod
@@ -109,13 +113,23 @@ def otel_trace_args(
 
 
 def otlp_traces_url(environ: dict[str, str] | None = None) -> str | None:
-    """The OTLP/HTTP traces URL the OTEL_EXPORTER_OTLP_* variables describe, if any."""
+    """The OTLP/HTTP traces URL the OTEL_EXPORTER_OTLP_* variables describe, if any. One that is
+    not an http(s) URL (e.g. a compose file's ``${OTEL_EXPORTER_OTLP_ENDPOINT:-}`` passed through
+    uninterpolated) is ignored with a warning: given to tritonserver, it aborted Triton at the
+    first sampled request."""
     env = os.environ if environ is None else environ
+    url = None
     if explicit := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        return explicit
-    if base := env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return base.rstrip("/") + "/v1/traces"
-    return None
+        url = explicit
+    elif base := env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        url = base.rstrip("/") + "/v1/traces"
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        log.warning("OTLP endpoint %r is not an http(s) URL: Triton exports no traces", url)
+        return None
+    return url
 
 
 @dataclass

@@ -5,6 +5,7 @@ never enters the launcher or the servers; a stop request terminates the exporter
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,8 @@ def find_or_export(
     (the ``cpu-int8`` profile) its INT8 files and gate figures too. A baked directory is served
     as it is: the launcher's gate refuses one without INT8 figures."""
     if launch.model_dir is not None:
+        if (unreadable := _unreadable(launch.model_dir)) is not None:
+            raise LaunchError(unreadable)
         if not (launch.model_dir / "manifest.json").is_file():
             raise LaunchError(f"{launch.model_dir} is not an export (no manifest.json)")
         return launch.model_dir
@@ -60,6 +63,32 @@ def find_or_export(
     _export(launch, cache, stop, int8)
     progress(f"done in {time.monotonic() - started:.0f} s: {entry}")
     return entry
+
+
+def _unreadable(directory: Path) -> str | None:
+    """Why this process cannot read the baked export, or None: every directory under it must be
+    listable and enterable, every file readable (a private 0700 export copied into an image
+    keeps its mode, and the image's user is not its owner)."""
+    problem: list[OSError] = []
+    paths = [directory]
+    for root, directories, files in os.walk(directory, onerror=problem.append):
+        paths += [Path(root, name) for name in directories + files]
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError as exc:
+            problem.append(exc)
+            break
+        wanted = os.R_OK | os.X_OK if path.is_dir() else os.R_OK
+        if not os.access(path, wanted):
+            return (
+                f"the export {directory} is not readable by uid {os.getuid()}: {path} has mode "
+                f"{info.st_mode & 0o7777:04o}, owner uid {info.st_uid}; make it readable "
+                "(chmod -R a+rX) where it is built"
+            )
+    if problem and not isinstance(problem[0], FileNotFoundError):
+        return f"the export {directory} is not readable by uid {os.getuid()}: {problem[0]}"
+    return None
 
 
 #: ``python -m export``'s exit code when the FP32 export is fine and only INT8 was refused by

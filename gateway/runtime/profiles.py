@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 class GpuInfo:
     name: str
     compute_capability: tuple[int, int]
-    memory_gib: float
+    #: None when NVML refuses the query: on a MIG-partitioned GPU it answers unprivileged
+    #: callers NVML_ERROR_NO_PERMISSION. Only logged; nothing is decided on it.
+    memory_gib: float | None
 
 
 @dataclass(frozen=True)
@@ -95,12 +97,22 @@ def detect() -> GpuInfo | None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         name = pynvml.nvmlDeviceGetName(handle)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
         return GpuInfo(
-            name.decode() if isinstance(name, bytes) else str(name), (major, minor), memory
+            name.decode() if isinstance(name, bytes) else str(name), (major, minor), _memory(handle)
         )
     finally:
         pynvml.nvmlShutdown()
+
+
+def _memory(handle: object) -> float | None:
+    """The GPU's memory in GiB, or None when NVML refuses to say (MIG: no permission)."""
+    import pynvml
+
+    try:
+        return float(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30)
+    except pynvml.NVMLError as exc:
+        log.info("GPU memory not readable here (%s; MIG partitions refuse it)", exc)
+        return None
 
 
 def from_table(gpu: GpuInfo | None) -> tuple[Profile, str]:

@@ -128,12 +128,19 @@ class Supervisor:
         identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
         gpu = profiles.detect() if self.settings.repository.profile == "auto" else None
         if gpu is not None:
-            log.info("GPU: %s, compute capability %s, %.0f GiB", gpu.name,
-                     gpu.compute_capability, gpu.memory_gib)  # fmt: skip
+            memory = "memory unknown" if gpu.memory_gib is None else f"{gpu.memory_gib:.0f} GiB"
+            log.info("GPU: %s, compute capability %s, %s", gpu.name, gpu.compute_capability,
+                     memory)  # fmt: skip
         base = self.settings.repository
-        build = engines.build_key(
-            base.max_batch_size, max(base.preferred), base.trt_workspace_bytes
+        # engines are built by a GPU profile only: no GPU, no versions to look for
+        tensorrt, onnxruntime = (
+            engines.runtime_versions(TritonInstall.discover().backend_dir)
+            if gpu is not None
+            else ("unknown", "unknown")
         )
+        build = engines.build_key(base.max_batch_size, max(base.preferred),
+                                  base.trt_workspace_bytes, tensorrt=tensorrt,
+                                  onnxruntime=onnxruntime)  # fmt: skip
         engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity,
                                        build)  # fmt: skip
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})

@@ -7,6 +7,7 @@ plan applied, restricted pods, an engine cache a non-root pod can write, a compl
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -293,9 +294,23 @@ def stages() -> list[list[dict[str, Any]]]:
     return found
 
 
+def build_args(stage: list[dict[str, Any]]) -> dict[str, str]:
+    """The stage's ARG defaults (``ARG NAME=value``; quotes removed)."""
+    args = {}
+    for instruction in stage:
+        if instruction["instruction"] == "ARG" and "=" in instruction["value"]:
+            name, _, value = instruction["value"].partition("=")
+            args[name.strip()] = value.strip().strip('"')
+    return args
+
+
 def image_env() -> dict[str, str]:
-    """GATEWAY_* defaults the runtime image sets (its last stage's ENV)."""
-    text = " ".join(i["value"] for i in stages()[-1] if i["instruction"] == "ENV")
+    """GATEWAY_* defaults the runtime image sets (its last stage's ENV, build args at their
+    defaults, i.e. the NGC image's)."""
+    runtime = stages()[-1]
+    text = " ".join(i["value"] for i in runtime if i["instruction"] == "ENV")
+    for name, value in build_args(runtime).items():
+        text = text.replace(f"${{{name}}}", value)
     return dict(re.findall(r"\b(GATEWAY_[A-Z_]+)=(\S+)", text))
 
 
@@ -319,7 +334,14 @@ def test_the_runtime_image(monkeypatch: pytest.MonkeyPatch) -> None:
     assert user.split(":")[0] == "10001"  # numeric: runAsNonRoot can verify it
     assert values("EXPOSE") == [str(PORT)]
     (entrypoint,) = values("ENTRYPOINT")
-    assert "tini" in entrypoint.split(",")[0]  # an init reaps orphans
+    chain = json.loads(entrypoint)
+    assert chain[0] == "/usr/bin/tini"  # an init reaps orphans
+    # NGC's entrypoint script (CUDA forward compatibility on older drivers) runs before anything
+    # loads CUDA, and execs the supervisor
+    assert chain[2:] == [
+        "/opt/nvidia/nvidia_entrypoint.sh",
+        "/opt/venv/bin/clip-gateway-entrypoint",
+    ]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert "clip-gateway-entrypoint" in entrypoint
     assert scripts["clip-gateway-entrypoint"] == "gateway.runtime.supervisor:main"
@@ -338,6 +360,20 @@ def test_the_runtime_image(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "build-essential" not in installs and "-dev" not in installs
     assert any("COPY --from=venv" in i["content"] for i in runtime)
     assert any("COPY --from=export" in i["content"] for i in runtime)
+
+
+def test_the_export_stage_installs_the_locks_versions() -> None:
+    """The export runs with the versions it was validated with: the export extra constrained by
+    requirements/lock.txt, torch from an index of +cpu builds of the lock's version by default."""
+    export = stages()[0]
+    runs = [i["value"] for i in export if i["instruction"] == "RUN"]
+    (install,) = [run for run in runs if "pip install" in run]
+    assert "-c requirements/lock.txt" in install and '"export"' in install
+    assert build_args(export)["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    # the lock's interpreter (`make lock`: --python-version 3.11) is the export base's
+    lock_python = re.search(r"--python-version (\S+)", (ROOT / "Makefile").read_text())
+    assert lock_python is not None
+    assert f"python:{lock_python.group(1)}-" in (ROOT / "Dockerfile").read_text()
 
 
 def copied_before(stage: list[dict[str, Any]], marker: str) -> set[str]:
@@ -362,7 +398,10 @@ def test_source_edits_do_not_rebuild_the_export_or_pillow_simd() -> None:
     export, venv, _runtime = stages()
     for_export = copied_before(export, "python -m export")
     assert for_export <= {"export/", "gateway/__init__.py", "gateway/backend/__init__.py",
-                          "gateway/backend/contract.py", "gateway/text/"}, for_export  # fmt: skip
+                          "gateway/backend/contract.py", "gateway/text/", "pyproject.toml",
+                          "requirements/lock.txt"}, for_export  # fmt: skip
+    # the dependencies come from pyproject.toml and the lock alone, before any source file
+    assert copied_before(export, "pip install") <= {"pyproject.toml", "requirements/lock.txt"}
     for source in _VERSIONED_SOURCES:  # everything that decides the exported bytes is there
         assert any(source.startswith(path) for path in for_export), source
     assert copied_before(venv, "pillow-simd") <= {"pyproject.toml", "requirements/lock.txt"}
@@ -506,7 +545,10 @@ def test_nginx_retries_what_is_safe_and_mirrors_the_gateway() -> None:
     directives = nginx_directives()
     server = ServerSettings()
     (retry,) = directives["proxy_next_upstream"]
-    assert {"error", "http_503", "non_idempotent"} <= set(retry.split())  # POSTs too
+    assert {"error", "timeout", "non_idempotent"} <= set(retry.split())  # POSTs too
+    # a retried status counts towards max_fails: a surviving gateway's load-shedding 503s would
+    # mark it down while the other restarts (every request then 502)
+    assert not any(word.startswith("http_") for word in retry.split())
     assert seconds(directives["proxy_next_upstream_timeout"][0]) < server.request_timeout_s
     assert directives["worker_processes"] == ["auto"]
     # 700 clients hold 1,400 connections (client + upstream): room for many more per worker

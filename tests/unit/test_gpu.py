@@ -56,7 +56,33 @@ def test_no_gpu_is_cpu(tmp_path: Path) -> None:
 def test_detect_answers_on_any_host() -> None:
     # None without a driver, a GpuInfo with one: either way no exception (host-independent)
     found = gpu.detect()
-    assert found is None or (found.name and found.memory_gib > 0)
+    assert found is None or (found.name and (found.memory_gib is None or found.memory_gib > 0))
+
+
+def test_a_mig_gpu_that_refuses_the_memory_query_is_still_detected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On MIG-partitioned GPUs NVML answers an unprivileged caller's memory query with
+    NO_PERMISSION; the memory is only logged, so the GPU is still found (it used to crash the
+    launcher)."""
+    import pynvml
+
+    def refused(handle: object) -> object:
+        raise pynvml.NVMLError_NoPermission()
+
+    for name, value in {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetCount": lambda: 1,
+        "nvmlDeviceGetHandleByIndex": lambda index: object(),
+        "nvmlDeviceGetName": lambda handle: "NVIDIA A100-SXM4-40GB",
+        "nvmlDeviceGetCudaComputeCapability": lambda handle: (8, 0),
+        "nvmlDeviceGetMemoryInfo": refused,
+    }.items():
+        monkeypatch.setattr(pynvml, name, value)
+    found = gpu.detect()
+    assert found == gpu.GpuInfo("NVIDIA A100-SXM4-40GB", (8, 0), None)
+    assert gpu.from_table(found)[0] == "cuda"
 
 
 def fake_timer(cuda: list[float] | Exception, trt: list[float] | Exception) -> calibrate.Timer:

@@ -96,6 +96,12 @@ def test_triton_trace_flags() -> None:
     )
     assert otlp_traces_url({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x/t"}) == "http://x/t"
     assert otlp_traces_url({}) is None
+    # an uninterpolated compose variable (podman-compose 1.0.3) is no URL: tritonserver aborted
+    # on the first sampled request when given one
+    assert (
+        otlp_traces_url({"OTEL_EXPORTER_OTLP_ENDPOINT": "${OTEL_EXPORTER_OTLP_ENDPOINT:-}"}) is None
+    )
+    assert otlp_traces_url({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "collector:4318"}) is None
 
 
 def test_metrics_exposition_and_exemplars() -> None:
