@@ -59,6 +59,12 @@ def bf16_flag(flags: frozenset[str]) -> str | None:
     return next((flag for flag in BF16_FLAGS if flag in flags), None)
 
 
+def auto_unit(cpu_backend: str, flags: frozenset[str]) -> str | None:
+    """The BF16 unit ``auto`` may choose cpu-bf16 for: none where Triton's onnxruntime backend
+    serves the CPU (the NGC image), since OpenVINO runs inside the Python backend only."""
+    return bf16_flag(flags) if cpu_backend == "python" else None
+
+
 def calibration_inputs(manifest: dict[str, Any], export_dir: Path) -> dict[str, np.ndarray]:
     """The calibration photos resized (short side, bicubic) and centre-cropped to the model's
     input, and the captions' token ids where the export has a usable tokenizer."""

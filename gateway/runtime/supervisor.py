@@ -336,7 +336,9 @@ class Supervisor:
             calibrate_now=self.settings.launch.calibrate,
             timer=timer,
             deadline=deadline,
-            bf16_unit=bf16.bf16_flag(bf16.cpu_flags()) if gpu is None else None,
+            bf16_unit=(
+                bf16.auto_unit(repository.cpu_backend, bf16.cpu_flags()) if gpu is None else None
+            ),
         )
 
     def gateway_process(self, export_dir: Path) -> GatewayProcess:

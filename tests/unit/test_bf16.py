@@ -51,6 +51,14 @@ def test_auto_without_a_gpu_picks_bf16_only_where_the_cpu_has_it(
     assert (unit or "no GPU") in reason
 
 
+def test_auto_keeps_cpu_where_the_onnxruntime_backend_serves_the_cpu(tmp_path: Path) -> None:
+    """The NGC image serves the CPU with Triton's onnxruntime backend, where OpenVINO does not
+    run: a BF16 CPU there gets the cpu profile from auto, not a 35 s check that must fail."""
+    flags = bf16.cpu_flags(cpuinfo(tmp_path, SAPPHIRE_RAPIDS))
+    assert bf16.auto_unit("python", flags) == "amx_bf16"
+    assert bf16.auto_unit("onnxruntime", flags) is None
+
+
 def test_no_cpuinfo_or_no_flags_line_is_no_bf16(tmp_path: Path) -> None:
     assert bf16.cpu_flags(tmp_path / "missing") == frozenset()
     (tmp_path / "odd").write_text("processor : 0\nfeatures : avx512_bf16\n")  # not x86's "flags"
