@@ -52,11 +52,27 @@ def _measure(url: str, calls: int, batch: int) -> dict[str, float]:
     try:
         timings = {"grpc_ms": _time(grpc_call, calls), "shm_ms": _time(shm_call, calls)}
     finally:
-        client.unregister_system_shared_memory(name)
+        _unregister(client, name)
         shm.destroy_shared_memory_region(region)
         client.close()
     timings["saved_ms"] = round(timings["grpc_ms"] - timings["shm_ms"], 3)
     return timings
+
+
+def _unregister(client: Any, name: str, within_s: float = 10.0) -> None:
+    """Triton answers an infer before it releases the request's hold on the region, so an
+    unregister right after the last call can find it "currently in use": retry until released."""
+    from tritonclient.utils import InferenceServerException
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            client.unregister_system_shared_memory(name)
+            return
+        except InferenceServerException as exc:
+            if "in use" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _time(call: Any, calls: int) -> float:
