@@ -9,7 +9,6 @@ another model's vector.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,15 +18,21 @@ from litestar.datastructures import State
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
 from gateway.errors import (
-    BodyTooSlow,
     InvalidFields,
     LimitExceeded,
     MalformedRequest,
     OtherModel,
     UnsupportedTask,
 )
-from gateway.http.auth import PUBLIC, key_of
-from gateway.http.routes import JSON, admit, body_of, unless_disconnected
+from gateway.http.auth import PUBLIC
+from gateway.http.routes import (
+    JSON,
+    admit,
+    body_of,
+    in_time,
+    reservation_for,
+    unless_disconnected,
+)
 from gateway.pipeline.admission import Reservation
 from gateway.pipeline.items import Item, TextItem
 from gateway.pipeline.service import EmbeddingService
@@ -62,23 +67,11 @@ async def immich_predict(request: Request[Any, Any, Any], state: State) -> Respo
     ``image`` part (a preview, JPEG or WebP, found by content) or a ``text`` field."""
     settings: ServerSettings = state.settings
     service: EmbeddingService = state.service
-    declared = request.content_length
-    if declared is not None and declared > settings.max_body_bytes:
-        raise LimitExceeded(
-            f"request body of {declared} bytes; the limit is {settings.max_body_bytes}",
-            limit=settings.max_body_bytes,
-        )
     # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
     # decode work their headers promise, each API key within its share
-    with service.admission.reserve(declared, key_of(request)) as reservation:
+    with reservation_for(request, settings, service) as reservation:
         with state.telemetry.tracer.start_as_current_span("receive"):
-            try:
-                async with asyncio.timeout(settings.body_timeout_s):
-                    form = await read_form(request, settings, reservation)
-            except TimeoutError as exc:
-                raise BodyTooSlow(
-                    f"request body not received within {settings.body_timeout_s:g} s"
-                ) from exc
+            form = await in_time(settings, read_form(request, settings, reservation))
             reservation.body_read()
         kind, item = check_form(form, settings)
         is_text = isinstance(item, TextItem)

@@ -49,6 +49,32 @@ JSON = "application/json"
 T = TypeVar("T")
 
 
+def reservation_for(
+    request: Request[Any, Any, Any], settings: ServerSettings, service: EmbeddingService
+) -> Reservation:
+    """Admission before the first byte is read, for every route that takes a body: a declared
+    length over the limit is refused at once, and the declared size already costs its cheapest
+    decode, charged to the request's API key."""
+    declared = request.content_length
+    if declared is not None and declared > settings.max_body_bytes:
+        raise LimitExceeded(
+            f"request body of {declared} bytes; the limit is {settings.max_body_bytes}",
+            limit=settings.max_body_bytes,
+        )
+    return service.admission.reserve(declared, key_of(request))
+
+
+async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
+    """``reading`` (a body being received and parsed) within the body deadline, else 408."""
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            return await reading
+    except TimeoutError as exc:
+        raise BodyTooSlow(
+            f"request body not received within {settings.body_timeout_s:g} s"
+        ) from exc
+
+
 def body_of(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> AsyncIterator[bytes]:
@@ -139,22 +165,9 @@ async def create_embeddings(
     service: EmbeddingService = state.service
     tracer: Tracer = state.telemetry.tracer
     declared = request.content_length
-    if declared is not None and declared > settings.max_body_bytes:
-        raise LimitExceeded(
-            f"request body of {declared} bytes; the limit is {settings.max_body_bytes}",
-            limit=settings.max_body_bytes,
-        )
-    # Admission starts before the first byte is read: the declared size already costs its decode
-    key = key_of(request)
-    with service.admission.reserve(declared, key) as reservation:
+    with reservation_for(request, settings, service) as reservation:
         with tracer.start_as_current_span("receive") as span:
-            try:
-                async with asyncio.timeout(settings.body_timeout_s):
-                    parsed = await read_request(request, settings, reservation)
-            except TimeoutError as exc:
-                raise BodyTooSlow(
-                    f"request body not received within {settings.body_timeout_s:g} s"
-                ) from exc
+            parsed = await in_time(settings, read_request(request, settings, reservation))
             reservation.body_read()
             texts = sum(isinstance(item, TextItem) for item in parsed.items)
             span.set_attributes(
