@@ -38,4 +38,10 @@ podman build "${args[@]}" -t "$tag" "$root" > "$work/build.log" 2>&1 \
 # compiler it finds there must not be in the runtime image
 podman build "${args[@]}" --target venv -t "${BUILD_TAG:-clip-gateway-build:local}" "$root" \
   >> "$work/build.log" 2>&1
+# and the export stage (cached: seconds), tagged so it stays as the next build's cache; what a
+# rebuild superseded (the previous build's images, now untagged: ~12 GB with the export stage's
+# torch) goes, so the store holds one build however many runs this machine sees
+podman build "${args[@]}" --target export -t "${EXPORT_TAG:-clip-gateway-export:local}" "$root" \
+  >> "$work/build.log" 2>&1
+podman image prune -f >> "$work/build.log" 2>&1
 echo "image: $tag built in $(( $(date +%s) - started )) s (log: $work/build.log)"
