@@ -1,8 +1,10 @@
 """A page opened in a real headless Chromium (Debian's ``chromium``): what a person would see.
 
-The page is copied with a probe script appended that, once everything has loaded, writes into
+A local page is copied with a probe script appended that, once everything has loaded, writes into
 the DOM how many images there are, how many failed to decode (``naturalWidth == 0``), every
-resource the browser fetched, and the visible text; ``--dump-dom`` hands that back.
+resource the browser fetched, and the visible text; ``--dump-dom`` hands that back. A page a
+loopback server serves is opened as it is, with every other host unresolvable (offline, as the
+container and users' hosts are), and its DOM handed back once its scripts have run.
 """
 
 from __future__ import annotations
@@ -46,10 +48,15 @@ def chromium() -> str:
     return found
 
 
-def _run(page: Path, *args: str) -> str:
+#: Only loopback resolves: a page that needs a CDN breaks here as it would offline.
+LOOPBACK_ONLY = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+
+
+def _run(page: Path | str, *args: str) -> str:
+    url = page.as_uri() if isinstance(page, Path) else page
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run(
-            [chromium(), *FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+            [chromium(), *FLAGS, f"--user-data-dir={profile}", *args, url],
             capture_output=True,
             text=True,
             timeout=120,
@@ -70,6 +77,12 @@ def open_page(page: Path, work: Path) -> dict[str, Any]:
         raw = raw.replace(escaped, plain)
     result: dict[str, Any] = json.loads(raw)
     return result
+
+
+def served_dom(url: str) -> str:
+    """The DOM of the page a loopback server serves at ``url``, once its scripts have run."""
+    assert url.startswith("http://127.0.0.1:"), url
+    return _run(url, LOOPBACK_ONLY, "--virtual-time-budget=10000", "--dump-dom")
 
 
 def screenshot(page: Path, out: Path, width: int = 1280, height: int = 1400) -> None:

@@ -1,14 +1,17 @@
 """The OpenAPI document and /docs, generated from the request/response types (http/schemas.py)
 and the error map (http/problems.py), so neither can drift from what the server does.
 
-/docs is Swagger UI served from the ``swagger-ui-bundle`` package: no CDN, it works offline.
+/docs is Swagger UI 5 (it reads OpenAPI 3.1; version 4 could not) from the files the
+``flask-swagger-ui`` package ships, served by this server: no CDN, it works offline.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any, cast
 
 import msgspec
@@ -29,7 +32,6 @@ from litestar.openapi.spec import (
     SecurityScheme,
 )
 from litestar.static_files import create_static_files_router
-from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
 
 from gateway import __version__
 from gateway.http.problems import PROBLEM_MEDIA_TYPE, PROBLEMS
@@ -209,8 +211,17 @@ def openapi_config(keys_configured: bool) -> OpenAPIConfig:
     )
 
 
+def swagger_ui_files() -> Path:
+    """Swagger UI's distribution (``dist/``) inside the installed ``flask-swagger-ui`` package,
+    found without importing it: its module imports Flask, which this server never runs."""
+    spec = importlib.util.find_spec("flask_swagger_ui")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("/docs needs the flask-swagger-ui package (the [server] extra)")
+    return Path(spec.submodule_search_locations[0]) / "dist"
+
+
 def assets() -> Router:
-    """Swagger UI's files, from the installed ``swagger-ui-bundle`` package."""
+    """Swagger UI's files, from the installed ``flask-swagger-ui`` package."""
     return create_static_files_router(
-        path=ASSETS, directories=[swagger_ui_path], include_in_schema=False
+        path=ASSETS, directories=[swagger_ui_files()], include_in_schema=False
     )

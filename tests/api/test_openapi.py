@@ -1,9 +1,13 @@
 """The OpenAPI document is generated from the request/response types and the error map, is a
-valid OpenAPI document, and /docs renders it without fetching anything from the internet."""
+valid OpenAPI document, and /docs links only to assets this server serves (a real browser renders
+it offline in tests/integration/test_docs_page.py)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import msgspec
 from litestar.testing import TestClient
@@ -12,6 +16,8 @@ from openapi_spec_validator import validate
 from gateway.http.problems import PROBLEMS
 from gateway.http.schemas import EmbeddingRequest, EmbeddingResponse, ModelList, Problem
 from tests import samples
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_document_is_valid_openapi(client: TestClient) -> None:
@@ -61,3 +67,12 @@ def test_docs_need_no_internet(client: TestClient) -> None:
     for url in urls:
         asset = client.get(url)
         assert asset.status_code == 200 and len(asset.content) > 100, url
+
+
+def test_serving_the_docs_assets_never_imports_flask() -> None:
+    # flask-swagger-ui ships Swagger UI's files; its module imports Flask, never run here
+    code = "import sys, gateway.http.docs as d; d.assets(); print('flask' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
