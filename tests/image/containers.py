@@ -99,7 +99,7 @@ class Secrets:
 
 
 def run_container(name: str, secrets: Secrets, **env: str) -> Container:
-    """``podman run`` as the README tells users to, hardened as the Kubernetes manifest runs it:
+    """``podman run`` as docs/DEPLOY.md tells users to, hardened as the Kubernetes manifest runs it:
     uid 10001, read-only root filesystem (a tmpfs for /tmp, the engine-cache volume), every
     capability dropped, no privilege escalation, 1 GiB of /dev/shm, the API key from a mounted
     file, only the gateway's port published, on loopback."""
