@@ -45,7 +45,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	@touch $@
 
 # Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see
-# gateway/backend/local.py.
+# gateway/runtime/local.py.
 triton-env: $(TRITON_ENV)/.installed
 $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt
 	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"

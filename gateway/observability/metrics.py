@@ -16,6 +16,8 @@ from prometheus_client import (
 )
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from gateway.runtime.processes import alive
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DECODE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -30,8 +32,6 @@ def forget_dead_workers(directory: str) -> list[int]:
     """Remove the live gauges (in-flight images, backlog) of workers that died without
     stopping, so a replaced worker's last values are not summed for ever; their counters stay.
     Returns the process ids forgotten."""
-    from gateway.backend.shm import alive
-
     dead = set()
     for path in Path(directory).glob("gauge_live*_*.db"):
         owner = path.stem.rsplit("_", 1)[-1]

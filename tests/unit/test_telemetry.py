@@ -12,11 +12,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.backend.local import otel_trace_args, otlp_traces_url
 from gateway.http.app import create_app
 from gateway.observability import tracing as telemetry
 from gateway.observability.logs import logging_config
 from gateway.observability.metrics import Metrics
+from gateway.runtime.local import otel_trace_args, otlp_traces_url
 from gateway.runtime.settings import ServerSettings
 from tests.fakes import FakeBackend
 
