@@ -75,9 +75,12 @@ test: install check pytest
 
 check: lint typecheck
 
+# lint-imports: the layer stack and the other import contracts in pyproject.toml
+# ([tool.importlinter]; docs/ARCHITECTURE.md "Layers").
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck:
 	$(VENV)/bin/mypy
