@@ -20,8 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.runtime.processes import alive
-
 PREFIX = "clipgw_"
 _NAME = re.compile(rf"^{PREFIX}(\d+)_[0-9a-f]{{16}}$")
 SHM_DIR = Path("/dev/shm")
@@ -83,6 +81,16 @@ def owner(name: str) -> int | None:
     """The process id in one of our region names, or None for a name that is not ours."""
     found = _NAME.match(name)
     return int(found.group(1)) if found else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def orphans(names: list[str] | None = None) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import (
@@ -16,8 +17,6 @@ from prometheus_client import (
 )
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from gateway.runtime.processes import alive
-
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DECODE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -28,9 +27,10 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 
 
-def forget_dead_workers(directory: str) -> list[int]:
+def forget_dead_workers(directory: str, alive: Callable[[int], bool]) -> list[int]:
     """Remove the live gauges (in-flight images, backlog) of workers that died without
     stopping, so a replaced worker's last values are not summed for ever; their counters stay.
+    ``alive`` says whether a process id is still running (the caller's: backend/shm.py's).
     Returns the process ids forgotten."""
     dead = set()
     for path in Path(directory).glob("gauge_live*_*.db"):

@@ -49,17 +49,6 @@ def exit_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a dead worker's shared-memory regions and gauges go)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
-
-
 def die_with_parent() -> Callable[[], None]:
     """A ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux prctl), and exits at
     once if the parent is already gone. Prepared before the fork: nothing imported in between."""

@@ -189,6 +189,7 @@ def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
     import subprocess
     import sys
 
+    from gateway.backend.shm import alive
     from gateway.observability.metrics import Metrics, forget_dead_workers
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
@@ -209,7 +210,7 @@ def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
         assert live.stdout is not None and live.stdout.readline() == "held\n"
         before = Metrics().render(False)[0].decode()
         assert "gateway_inflight_images 9.0" in before
-        forgotten = forget_dead_workers(str(tmp_path))
+        forgotten = forget_dead_workers(str(tmp_path), alive)
         assert forgotten == [dead_pid] and live.pid not in forgotten
         after = Metrics().render(False)[0].decode()
     finally:
