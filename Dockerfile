@@ -40,10 +40,11 @@ COPY pyproject.toml ./
 COPY requirements/lock.txt requirements/
 RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["export"]))' > /tmp/export.txt \
  && pip install --extra-index-url "$TORCH_INDEX_URL" -c requirements/lock.txt -r /tmp/export.txt
-# exactly what `python -m export` imports (export/spec.py lists what decides its output)
+# exactly what `python -m export` imports (gateway/model/spec.py lists what decides its output;
+# the `export` import contract in pyproject.toml keeps it to gateway.model and gateway.text)
 COPY export/ export/
 COPY gateway/__init__.py gateway/
-COPY gateway/backend/__init__.py gateway/backend/contract.py gateway/backend/
+COPY gateway/model/ gateway/model/
 COPY gateway/text/ gateway/text/
 ARG CLIP_MODEL=ViT-B-32
 ARG CLIP_WEIGHTS=laion2b_s34b_b79k

@@ -45,7 +45,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	@touch $@
 
 # Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see
-# gateway/backend/local.py.
+# gateway/runtime/local.py.
 triton-env: $(TRITON_ENV)/.installed
 $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt
 	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"
@@ -75,9 +75,12 @@ test: install check pytest
 
 check: lint typecheck
 
+# lint-imports: the layer stack and the other import contracts in pyproject.toml
+# ([tool.importlinter]; docs/ARCHITECTURE.md "Layers").
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck:
 	$(VENV)/bin/mypy

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
-from gateway.backend.local import LocalTriton
+from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess
 from tests import hostile, samples
 

@@ -196,8 +196,8 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
     from bench import models
     from bench.runner import machine
     from export.build import ensure_exported
-    from export.spec import Weights
-    from gateway.backend.local import LocalTriton
+    from gateway.model.spec import Weights
+    from gateway.runtime.local import LocalTriton
     from gateway.runtime.processes import GatewayProcess
 
     out.mkdir(parents=True, exist_ok=True)

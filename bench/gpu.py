@@ -106,9 +106,9 @@ def measure_model(model_name: str, cache_dir: Path, seconds: float) -> dict[str,
     from export.build import ensure_exported
     from export.model import load
     from export.parity import reference, reference_text
-    from export.spec import Weights
     from export.text import vocab_size
-    from gateway.backend.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
+    from gateway.model.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
+    from gateway.model.spec import Weights
 
     weights = Weights.random(0)
     started = time.perf_counter()

@@ -16,8 +16,8 @@ import onnx
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.backend.repository import render
+from gateway.model.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
+from gateway.runtime.repository import render
 from gateway.runtime.settings import RepositorySettings
 
 RAW_MODEL = "clip_raw"

@@ -264,7 +264,7 @@ def system(name: str, export_dir: Path, work: Path, limits: Limits,
 def run(out: Path, limits: Limits, systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
     from bench.peers_report import write
     from export.build import ensure_exported
-    from export.spec import Weights
+    from gateway.model.spec import Weights
 
     exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
     results: dict[str, Any] = {

@@ -37,7 +37,7 @@ def main() -> int:
         print(json.dumps(measure()))
         return 0
     from bench.runner import stock_pillow
-    from export.spec import default_cache_dir
+    from gateway.model.spec import default_cache_dir
 
     stock = stock_pillow(default_cache_dir())
     rows = []

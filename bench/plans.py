@@ -49,7 +49,7 @@ def run(
     out: Path, limits: Limits = LIMITS, profiles: tuple[str, ...] = ("cpu-int8",)
 ) -> dict[str, Any]:
     from export.build import ensure_exported
-    from export.spec import Weights
+    from gateway.model.spec import Weights
 
     exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
     results: dict[str, Any] = {"machine": machine(), "command": "python -m bench plans",

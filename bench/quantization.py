@@ -22,9 +22,9 @@ from PIL import Image
 
 from bench.ceilings import session
 from bench.peers import machine, wait_quiet
-from export import calibration
 from export.parity import cosine
 from export.quantize import Method, quantize
+from gateway.model import calibration
 
 VARIANTS: dict[str, tuple[Method, bool]] = {
     "dynamic, per channel": ("dynamic", True),
@@ -87,7 +87,7 @@ def tower(fp32: Path, name: str, judged: np.ndarray, fitted: np.ndarray, work: P
 
 def run(out: Path, reps: int = 5) -> dict[str, Any]:
     from export.build import ensure_exported
-    from export.spec import Weights
+    from gateway.model.spec import Weights
     from gateway.text.tokenizer import Tokenizer
 
     exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)

@@ -23,8 +23,8 @@ from bench import models, profiling, shm
 from bench.clients import tensor_json_bytes
 from bench.suites import SUITES, Suite
 from export.build import ensure_exported
-from export.spec import ExportedModel, Weights, default_cache_dir
-from gateway.backend.local import LocalTriton
+from gateway.model.spec import ExportedModel, Weights, default_cache_dir
+from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess, ReservedPort, ServerProcess, reserve_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from gateway.backend.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.backend.local import LocalTriton
+from gateway.model.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
+from gateway.runtime.local import LocalTriton
 
 
 def compare(

@@ -14,10 +14,10 @@ import numpy as np
 from bench.clients import Batches, GatewayClient
 from bench.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
 from export.build import ensure_exported
-from export.spec import Weights
-from gateway.backend.local import LocalTriton
-from gateway.backend.repository import render
+from gateway.model.spec import Weights
+from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess
+from gateway.runtime.repository import render
 from gateway.runtime.settings import RepositorySettings
 
 

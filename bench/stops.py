@@ -209,7 +209,7 @@ PHASES: dict[str, Callable[[Path, Path], float]] = {
 
 def run(rounds: int, out: Path) -> dict[str, Any]:
     from export.build import ensure_exported
-    from export.spec import Weights
+    from gateway.model.spec import Weights
 
     model_dir = ensure_exported("ViT-B-32", Weights.random(0)).directory
     results: dict[str, Any] = {"rounds": rounds, "machine": f"{os.cpu_count()} CPUs", "phases": {}}

@@ -18,8 +18,8 @@ from bench import load, models
 from bench.clients import Batches, GatewayClient
 from bench.photos import compact_jpeg
 from export.build import ensure_exported
-from export.spec import Weights
-from gateway.backend.local import LocalTriton, otel_trace_args
+from gateway.model.spec import Weights
+from gateway.runtime.local import LocalTriton, otel_trace_args
 from gateway.runtime.processes import GatewayProcess
 
 MODES = {

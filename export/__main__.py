@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from export import gate
 from export.build import ensure_exported
-from export.spec import (
+from gateway.model import gate
+from gateway.model.spec import (
     DEFAULT_MODEL,
     DEFAULT_PRETRAINED,
     UnsupportedModelError,

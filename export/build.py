@@ -1,4 +1,4 @@
-"""Export once, reuse forever: build a cache entry (export/spec.py says where) with torch."""
+"""Export once, reuse forever: build a cache entry (gateway/model/spec.py says where) with torch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from export.spec import (
+from gateway.model.contract import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    TEXT_CANARY,
+    TEXT_INPUT_DTYPE,
+    TEXT_INPUT_NAME,
+    TEXT_MODEL_NAME,
+    TEXT_OUTPUT_NAME,
+    TRITON_MODEL_NAME,
+    canary_pixels,
+    encode_reference,
+)
+from gateway.model.spec import (
     FP16_FILE,
     FP32_FILE,
     MANIFEST,
@@ -27,23 +39,10 @@ from export.spec import (
     export_code_version,
     int8_code_version,
 )
-from gateway.backend.contract import (
-    INPUT_NAME,
-    OUTPUT_NAME,
-    TEXT_CANARY,
-    TEXT_INPUT_DTYPE,
-    TEXT_INPUT_NAME,
-    TEXT_MODEL_NAME,
-    TEXT_OUTPUT_NAME,
-    TRITON_MODEL_NAME,
-    canary_pixels,
-    encode_reference,
-)
 
 if TYPE_CHECKING:  # torch-free at import: a cache hit never loads torch
     from export.model import LoadedModel
     from export.tokenizer import TokenizerInfo
-    from gateway.text import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +233,7 @@ def _export_text(
     only where the gateway can tokenise for this model."""
     import numpy as np
 
-    from export import onnx_export, parity
+    from export import onnx_export, parity, tokenizer
     from export.text import TokenEncoder, context_length, vocab_size
 
     started = time.perf_counter()
@@ -253,7 +252,7 @@ def _export_text(
     described = _write_tokenizer(directory, model_name, side, length, tokenizer_dir)
     canary = None
     if described["available"]:
-        ours = served_tokenizer(directory, described)
+        ours = tokenizer.served_tokenizer(directory, described)
         texts_tokens = ours.encode_batch(PARITY_TEXTS)
         if texts_tokens.max() >= vocab_size(loaded.clip):
             raise RuntimeError(
@@ -327,35 +326,6 @@ def _write_tokenizer(
     return described | framing | {
         "available": True, "file": TOKENIZER_FILE, "source": origin, "self_check": check,
     }  # fmt: skip
-
-
-def served_tokenizer(directory: Path, described: dict[str, Any]) -> TextTokenizer:
-    """The gateway's tokenizer for an export, as the served model loads it."""
-    from gateway.text import load_tokenizer
-
-    return load_tokenizer(
-        described["kind"],
-        str(directory / described["file"]),
-        described["context_length"],
-        clean=described.get("clean"),
-        strip_sep_id=described.get("strip_sep_id"),
-    )
-
-
-def reference_tokenizer(directory: Path, manifest: dict[str, Any]) -> Any:
-    """open_clip's own tokenizer for an export: ``get_tokenizer`` for its CLIP BPE, its
-    HFTokenizer on the files the export keeps for a Hugging Face one (no hub needed)."""
-    import open_clip
-
-    from export import hf_tokenizer
-
-    described = manifest["tokenizer"]
-    if described["kind"] != "hf":
-        return open_clip.get_tokenizer(manifest["model"])
-    options = open_clip.get_model_config(manifest["model"])["text_cfg"].get("tokenizer_kwargs", {})
-    return hf_tokenizer.reference(
-        directory / hf_tokenizer.SOURCE_DIR, described["context_length"], dict(options)
-    )
 
 
 def _tower(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, shape_inference
 
-from gateway.backend.contract import INPUT_NAME
+from gateway.model.contract import INPUT_NAME
 
 #: ONNX ops and element types onnx-tensorrt 10.x supports (its docs/operators.md support matrix;
 #: TensorRT 10.x ships with the ONNX Runtime of Triton 25.01), for the ops a CLIP vision tower

@@ -1,6 +1,7 @@
 """``python -m export --int8``: quantize both towers of a finished export (export/quantize.py),
-measure them on the calibration set (export/calibration.py) against the FP32 graphs and open_clip's
-own pipeline, and record what the gate (export/gate.py) needs in the manifest's ``int8`` section.
+measure them on the calibration set (gateway/model/calibration.py) against the FP32 graphs and
+open_clip's own pipeline, and record what the gate (gateway/model/gate.py) needs in the
+manifest's ``int8`` section.
 
 Runs in the exporter's process (torch: the open_clip reference). The INT8 files and their
 figures are kept whatever the gate says, so a launcher with other thresholds needs no new
@@ -18,20 +19,20 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export import calibration, gate
 from export.model import LoadedModel
 from export.parity import cosine
 from export.quantize import DEFAULT_METHOD, Method, quantize
-from export.spec import FP32_FILE, INT8_FILE, TEXT_FP32_FILE, TEXT_INT8_FILE
-from gateway.backend.contract import (
+from gateway.model import calibration, gate
+from gateway.model.contract import (
     INPUT_NAME,
     TEXT_CANARY,
     TEXT_INPUT_NAME,
     canary_pixels,
     encode_reference,
 )
+from gateway.model.spec import FP32_FILE, INT8_FILE, TEXT_FP32_FILE, TEXT_INT8_FILE
 
-#: The calibration set: photos and captions, generated (export/calibration.py).
+#: The calibration set: photos and captions, generated (gateway/model/calibration.py).
 PHOTOS, TEXTS, SEED = 48, 96, 0
 
 
@@ -110,7 +111,8 @@ def _image_figures(loaded: LoadedModel, fp32: Path, int8: Path) -> tuple[dict[st
     got = quantized.run(None, {INPUT_NAME: pixels})[0]
     canary = quantized.run(None, {INPUT_NAME: canary_pixels(loaded.image_size)})[0][0]
     return {
-        "set": f"{PHOTOS} generated photos (export/calibration.py), open_clip's resize and crop",
+        "set": f"{PHOTOS} generated photos (gateway/model/calibration.py), open_clip's resize"
+        " and crop",
         "vs_fp32": _stats(cosine(got, exact)),
         "vs_open_clip": _stats(cosine(got, reference)),
         "fp32_vs_open_clip": _stats(cosine(exact, reference)),
@@ -120,7 +122,7 @@ def _image_figures(loaded: LoadedModel, fp32: Path, int8: Path) -> tuple[dict[st
 def _text_figures(
     loaded: LoadedModel, manifest: dict[str, Any], directory: Path, int8: Path
 ) -> tuple[dict[str, Any], str]:
-    from export.build import reference_tokenizer, served_tokenizer
+    from export.tokenizer import reference_tokenizer, served_tokenizer
 
     texts = calibration.texts(TEXTS, SEED)
     ours = served_tokenizer(directory, manifest["tokenizer"])
@@ -134,7 +136,8 @@ def _text_figures(
     got = quantized.run(None, {TEXT_INPUT_NAME: tokens})[0]
     canary = quantized.run(None, {TEXT_INPUT_NAME: ours.encode_batch([TEXT_CANARY])})[0][0]
     return {
-        "set": f"{TEXTS} generated captions (export/calibration.py), 1/8 past the context length",
+        "set": f"{TEXTS} generated captions (gateway/model/calibration.py), 1/8 past the"
+        " context length",
         "vs_fp32": _stats(cosine(got, exact)),
         "vs_open_clip": _stats(cosine(got, reference)),
         "fp32_vs_open_clip": _stats(cosine(exact, reference)),

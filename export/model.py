@@ -10,7 +10,7 @@ import open_clip
 import torch
 from torch import nn
 
-from export.spec import DEFAULT_MODEL, DEFAULT_PRETRAINED, Weights, WeightsUnavailableError
+from gateway.model.spec import DEFAULT_MODEL, DEFAULT_PRETRAINED, Weights, WeightsUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import torch
 from export.graph import uint8_only_into_cast
 from export.model import PixelEncoder
 from export.text import TokenEncoder
-from gateway.backend.contract import (
+from gateway.model.contract import (
     INPUT_NAME,
     OUTPUT_NAME,
     TEXT_INPUT_DTYPE,

@@ -13,7 +13,7 @@ import torch
 from torchvision.transforms import Normalize
 
 from export.model import LoadedModel
-from gateway.backend.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
+from gateway.model.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
 
 FP32_MAX_ABS = 1e-4
 FP16_MIN_COSINE = 0.999

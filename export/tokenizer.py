@@ -17,14 +17,17 @@ import random
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import regex
 from open_clip.tokenizer import SimpleTokenizer
 
-from gateway.backend.contract import CLIP_BPE
+from gateway.model.contract import CLIP_BPE
 from gateway.text.tokenizer import END_OF_TEXT, START_OF_TEXT, Tokenizer
+
+if TYPE_CHECKING:
+    from gateway.text import TextTokenizer
 
 DEFAULT_CONTEXT_LENGTH = 77
 #: open_clip's regex after its special tokens (open_clip/tokenizer.py, SimpleTokenizer.__init__).
@@ -200,3 +203,32 @@ _PLANES = (
     lambda rng: rng.randint(0x1F300, 0x1FAFF),
     lambda rng: rng.choice((0x20, 0x09, 0x0A, 0xA0, 0x3000)),
 )
+
+
+def served_tokenizer(directory: Path, described: dict[str, Any]) -> TextTokenizer:
+    """The gateway's tokenizer for an export, as the served model loads it."""
+    from gateway.text import load_tokenizer
+
+    return load_tokenizer(
+        described["kind"],
+        str(directory / described["file"]),
+        described["context_length"],
+        clean=described.get("clean"),
+        strip_sep_id=described.get("strip_sep_id"),
+    )
+
+
+def reference_tokenizer(directory: Path, manifest: dict[str, Any]) -> Any:
+    """open_clip's own tokenizer for an export: ``get_tokenizer`` for its CLIP BPE, its
+    HFTokenizer on the files the export keeps for a Hugging Face one (no hub needed)."""
+    import open_clip
+
+    from export import hf_tokenizer
+
+    described = manifest["tokenizer"]
+    if described["kind"] != "hf":
+        return open_clip.get_tokenizer(manifest["model"])
+    options = open_clip.get_model_config(manifest["model"])["text_cfg"].get("tokenizer_kwargs", {})
+    return hf_tokenizer.reference(
+        directory / hf_tokenizer.SOURCE_DIR, described["context_length"], dict(options)
+    )

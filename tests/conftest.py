@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backend.repository import render
+from gateway.runtime.repository import render
 from gateway.runtime.settings import RepositorySettings
 
 TESTS = Path(__file__).parent
@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def exported():  # -> export.build.ExportedModel (torch is imported lazily, only when needed)
     """ViT-B/32 with random weights (seed 0), FP32 + FP16, from the export cache when present."""
     from export.build import ensure_exported
-    from export.spec import Weights
+    from gateway.model.spec import Weights
 
     return ensure_exported("ViT-B-32", Weights.random(0))
 
@@ -51,7 +51,7 @@ def exported_int8(exported):  # -> export.build.ExportedModel
     """The same export with its INT8 files and gate figures (``--int8``): only the tests that
     need INT8 ask for it, so CI quantizes (about a minute) only when they run."""
     from export.build import ensure_exported
-    from export.spec import Weights
+    from gateway.model.spec import Weights
 
     return ensure_exported("ViT-B-32", Weights.random(0), int8=True)
 
@@ -75,7 +75,7 @@ def cpu_repository(exported, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def triton(cpu_repository: Path) -> Iterator[object]:
     """A real tritonserver (cpu profile) on free loopback ports, shared by the session."""
-    from gateway.backend.local import LocalTriton
+    from gateway.runtime.local import LocalTriton
 
     with LocalTriton(cpu_repository) as server:
         yield server

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from gateway.backend.contract import (
+from gateway.model.contract import (
     CLIP_BPE,
     TOKENIZER_FILE_PARAMETER,
     TOKENIZER_PARAMETER,
 )
-from gateway.backend.repository import render_config, render_text_config
+from gateway.runtime.repository import render_config, render_text_config
 from gateway.runtime.settings import RepositorySettings
 
 MODEL_SOURCE = Path(__file__).parent / "models" / "control.py"

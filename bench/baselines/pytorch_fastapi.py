@@ -19,7 +19,7 @@ from PIL import Image
 from pydantic import BaseModel
 
 from export.model import load
-from export.spec import DEFAULT_MODEL, Weights
+from gateway.model.spec import DEFAULT_MODEL, Weights
 
 
 class EmbedRequest(BaseModel):

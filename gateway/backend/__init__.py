@@ -1,2 +1,1 @@
-"""The seam to the model: backend protocol, tensor contract, Triton client, shared memory,
-model repository rendering, the local tritonserver process."""
+"""The seam to the model: backend protocol, Triton client, shared memory."""

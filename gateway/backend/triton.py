@@ -27,7 +27,9 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from gateway.backend import shm
-from gateway.backend.contract import (
+from gateway.backend.protocol import ModelInfo, Preprocessing, TextModel
+from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable, EmbeddingError
+from gateway.model.contract import (
     CANARY_PARAMETER,
     CLIP_BPE,
     CONTEXT_LENGTH_PARAMETER,
@@ -45,8 +47,6 @@ from gateway.backend.contract import (
     TOKENIZER_PARAMETER,
     decode_reference,
 )
-from gateway.backend.protocol import ModelInfo, Preprocessing, TextModel
-from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable, EmbeddingError
 from gateway.observability.tracing import client_span, trace_headers
 from gateway.runtime.timings import READY_CHECK_TIMEOUT_S
 

@@ -16,6 +16,7 @@ from litestar.exceptions import HTTPException
 from litestar.plugins.opentelemetry import OpenTelemetryConfig
 from opentelemetry.trace import Tracer
 
+from gateway.backend import shm
 from gateway.backend.protocol import InferenceBackend
 from gateway.errors import EmbeddingError
 from gateway.http import docs, head, immich, problems
@@ -64,7 +65,7 @@ def create_app(
         exit_with_parent()  # a uvicorn worker whose manager is killed stops too
         memory.tune()  # before the decode threads allocate anything
         if directory := multiprocess_dir():
-            forget_dead_workers(directory)  # this worker may be replacing one that died
+            forget_dead_workers(directory, shm.alive)  # this worker may replace a dead one
         # Decoding is CPU-bound and releases the GIL: one thread per usable CPU uses them all
         # without oversubscribing; admission control keeps this pool's queue bounded.
         threads = settings.decode_threads or plan_for(0, 0, settings.max_decode_mib).decode_threads

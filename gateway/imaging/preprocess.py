@@ -1,7 +1,7 @@
 """One image's bytes to uint8 ``[S, S, 3]``: sniff, check its cost, decode small, resize, crop.
 
 Mirrors open_clip's inference transform for the model's resize mode (the model repository says
-which, gateway/backend/contract.py ``preprocess``), with its interpolation (bicubic or bilinear,
+which, gateway/model/contract.py ``preprocess``), with its interpolation (bicubic or bilinear,
 antialiased as Pillow always is):
 
 - ``shortest``: the short side to S, centre crop (``Resize`` + ``CenterCrop``). The crop comes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import (
@@ -26,12 +27,11 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 
 
-def forget_dead_workers(directory: str) -> list[int]:
+def forget_dead_workers(directory: str, alive: Callable[[int], bool]) -> list[int]:
     """Remove the live gauges (in-flight images, backlog) of workers that died without
     stopping, so a replaced worker's last values are not summed for ever; their counters stay.
+    ``alive`` says whether a process id is still running (the caller's: backend/shm.py's).
     Returns the process ids forgotten."""
-    from gateway.backend.shm import alive
-
     dead = set()
     for path in Path(directory).glob("gauge_live*_*.db"):
         owner = path.stem.rsplit("_", 1)[-1]

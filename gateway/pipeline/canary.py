@@ -5,7 +5,7 @@ A backend can be up, report the model READY and still be wrong: a corrupt Tensor
 overflow producing NaNs, a wedged GPU returning zeros, the wrong model file. Every
 ``GATEWAY_CANARY_INTERVAL_S`` the gateway embeds the canary and compares it with the reference
 that `python -m export` computed from the FP32 graph and the repository renderer put in the model
-config (parameter ``canary_embedding``, backend/contract.py); a failure turns /readyz to 503 until
+config (parameter ``canary_embedding``, model/contract.py); a failure turns /readyz to 503 until
 a check passes again. The text canary goes the whole text path: the gateway's tokenizer, then the
 text model, so a tokenizer file that no longer matches the model fails it too.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.backend.contract import TEXT_CANARY, canary_pixels
 from gateway.backend.protocol import InferenceBackend, ModelInfo
 from gateway.errors import EmbeddingError, ModalityUnavailable
+from gateway.model.contract import TEXT_CANARY, canary_pixels
 from gateway.pipeline.texts import TextEncoder
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,10 @@ or AMX (docs/PERFORMANCE.md: 1.68x the images per CPU-second of ``cpu-int8`` at 
 on such a CPU). Elsewhere it would emulate or silently run FP32, so ``auto`` picks it only when
 ``/proc/cpuinfo`` shows the units, and an explicit ``cpu-bf16`` without them is refused.
 
-The gate is INT8's (export/gate.py, the same thresholds): per tower, BF16 vs FP32 cosine on the
-calibration set (export/calibration.py), measured at the first ``cpu-bf16`` start in the Triton
-env's interpreter (triton/python/bf16_check.py) and kept beside the export for that OpenVINO
-version (``bf16.json``); every start holds the figures to its own thresholds.
+The gate is INT8's (gateway/model/gate.py, the same thresholds): per tower, BF16 vs FP32 cosine
+on the calibration set (gateway/model/calibration.py), measured at the first ``cpu-bf16`` start in
+the Triton env's interpreter (triton/python/bf16_check.py) and kept beside the export for that
+OpenVINO version (``bf16.json``); every start holds the figures to its own thresholds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from export import calibration, gate
+from gateway.model import calibration, gate
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,9 @@ def measure(
             raise Bf16Unavailable(f"the BF16 check failed: {lines[-1]}")
         embeddings = dict(np.load(out))
     sets = {
-        "image": f"{PHOTOS} generated photos (export/calibration.py), resized and centre-cropped",
-        "text": f"{TEXTS} generated captions (export/calibration.py)",
+        "image": f"{PHOTOS} generated photos (gateway/model/calibration.py), resized and"
+        " centre-cropped",
+        "text": f"{TEXTS} generated captions (gateway/model/calibration.py)",
     }
     return {
         tower: {
@@ -188,8 +189,8 @@ def figures(
 
 
 def refusal(measured: dict[str, Any], thresholds: gate.Thresholds) -> str | None:
-    """The INT8 gate's verdict (export/gate.py) on BF16's figures, worded for BF16. (The gate's
-    module is left as it is: it is part of the INT8 files' code version, export/spec.py.)"""
+    """The INT8 gate's verdict (gateway/model/gate.py) on BF16's figures, worded for BF16. (The
+    gate's module is left as it is: it is part of the INT8 files' code version, model/spec.py.)"""
     if not measured:
         return "no BF16 figures were measured"
     why = gate.refusal(measured, thresholds)
@@ -202,7 +203,7 @@ def section(
     thresholds: gate.Thresholds,
     fallback: str | None,
 ) -> dict[str, Any]:
-    """What the renderer writes into /v1/models (gateway/backend/repository.py ``_precision``)."""
+    """What the renderer writes into /v1/models (gateway/runtime/repository.py ``_precision``)."""
     return {
         "openvino": version,
         "figures": measured,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.backend.contract import TRITON_MODEL_NAME
+from gateway.model.contract import TRITON_MODEL_NAME
 from gateway.runtime import engines
 from gateway.runtime.processes import Interrupted
 from gateway.runtime.settings import Profile, Settings
@@ -44,7 +44,7 @@ class CalibrationFailed(RuntimeError):
 @dataclass(frozen=True)
 class Calibration:
     gpu: str
-    #: The model's identity (export.spec.model_identity), not a directory name.
+    #: The model's identity (gateway.model.spec.model_identity), not a directory name.
     model: str
     winner: Profile
     reason: str
@@ -105,14 +105,12 @@ def calibrate(
 
 def recorded(record: Path, gpu: str, model: str) -> Calibration | None:
     """A previous calibration for this GPU and model identity, if any."""
-    from gateway.runtime.profiles import same_gpu
-
     try:
         data = json.loads(record.read_text())
         result = Calibration(**data)
     except (OSError, ValueError, TypeError):
         return None
-    if not same_gpu(result.gpu, gpu) or result.model != model:
+    if not engines.same_gpu(result.gpu, gpu) or result.model != model:
         return None
     return result
 
@@ -138,9 +136,9 @@ def measure(
 ) -> list[float]:
     """Images per second per round with ``profile`` loaded in a tritonserver of its own
     (started within ``budget_s`` and stopped here, in a private scratch directory)."""
-    from gateway.backend.local import LocalTriton
-    from gateway.backend.repository import render
     from gateway.backend.triton import TritonBackend
+    from gateway.runtime.local import LocalTriton
+    from gateway.runtime.repository import render
 
     deadline = time.monotonic() + budget_s
     sizes = tuple(sorted({1, *settings.repository.preferred}))

@@ -1,6 +1,6 @@
 """The TensorRT engine cache: a directory per GPU model and model identity, safe to share.
 
-- **Keyed by the model's identity** (model, weights, export code version: ``export.spec``):
+- **Keyed by the model's identity** (model, weights, export code version: ``gateway.model.spec``):
   ONNX Runtime names a cached engine by a hash of the graph's structure and names, not its
   initialiser values, so an image with new weights of the same architecture would otherwise load
   the old engine (and the canary would keep /readyz at 503).
@@ -44,6 +44,17 @@ CALIBRATION_NAME = "calibration.json"
 def gpu_slug(name: str) -> str:
     """``NVIDIA A100-SXM4-80GB`` → ``nvidia-a100-sxm4-80gb``: a directory name per GPU model."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu"
+
+
+def same_gpu(a: str, b: str) -> bool:
+    """One GPU model: equal names, ignoring case, spacing and the "NVIDIA " prefix that older
+    drivers leave out."""
+
+    def canonical(name: str) -> str:
+        words = name.casefold().split()
+        return " ".join(words[1:] if words[:1] == ["nvidia"] else words)
+
+    return canonical(a) == canonical(b)
 
 
 #: Where the TensorRT libraries are in NGC images (and in the onnxruntime backend's directory).

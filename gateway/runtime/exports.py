@@ -35,7 +35,7 @@ def find_or_export(
         if not (launch.model_dir / "manifest.json").is_file():
             raise LaunchError(f"{launch.model_dir} is not an export (no manifest.json)")
         return launch.model_dir
-    from export.spec import (
+    from gateway.model.spec import (
         WeightsUnavailableError,
         cache_entry,
         default_cache_dir,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.runtime import calibrate
+from gateway.runtime.engines import same_gpu
 from gateway.runtime.settings import Profile
 
 log = logging.getLogger(__name__)
@@ -67,17 +68,6 @@ TABLE: tuple[Measured, ...] = (
 #: FP16; older GPUs get the CUDA EP. `calibrate` replaces this guess with a measurement, and a
 #: TensorRT profile that does not load falls back to the CUDA EP (runtime/supervisor.py).
 DEFAULT_REASON = "unmeasured GPU: TensorRT EP (won on 2 of 3 measured GPUs); run calibrate"
-
-
-def same_gpu(a: str, b: str) -> bool:
-    """One GPU model: equal names, ignoring case, spacing and the "NVIDIA " prefix that older
-    drivers leave out."""
-
-    def canonical(name: str) -> str:
-        words = name.casefold().split()
-        return " ".join(words[1:] if words[:1] == ["nvidia"] else words)
-
-    return canonical(a) == canonical(b)
 
 
 def detect() -> GpuInfo | None:
@@ -148,8 +138,8 @@ def choose(
     """Operator override > recorded calibration > fresh calibration (opt-in) > the table;
     without a GPU, ``cpu-bf16`` where the CPU has ``bf16_unit`` (its flag), else ``cpu``.
 
-    ``model`` is the model's identity (export.spec.model_identity): a calibration holds only for
-    the GPU model and the weights it measured. A calibration that measures nothing falls back
+    ``model`` is the model's identity (gateway.model.spec.model_identity): a calibration holds only
+    for the GPU model and the weights it measured. A calibration that measures nothing falls back
     to the table, saying why.
     """
     if override != "auto":

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from export.gate import MIN_COSINE, MIN_MEAN_COSINE
+from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
 
 MiB = 1 << 20
 #: Triton execution profiles (triton/profiles/*.pbtxt); ``cpu-int8`` is the ``cpu`` profile
@@ -315,7 +315,7 @@ class LaunchSettings(BaseSettings):
     #: ``cpu-bf16`` named explicitly when the quality gate refuses OpenVINO's BF16 figures: serve
     #: the ``cpu`` profile (saying so) instead of refusing to start. ``auto`` always falls back.
     bf16_fallback: bool = False
-    #: The INT8 quality gate (export/gate.py): mean and lowest cosine, INT8 vs FP32, each tower
+    #: The INT8 quality gate (model/gate.py): mean and lowest cosine, INT8 vs FP32, each tower
     #: must reach on the export's calibration set, checked again at every ``cpu-int8`` start;
     #: the ``cpu-bf16`` profile is held to the same thresholds (BF16 vs FP32).
     int8_min_mean_cosine: float = Field(MIN_MEAN_COSINE, gt=0, le=1)

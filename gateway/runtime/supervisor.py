@@ -33,19 +33,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from export import gate
-from export.spec import immich_name, model_identity
-from gateway.backend.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
-from gateway.backend.repository import default_templates, render, rendered_config
 from gateway.imaging import paths
+from gateway.model import gate
+from gateway.model.spec import immich_name, model_identity
 from gateway.observability.logs import configure
 from gateway.runtime import bf16, calibrate, engines, exports, plan, profiles, timings
+from gateway.runtime.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from gateway.runtime.processes import (
     GatewayProcess,
     Interrupted,
     LaunchError,
     ProcessStartError,
 )
+from gateway.runtime.repository import default_templates, render, rendered_config
 from gateway.runtime.settings import (
     CPU_PROFILES,
     PROFILES,
@@ -476,7 +476,7 @@ def serve(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log_file = None
     if not args.verbose:
-        from export.spec import default_cache_dir
+        from gateway.model.spec import default_cache_dir
 
         log_file = args.log_file or (args.cache_dir or default_cache_dir()) / "logs" / "serve.log"
         log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backend.local import LocalTriton
+from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess
 from tests.controlled import Control, render_control_repository
 

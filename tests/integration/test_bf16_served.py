@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from export.gate import MIN_COSINE, MIN_MEAN_COSINE
+from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
 from gateway.runtime import bf16
 from tests import reference, samples
 from tests.integration.test_int8 import launch, model_card, wait_ready  # noqa: F401

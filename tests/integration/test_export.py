@@ -20,8 +20,7 @@ from export import parity
 from export.build import ensure_exported
 from export.graph import tensorrt_blockers
 from export.model import load
-from export.spec import ExportedModel, Weights
-from gateway.backend.contract import (
+from gateway.model.contract import (
     INPUT_NAME,
     OUTPUT_NAME,
     TEXT_CANARY,
@@ -31,7 +30,8 @@ from gateway.backend.contract import (
     TRITON_MODEL_NAME,
     decode_reference,
 )
-from gateway.backend.repository import render
+from gateway.model.spec import ExportedModel, Weights
+from gateway.runtime.repository import render
 from gateway.runtime.settings import PROFILES, RepositorySettings
 from gateway.text.tokenizer import Tokenizer
 from tests import reference
@@ -302,7 +302,7 @@ def test_a_cache_hit_reuses_the_export_and_keys_on_weights(exported) -> None:
     assert again.directory == exported.directory
     assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == before  # nothing rewritten
     assert exported.manifest["weights"]["id"] == "random:0"
-    from export.spec import cache_key
+    from gateway.model.spec import cache_key
 
     assert cache_key("ViT-B-32", Weights.random(0), True) != cache_key(
         "ViT-B-32", Weights.random(1), True

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.backend.local import LocalTriton
+from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess
 from tests import samples
 from tests.controlled import wait_until

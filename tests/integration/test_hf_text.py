@@ -19,10 +19,10 @@ import openai
 import pytest
 
 from export.build import ensure_exported
-from export.spec import Weights, default_cache_dir
-from gateway.backend.local import LocalTriton
-from gateway.backend.repository import render
+from gateway.model.spec import Weights, default_cache_dir
+from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess, reserve_port
+from gateway.runtime.repository import render
 from gateway.runtime.settings import RepositorySettings
 from tests import reference
 from tests.controlled import wait_until

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from bench.photos import immich_previews, jpeg, photo
-from gateway.backend.local import LocalTriton
-from gateway.backend.repository import render
+from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess
+from gateway.runtime.repository import render
 from gateway.runtime.settings import RepositorySettings
 from tests import hf_tokenizers, immich_reference, reference
 
@@ -166,7 +166,7 @@ def siglip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPr
     tests/integration/test_hf_text.py builds, so the export is shared). Yields the gateway and
     that directory: the files Immich's server would load."""
     from export.build import ensure_exported
-    from export.spec import Weights
+    from gateway.model.spec import Weights
 
     work = tmp_path_factory.mktemp("siglip")
     source = hf_tokenizers.build("t5", work / "tokenizer")

@@ -20,9 +20,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from export.gate import MIN_COSINE, MIN_MEAN_COSINE
 from export.parity import cosine
-from gateway.backend.contract import INPUT_NAME
+from gateway.model.contract import INPUT_NAME
+from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
 from gateway.runtime.processes import reserve_port
 from tests import samples
 from tests.controlled import wait_until

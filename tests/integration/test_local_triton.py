@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from gateway.backend.contract import (
+from gateway.model.contract import (
     CANARY_PARAMETER,
     INPUT_NAME,
     OUTPUT_NAME,
@@ -20,7 +20,7 @@ from gateway.backend.contract import (
     TRITON_MODEL_NAME,
     decode_reference,
 )
-from gateway.backend.local import LocalTriton
+from gateway.runtime.local import LocalTriton
 from gateway.text.tokenizer import Tokenizer
 from tests import reference
 

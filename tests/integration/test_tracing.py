@@ -21,7 +21,7 @@ import pytest
 from oteltest.sink import HttpSink
 from oteltest.sink.handler import RequestHandler
 
-from gateway.backend.local import LocalTriton, otel_trace_args
+from gateway.runtime.local import LocalTriton, otel_trace_args
 from gateway.runtime.processes import GatewayProcess, reserve_port
 from tests import samples
 from tests.metrics import sample, sample_or_zero

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from export.gate import Thresholds, refusal
-from gateway.backend.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
-from gateway.backend.repository import render
+from gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
+from gateway.model.gate import Thresholds, refusal
 from gateway.runtime import bf16, plan, profiles
+from gateway.runtime.repository import render
 from gateway.runtime.settings import PROFILES, RepositorySettings
 from tests.unit.test_repository import as_triton_json, int8_export, read
 

@@ -393,13 +393,12 @@ def copied_before(stage: list[dict[str, Any]], marker: str) -> set[str]:
 def test_source_edits_do_not_rebuild_the_export_or_pillow_simd() -> None:
     """Each expensive layer sees only the files its result depends on, so a README or gateway
     edit reuses the cached export and pillow-simd build."""
-    from export.spec import _VERSIONED_SOURCES
+    from gateway.model.spec import _VERSIONED_SOURCES
 
     export, venv, _runtime = stages()
     for_export = copied_before(export, "python -m export")
-    assert for_export <= {"export/", "gateway/__init__.py", "gateway/backend/__init__.py",
-                          "gateway/backend/contract.py", "gateway/text/", "pyproject.toml",
-                          "requirements/lock.txt"}, for_export  # fmt: skip
+    assert for_export <= {"export/", "gateway/__init__.py", "gateway/model/", "gateway/text/",
+                          "pyproject.toml", "requirements/lock.txt"}, for_export  # fmt: skip
     # the dependencies come from pyproject.toml and the lock alone, before any source file
     assert copied_before(export, "pip install") <= {"pyproject.toml", "requirements/lock.txt"}
     for source in _VERSIONED_SOURCES:  # everything that decides the exported bytes is there

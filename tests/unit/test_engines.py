@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from export.spec import model_identity
+from gateway.model.spec import model_identity
 from gateway.runtime import engines
 from gateway.runtime.processes import Interrupted
 from tests.unprivileged import as_unprivileged, open_directory

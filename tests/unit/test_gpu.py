@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime import calibrate
+from gateway.runtime import calibrate, engines
 from gateway.runtime import profiles as gpu
 from gateway.runtime.plan import WorkerPlan, worker_plan
 from gateway.runtime.settings import LaunchSettings, RepositorySettings
@@ -45,7 +45,7 @@ def test_names_match_exactly_not_as_substrings(name: str, not_like: str) -> None
     """A measurement holds for the card it was made on: "A100" is inside "RTX A1000"."""
     chosen, reason = gpu.from_table(card(name, (8, 6)))
     assert (chosen, reason) == ("tensorrt", gpu.DEFAULT_REASON)
-    assert not any(gpu.same_gpu(name, known) for row in gpu.TABLE for known in row.names)
+    assert not any(engines.same_gpu(name, known) for row in gpu.TABLE for known in row.names)
 
 
 def test_no_gpu_is_cpu(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_one_profile_setting_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_auto_is_resolved_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The launcher resolves `auto` and renders with a concrete profile; rendering `auto`
     is refused rather than guessed."""
-    from gateway.backend.repository import render_config
+    from gateway.runtime.repository import render_config
 
     monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "auto")
     chosen = RepositorySettings().model_copy(update={"profile": "tensorrt"})

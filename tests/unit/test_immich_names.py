@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from export.spec import immich_name
+from gateway.model.spec import immich_name
 from gateway.runtime.settings import ServerSettings, immich_protection
 
 

@@ -1,4 +1,4 @@
-"""The INT8 quality gate (export/gate.py): which figures pass, and what a refusal says."""
+"""The INT8 quality gate (gateway/model/gate.py): which figures pass, and what a refusal says."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from export.gate import MIN_COSINE, MIN_MEAN_COSINE, Thresholds, refusal
+from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE, Thresholds, refusal
 from gateway.runtime.settings import LaunchSettings, ServerSettings
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from export import tokenizer
 from export.preprocessing import image_preprocessing
-from export.spec import UnsupportedModelError
+from gateway.model.spec import UnsupportedModelError
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.backend.contract import (
+from gateway.model.contract import (
     CANARY_PARAMETER,
     INPUT_NAME,
     OUTPUT_NAME,
@@ -21,7 +21,7 @@ from gateway.backend.contract import (
     TEXT_OUTPUT_NAME,
     TRITON_MODEL_NAME,
 )
-from gateway.backend.repository import render, render_config, render_text_config
+from gateway.runtime.repository import render, render_config, render_text_config
 from gateway.runtime.settings import PROFILES, RepositorySettings
 
 # The TensorRT-accelerator keys the onnxruntime backend understands (README "Parameter mapping"

@@ -12,11 +12,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.backend.local import otel_trace_args, otlp_traces_url
 from gateway.http.app import create_app
 from gateway.observability import tracing as telemetry
 from gateway.observability.logs import logging_config
 from gateway.observability.metrics import Metrics
+from gateway.runtime.local import otel_trace_args, otlp_traces_url
 from gateway.runtime.settings import ServerSettings
 from tests.fakes import FakeBackend
 
@@ -189,6 +189,7 @@ def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
     import subprocess
     import sys
 
+    from gateway.backend.shm import alive
     from gateway.observability.metrics import Metrics, forget_dead_workers
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
@@ -209,7 +210,7 @@ def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
         assert live.stdout is not None and live.stdout.readline() == "held\n"
         before = Metrics().render(False)[0].decode()
         assert "gateway_inflight_images 9.0" in before
-        forgotten = forget_dead_workers(str(tmp_path))
+        forgotten = forget_dead_workers(str(tmp_path), alive)
         assert forgotten == [dead_pid] and live.pid not in forgotten
         after = Metrics().render(False)[0].decode()
     finally:

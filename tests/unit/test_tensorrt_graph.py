@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from export.graph import tensorrt_blockers, uint8_only_into_cast
-from gateway.backend.contract import INPUT_NAME
+from gateway.model.contract import INPUT_NAME
 
 
 def graph(*nodes: onnx.NodeProto) -> onnx.ModelProto:

@@ -28,7 +28,7 @@ CANARY_PARAMETER: Final = "canary_embedding"
 #: quantization method and the export's quality-gate figures, as JSON; shown in /v1/models.
 QUANTIZATION_PARAMETER: Final = "quantization"
 #: In the ``tensorrt`` profile, a model whose graph TensorRT's parser cannot take whole says so
-#: (the nodes) here and is served on the CUDA EP (backend/repository.py).
+#: (the nodes) here and is served on the CUDA EP (runtime/repository.py).
 TENSORRT_BLOCKERS_PARAMETER: Final = "tensorrt_blockers"
 
 #: The text tower's model in Triton, beside ``clip_image`` in every profile.

@@ -90,7 +90,7 @@ _VERSIONED_SOURCES = (
     "export/text.py",
     "export/tokenizer.py",
     "export/hf_tokenizer.py",
-    "gateway/backend/contract.py",
+    "gateway/model/contract.py",
     "gateway/text/tokenizer.py",
     "gateway/text/hf.py",
 )
@@ -99,8 +99,8 @@ _VERSIONED_SOURCES = (
 #: Sources that decide the INT8 files and their figures. Their hash is recorded in the manifest's
 #: ``int8`` section: a change re-quantizes an existing export instead of exporting it again.
 _INT8_SOURCES = (
-    "export/calibration.py",
-    "export/gate.py",
+    "gateway/model/calibration.py",
+    "gateway/model/gate.py",
     "export/int8.py",
     "export/quantize.py",
 )
@@ -122,7 +122,7 @@ def int8_code_version() -> str:
 
 
 def _hash_sources(sources: tuple[str, ...]) -> str:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the repository (or site-packages) root
     digest = hashlib.sha256()
     for rel in sources:
         digest.update((root / rel).read_bytes())

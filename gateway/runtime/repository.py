@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.backend.contract import (
+from gateway.model.contract import (
     CANARY_PARAMETER,
     CONTEXT_LENGTH_PARAMETER,
     INPUT_NAME,
@@ -36,7 +36,7 @@ from gateway.runtime.settings import CPU_PROFILES, PROFILES, RepositorySettings
 RUNTIME_PARAMETER = "runtime"
 PRECISION_PARAMETER = "inference_precision"
 
-#: The exporter's tokenizer file (export/spec.py TOKENIZER_FILE), placed beside clip_text's config.
+#: The exporter's tokenizer file (model/spec.py TOKENIZER_FILE), placed beside clip_text's config.
 TOKENIZER_FILE = "tokenizer.json"
 
 
@@ -367,11 +367,11 @@ def rendered_config(repository: Path) -> mc.ModelConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.backend.repository EXPORT_DIR OUT_DIR`` (``GATEWAY_TRITON_*``)."""
+    """``python -m gateway.runtime.repository EXPORT_DIR OUT_DIR`` (``GATEWAY_TRITON_*``)."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.backend.repository", description=__doc__
+        prog="python -m gateway.runtime.repository", description=__doc__
     )
     parser.add_argument("export_dir", type=Path, help="a directory written by `python -m export`")
     parser.add_argument("out_dir", type=Path)

@@ -1,5 +1,5 @@
 """The INT8 quality gate: per tower, the cosine of INT8 vs FP32 embeddings on the calibration set
-(export/calibration.py) must reach documented thresholds, else INT8 is refused with the numbers.
+(calibration.py) must reach documented thresholds, else INT8 is refused with the numbers.
 
 Torch-free and pure: the exporter records the figures in the manifest and says whether they
 pass; the launcher (``cpu-int8`` profile) checks the same figures against its own thresholds

@@ -234,10 +234,10 @@ class LocalTriton(ServerProcess):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.backend.local REPOSITORY``: run tritonserver in the foreground."""
+    """``python -m gateway.runtime.local REPOSITORY``: run tritonserver in the foreground."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m gateway.backend.local")
+    parser = argparse.ArgumentParser(prog="python -m gateway.runtime.local")
     parser.add_argument("repository", type=Path)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--http-port", type=int, default=8002)
