@@ -1,4 +1,4 @@
-"""What each ``clip-gateway`` command does once its options are parsed (cli.py): results to
+"""What each client ``clip-gateway`` command does once its options are parsed (cli.py): results to
 stdout, progress and notes to stderr, an exit code back."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from gateway.client.cli import Exit
 from gateway.client.compact import CompactOptions
 from gateway.client.core import ClientError
 from gateway.client.dupes import groups
 from gateway.client.embed_folder import ModelMismatch, Options, embed_folder, summary
+from gateway.client.exits import Exit
 from gateway.client.facts import BEST_RULE, best, facts
 from gateway.client.library import Library
 from gateway.client.report import write_dupes, write_search

@@ -9,11 +9,8 @@ preprocesses at under half of pillow-simd's images/s per core (docs/PERFORMANCE.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
-import json
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import PIL
@@ -50,25 +47,3 @@ def current() -> ImagingPath:
         decode=f"JPEG: {jpeg}; PNG/WebP/GIF: {name} {version}",
         simd=name == "pillow-simd",
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.imaging.paths", description=__doc__)
-    parser.add_argument(
-        "--require-simd", action="store_true", help="exit 1 unless pillow-simd is the PIL here"
-    )
-    args = parser.parse_args(argv)
-    path = current()
-    print(json.dumps(asdict(path)))
-    if args.require_simd and not path.simd:
-        print(
-            f"error: PIL here is {path.resize}, not pillow-simd: the image resize runs the slow "
-            "path (PILLOW_SIMD=0 accepts it)",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -16,8 +16,7 @@ headroom.
 from __future__ import annotations
 
 import math
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from gateway.runtime.settings import Settings
 
@@ -90,17 +89,3 @@ def derive(settings: Settings) -> Timings:
         startup_probe_failures=math.ceil(startup_budget / STARTUP_PERIOD_S),
         healthcheck_start_period_s=math.ceil(startup_budget),
     )
-
-
-def main() -> int:
-    """``python -m gateway.runtime.timings``: the derived values for this environment."""
-    timings = derive(Settings.from_env())
-    for name, value in asdict(timings).items():
-        print(f"{name:28} {value:g}")
-    for problem in timings.problems():
-        print(f"problem: {problem}", file=sys.stderr)
-    return 1 if timings.problems() else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
