@@ -18,10 +18,15 @@ from importlib import metadata
 
 import click
 
-from gateway.client.cli import dupes, embed, search
-from gateway.client.exits import EXIT_CODES, Exit
+from gateway.exits import EXIT_CODES, Exit
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
+#: The client's commands (the base install): name -> module:attribute.
+CLIENT_COMMANDS = {
+    "embed": "gateway.client.cli:embed",
+    "search": "gateway.client.cli:search",
+    "dupes": "gateway.client.cli:dupes",
+}
 #: The server's commands: name -> (module:attribute, the one line ``--help`` shows for it).
 SERVER_COMMANDS = {
     "serve": ("gateway.cli.serve:serve", "Run the gateway: Triton and the HTTP server."),
@@ -29,7 +34,7 @@ SERVER_COMMANDS = {
     "timings": ("gateway.cli.tools:timings", "Print the stop and start-up bounds derived here."),
     "render": ("gateway.cli.tools:render", "Render the Triton model repository of an export."),
     "triton": ("gateway.cli.tools:triton", "Run tritonserver on a model repository."),
-    "imaging": ("gateway.cli.tools:imaging", "Print the image decode and resize libraries."),
+    "imaging": ("gateway.cli.imaging:imaging", "Print the image decode and resize libraries."),
 }
 
 
@@ -41,23 +46,31 @@ def _version() -> str:
 
 
 class Root(click.Group):
-    """The client's commands, and the server's imported when named (``SERVER_COMMANDS``)."""
+    """Every command imported only when named: ``clip-gateway imaging`` (the install's check)
+    imports no more than it needs, and the client install lacks the server's modules."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*super().list_commands(ctx), *SERVER_COMMANDS]
+        return [*CLIENT_COMMANDS, *SERVER_COMMANDS]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in CLIENT_COMMANDS:
+            return _load(CLIENT_COMMANDS[cmd_name])
         if cmd_name not in SERVER_COMMANDS:
-            return super().get_command(ctx, cmd_name)
+            return None
         where, summary = SERVER_COMMANDS[cmd_name]
-        module, attribute = where.split(":")
         try:
-            command = getattr(importlib.import_module(module), attribute)
+            command = _load(where)
         except ImportError as exc:  # the client install: no server extra
             return _needs_the_server_extra(cmd_name, summary, exc.name or str(exc))
-        assert isinstance(command, click.Command)
         command.short_help = summary
         return command
+
+
+def _load(where: str) -> click.Command:
+    module, attribute = where.split(":")
+    command = getattr(importlib.import_module(module), attribute)
+    assert isinstance(command, click.Command), where
+    return command
 
 
 def _needs_the_server_extra(name: str, summary: str, missing: str) -> click.Command:
@@ -84,11 +97,6 @@ def _needs_the_server_extra(name: str, summary: str, missing: str) -> click.Comm
 def cli() -> None:
     """Embed a photo folder through a clip-gateway, search it with words or a photo, and
     review its near-duplicates; run the gateway itself (serve) and its maintenance commands."""
-
-
-cli.add_command(embed)
-cli.add_command(search)
-cli.add_command(dupes)
 
 
 def main(argv: list[str] | None = None) -> int:

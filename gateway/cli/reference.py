@@ -49,7 +49,8 @@ def page(commands: Mapping[str, Sequence[Flag]]) -> str:
         out += ["| environment variable | flag | default | meaning |", "| --- | --- | --- | --- |"]
         for name, info in model.model_fields.items():
             given = ", ".join(flags.get((section, name), [])) or "—"
-            row = (f"`{env_var(section, name)}`", given, f"`{show(info.default)}`",
-                   _cell(docs.get(name, "")))  # fmt: skip
+            default = show(info.default)
+            default = default if default in ("unset", "none") else f"`{default}`"
+            row = (f"`{env_var(section, name)}`", given, default, _cell(docs.get(name, "")))
             out.append("| " + " | ".join(row) + " |")
     return "\n".join(out) + "\n"

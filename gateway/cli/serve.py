@@ -12,7 +12,7 @@ import click
 
 from export.spec import default_cache_dir
 from gateway.cli.options import Flag, flag_options, resolve
-from gateway.client.exits import EXIT_CODES
+from gateway.exits import EXIT_CODES
 from gateway.observability.logs import configure
 from gateway.runtime.settings import Settings
 from gateway.runtime.supervisor import OK, Supervisor

@@ -1,11 +1,10 @@
 """The server's maintenance commands (the server extra): the settings reference, the derived
-timings, the image path, and the model repository and Triton run by hand. Their flags are
+timings, and the model repository and Triton run by hand. Their flags are
 settings fields too (options.py): one declaration, flag over environment over default."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
@@ -20,8 +19,7 @@ from gateway.backend.repository import render as render_repository
 from gateway.cli.options import Flag, flag_options, resolve
 from gateway.cli.reference import page
 from gateway.cli.serve import SERVE_FLAGS
-from gateway.client.exits import Exit
-from gateway.imaging import paths
+from gateway.exits import Exit
 from gateway.runtime import timings as derived
 
 RENDER_FLAGS = (Flag("repository", "profile"),)
@@ -51,28 +49,6 @@ def timings() -> int:
     for problem in found.problems():
         click.echo(f"problem: {problem}", err=True)
     return Exit.ERROR if found.problems() else Exit.OK
-
-
-@click.command()
-@click.option(
-    "--require-simd",
-    is_flag=True,
-    show_default="off",
-    help="Exit 1 unless pillow-simd is the PIL here (the install's check).",
-)
-def imaging(require_simd: bool) -> int:
-    """Print the libraries that decode and resize images here (gateway/imaging/paths.py) as
-    JSON: the same the gateway reports in its ready line and /v1/models."""
-    path = paths.current()
-    click.echo(json.dumps(asdict(path)))
-    if require_simd and not path.simd:
-        click.echo(
-            f"error: PIL here is {path.resize}, not pillow-simd: the image resize runs the slow "
-            "path (PILLOW_SIMD=0 accepts it)",
-            err=True,
-        )
-        return Exit.ERROR
-    return Exit.OK
 
 
 @click.command()

@@ -18,7 +18,7 @@ import click
 import httpx
 
 from gateway.client.core import ClientError
-from gateway.client.exits import EXIT_CODES, Exit
+from gateway.exits import EXIT_CODES, Exit
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_URL = "http://127.0.0.1:8000"

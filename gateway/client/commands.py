@@ -28,12 +28,12 @@ from gateway.client.compact import CompactOptions
 from gateway.client.core import ClientError
 from gateway.client.dupes import groups
 from gateway.client.embed_folder import ModelMismatch, Options, embed_folder, summary
-from gateway.client.exits import Exit
 from gateway.client.facts import BEST_RULE, best, facts
 from gateway.client.library import Library
 from gateway.client.report import write_dupes, write_search
 from gateway.client.search import rank
 from gateway.client.sync import Client
+from gateway.exits import Exit
 
 
 def _note(message: str) -> None:
