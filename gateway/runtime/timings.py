@@ -5,7 +5,7 @@ The inputs are settings (``GATEWAY_REQUEST_TIMEOUT_S``, ``GATEWAY_DRAIN_S``,
 an orchestrator must be told (Kubernetes' grace period and probes, Docker's HEALTHCHECK start
 period, compose's stop grace period) follows from them here. Deploy files are YAML and cannot
 compute, so they carry the numbers, and ``tests/unit/test_deploy.py`` checks each file against
-``derive()`` for the settings that file sets; ``python -m gateway.runtime.timings`` prints them.
+``derive()`` for the settings that file sets; ``clip-gateway timings`` prints them.
 
 A stop, after SIGTERM:  stop delay (still serving: endpoints and load balancers let go of the
 pod) → gateway drain (no new connections; in-flight requests finish) → gateway exit → Triton

@@ -19,8 +19,8 @@ import pytest
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
 from gateway.client import AsyncClient, Client
-from gateway.exits import Exit
 from gateway.client.library import Library
+from gateway.exits import Exit
 from tests import browser, samples
 from tests.client import messy
 

@@ -17,11 +17,11 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.client import Client
 from gateway.cli.main import cli, main
-from gateway.exits import Exit
+from gateway.client import Client
 from gateway.client.embed_folder import Options, embed_folder, summary
 from gateway.client.library import Library
+from gateway.exits import Exit
 from tests import samples
 
 ROOT = Path(__file__).resolve().parents[2]
