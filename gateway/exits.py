@@ -18,8 +18,8 @@ class Exit(IntEnum):
 EXIT_CODES = (
     "\b\nExit codes:\n"
     "  0  done (embed: every readable photo is in the library)\n"
-    "  1  unexpected error (CLIP_GATEWAY_DEBUG=1 shows the traceback)\n"
-    "  2  bad option or argument, or a LIBRARY that is not one\n"
+    "  1  unexpected error (CLIP_GATEWAY_DEBUG=1 shows the traceback); serve: a child failed\n"
+    "  2  bad option or argument, or a LIBRARY that is not one; serve: a launch that cannot work\n"
     "  3  embed: some files could not be embedded; each is named and recorded\n"
     "  4  the gateway could not be reached\n"
     "  5  the gateway refused the request (API key, model, server error)\n"

@@ -62,7 +62,7 @@ def render(ctx: click.Context, /, export_dir: Path, out_dir: Path, copy: bool, *
     OUT_DIR, as the launcher does (GATEWAY_TRITON_* settings); print the configs written."""
     settings = resolve(ctx, RENDER_FLAGS).repository
     if settings.profile == "auto":
-        raise click.UsageError("--profile auto is the launcher's choice: name a profile")
+        raise click.UsageError("profile auto is the launcher's choice: name one (--profile)")
     render_repository(settings, export_dir, out_dir, link=not copy)
     for written in sorted(out_dir.glob("*/config.pbtxt")):
         click.echo(str(written))

@@ -3,8 +3,8 @@
 what each does in commands.py. The root command that mounts them beside the server's is
 gateway/cli/main.py.
 
-Results go to stdout, progress and notes to stderr. The exit codes (``exits.Exit``) are the
-same in every command and listed in ``--help``.
+Results go to stdout, progress and notes to stderr. The exit codes (gateway/exits.py) are the same
+in every command and listed in ``--help``.
 """
 
 from __future__ import annotations
