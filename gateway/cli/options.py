@@ -11,7 +11,7 @@ import json
 import re
 import textwrap
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
@@ -39,8 +39,7 @@ class Flag:
 
     section: Section
     field: str
-    #: the flag's name without dashes, when it is not the field's (``profile`` for ``profile``
-    #: of the ``GATEWAY_TRITON_`` section is the field's own)
+    #: the flag's name when it is not the field's (``grpc-port`` for ``triton_grpc_port``)
     name: str | None = None
 
     @property
@@ -141,17 +140,16 @@ def resolve(ctx: click.Context, flags: Sequence[Flag]) -> Settings:
         return Settings.from_env(**sections)
     except ValidationError as exc:
         section = next(name for name, model in SECTIONS.items() if model.__name__ == exc.title)
-        by_field = {f.field: f.flag for f in flags if f.section == section}
+        named = {f.field: f.flag for f in flags if f.section == section}
         problems = []
         for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else ""
-            where = (
-                by_field[field]
-                if field in sections[section]
-                else env_var(section, field)
-                if field
-                else exc.title
-            )
+            field = str(error["loc"][0]) if error["loc"] else None
+            if field is None:  # a rule across fields (a model validator)
+                where = exc.title
+            elif field in sections[section]:
+                where = named[field]
+            else:
+                where = env_var(section, field)
             problems.append(f"{where}: {error['msg']}")
         raise click.UsageError("; ".join(problems)) from exc
 
@@ -172,8 +170,3 @@ def field_docs(model: type[BaseSettings]) -> dict[str, str]:
         pending = []
     return docs
 
-
-def every_setting() -> Iterator[tuple[Section, str, FieldInfo]]:
-    for section, model in SECTIONS.items():
-        for name, info in model.model_fields.items():
-            yield section, name, info
