@@ -169,4 +169,3 @@ def field_docs(model: type[BaseSettings]) -> dict[str, str]:
             docs[match.group(1)] = " ".join(pending).replace("``", "`")
         pending = []
     return docs
-
