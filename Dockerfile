@@ -111,6 +111,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     GATEWAY_TRITON_CPU_BACKEND=${CPU_BACKEND} \
     GATEWAY_WORKERS=0 \
     GATEWAY_TRITON_TRT_CACHE_PATH=/var/cache/clip-gateway/trt \
+    GATEWAY_HOST=0.0.0.0 \
     GATEWAY_PORT=8000
 VOLUME ["/var/cache/clip-gateway"]
 USER 10001:10001

@@ -4,12 +4,15 @@ PYTHON ?= python3
 VENV ?= .venv
 TRITON_ENV ?= .triton-env
 PY := $(VENV)/bin/python
-PORT ?= 8000
+# `make serve`'s HOST, PORT, CLIP_MODEL, CLIP_WEIGHTS, CLIP_TOKENIZER and PROFILE are `clip-gateway
+# serve`'s flags, passed only when set: unset, the GATEWAY_* environment variable holds, else the
+# settings' default (`clip-gateway config`, docs/CONFIGURATION.md).
+PORT ?=
 # The model for `make serve`: any open_clip model name (`python -c "import open_clip;
 # print(open_clip.list_models())"`), and its weights: a pretrained tag, a checkpoint path, or
 # `random`. Another model needs its own weights, e.g. CLIP_MODEL=ViT-B-16-SigLIP CLIP_WEIGHTS=webli.
-CLIP_MODEL ?= ViT-B-32
-CLIP_WEIGHTS ?= laion2b_s34b_b79k
+CLIP_MODEL ?=
+CLIP_WEIGHTS ?=
 # SigLIP, SigLIP2 and multilingual models tokenise texts with a Hugging Face tokenizer: the
 # exporter fetches its files from the hub, or takes them from CLIP_TOKENIZER=<dir> offline
 # (docs/MODELS.md). Unset and unreachable: the model serves images only.
@@ -17,8 +20,8 @@ CLIP_TOKENIZER ?=
 # Triton profile: cpu | cpu-int8 | cpu-bf16 | cuda | tensorrt | auto (GPU profiles need an NGC
 # tritonserver; deploy/). cpu-int8: the INT8 graphs, quantized on first use and held to the quality
 # gate. cpu-bf16: OpenVINO BF16 on CPUs with AVX-512 BF16/AMX, held to the same gate.
-PROFILE ?= cpu
-HOST ?= 127.0.0.1
+PROFILE ?=
+HOST ?=
 # pillow-simd: Pillow's API with SIMD resampling (the resize is 5-8x faster here than stock
 # Pillow's). It is a different distribution that owns the same `PIL` package, so it replaces
 # Pillow once everything else is installed; torchvision (export extra) imports it unchanged.
@@ -67,9 +70,10 @@ $(PEER_ENV)/.installed:
 
 # A few progress lines; Triton's and the gateway's logs go to a file (VERBOSE=1: the terminal).
 serve: install
-	@$(VENV)/bin/clip-gateway serve --host $(HOST) --port $(PORT) --model "$(CLIP_MODEL)" \
-	  --weights "$(CLIP_WEIGHTS)" $(if $(CLIP_TOKENIZER),--tokenizer "$(CLIP_TOKENIZER)") \
-	  --profile $(PROFILE) $(if $(VERBOSE),--verbose)
+	@$(VENV)/bin/clip-gateway serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
+	  $(if $(CLIP_MODEL),--model "$(CLIP_MODEL)") $(if $(CLIP_WEIGHTS),--weights "$(CLIP_WEIGHTS)") \
+	  $(if $(CLIP_TOKENIZER),--tokenizer "$(CLIP_TOKENIZER)") $(if $(PROFILE),--profile $(PROFILE)) \
+	  $(if $(VERBOSE),--verbose)
 
 test: install check pytest
 

@@ -1,8 +1,8 @@
-"""``python -m gateway``: the ``clip-gateway`` command (client commands, and ``serve``)."""
+"""``python -m gateway``: the ``clip-gateway`` command (gateway/cli/main.py)."""
 
 import sys
 
-from gateway.client.cli import main
+from gateway.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,21 +1,16 @@
-"""``clip-gateway``: embed a photo folder into a library file, search it with words or a photo,
-review its near-duplicates; ``serve`` runs the gateway itself (the server extra).
+"""The client's ``clip-gateway`` commands: ``embed`` a photo folder into a library file,
+``search`` it with words or a photo, review its near-``dupes``: their options and help here,
+what each does in commands.py. The root command that mounts them beside the server's is
+gateway/cli/main.py.
 
-Results go to stdout, progress and notes to stderr. The exit codes (``Exit``) are the same in
-every command and listed in ``--help``; no command ever ends in a traceback
-(``CLIP_GATEWAY_DEBUG=1`` shows one for an unexpected error).
+Results go to stdout, progress and notes to stderr. The exit codes (gateway/exits.py) are the same
+in every command and listed in ``--help``.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import sys
-import threading
-import traceback
 from collections.abc import Callable
-from enum import IntEnum
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,39 +18,10 @@ import click
 import httpx
 
 from gateway.client.core import ClientError
+from gateway.exits import EXIT_CODES, Exit
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Exit(IntEnum):
-    OK = 0
-    ERROR = 1  # something unexpected; the message says what
-    USAGE = 2  # a bad option or argument, a file that is not a library
-    INCOMPLETE = 3  # embed: some files could not be embedded (each is named)
-    UNREACHABLE = 4  # the gateway could not be reached
-    REFUSED = 5  # the gateway refused the request (API key, model, a server error)
-    INTERRUPTED = 130  # Ctrl-C; embed keeps its last checkpoint
-
-
-EXIT_CODES = (
-    "\b\nExit codes:\n"
-    "  0  done (embed: every readable photo is in the library)\n"
-    "  1  unexpected error (CLIP_GATEWAY_DEBUG=1 shows the traceback)\n"
-    "  2  bad option or argument, or a LIBRARY that is not one\n"
-    "  3  embed: some files could not be embedded; each is named and recorded\n"
-    "  4  the gateway could not be reached\n"
-    "  5  the gateway refused the request (API key, model, server error)\n"
-    "  130  interrupted (embed resumes from its last checkpoint)"
-)
-CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def _version() -> str:
-    try:
-        return metadata.version("clip-gateway")
-    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        return "unknown (not installed)"
 
 
 def url_option(command: F) -> F:
@@ -110,14 +76,7 @@ def _error(message: str) -> None:
     click.echo(f"clip-gateway: {message}", err=True)
 
 
-@click.group(context_settings=CONTEXT, epilog=EXIT_CODES)
-@click.version_option(_version(), "--version", prog_name="clip-gateway")
-def cli() -> None:
-    """Embed a photo folder through a clip-gateway, search it with words or a photo, and
-    review its near-duplicates."""
-
-
-@cli.command(epilog=EXIT_CODES)
+@click.command(epilog=EXIT_CODES)
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--out",
@@ -168,7 +127,7 @@ def embed(directory: Path, out: Path, url: str, api_key: str | None, **options: 
     return run_embed(directory, out, url, api_key, options)
 
 
-@cli.command(epilog=EXIT_CODES)
+@click.command(epilog=EXIT_CODES)
 @library_argument
 @click.argument("query", required=False)
 @click.option(
@@ -202,7 +161,7 @@ def search(library: Path, query: str | None, image: Path | None, **options: Any)
     return run_search(library, query, image, options)
 
 
-@cli.command()
+@click.command()
 @library_argument
 @click.option(
     "--threshold",
@@ -223,59 +182,3 @@ def dupes(library: Path, threshold: float, html: Path | None, block: int) -> int
     from gateway.client.commands import run_dupes
 
     return run_dupes(library, threshold, html, block)
-
-
-@cli.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    add_help_option=False,
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def serve(args: tuple[str, ...]) -> int:
-    """Run the gateway: what `make serve` runs (needs the server extra; see serve --help)."""
-    try:
-        from gateway.runtime.supervisor import serve as run
-    except ImportError as exc:
-        _error(
-            f"serve needs the server extra ({exc.name} is missing): "
-            "pip install 'clip-gateway[server]'"
-        )
-        return Exit.USAGE
-    return run(list(args))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The ``clip-gateway`` command: its exit code, never a traceback. Interrupted, it exits at
-    once: a request still in flight in a worker thread is abandoned, not waited for (Python
-    would join that thread at exit, for as long as the server takes to answer)."""
-    code = _main(argv)
-    main_thread = threading.main_thread()
-    if code == Exit.INTERRUPTED and any(
-        t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()
-    ):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
-
-
-def _main(argv: list[str] | None) -> int:
-    try:
-        result = cli.main(argv, prog_name="clip-gateway", standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Exit as exc:  # --help, --version
-        return int(exc.exit_code)
-    except click.Abort:
-        _error("interrupted")
-        return Exit.INTERRUPTED
-    except Exception as exc:
-        if os.environ.get("CLIP_GATEWAY_DEBUG"):
-            traceback.print_exc()
-        _error(f"unexpected error: {type(exc).__name__}: {exc}")
-        return Exit.ERROR
-    return int(result or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""What each ``clip-gateway`` command does once its options are parsed (cli.py): results to
+"""What each client ``clip-gateway`` command does once its options are parsed (cli.py): results to
 stdout, progress and notes to stderr, an exit code back."""
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from gateway.client.cli import Exit
 from gateway.client.compact import CompactOptions
 from gateway.client.core import ClientError
 from gateway.client.dupes import groups
@@ -34,6 +33,7 @@ from gateway.client.library import Library
 from gateway.client.report import write_dupes, write_search
 from gateway.client.search import rank
 from gateway.client.sync import Client
+from gateway.exits import Exit
 
 
 def _note(message: str) -> None:

@@ -3,17 +3,14 @@
 pillow-simd and Pillow are two distributions of the same ``PIL`` package, so ``import PIL``
 cannot tell them apart; the distribution whose files hold the imported ``PIL`` can. Reported in
 the ready line and ``/v1/models``, and checked by ``make install``
-(``python -m gateway.imaging.paths --require-simd``): on the same compact JPEGs stock Pillow
+(``clip-gateway imaging --require-simd``): on the same compact JPEGs stock Pillow
 preprocesses at under half of pillow-simd's images/s per core (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
-import json
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import PIL
@@ -50,25 +47,3 @@ def current() -> ImagingPath:
         decode=f"JPEG: {jpeg}; PNG/WebP/GIF: {name} {version}",
         simd=name == "pillow-simd",
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.imaging.paths", description=__doc__)
-    parser.add_argument(
-        "--require-simd", action="store_true", help="exit 1 unless pillow-simd is the PIL here"
-    )
-    args = parser.parse_args(argv)
-    path = current()
-    print(json.dumps(asdict(path)))
-    if args.require_simd and not path.simd:
-        print(
-            f"error: PIL here is {path.resize}, not pillow-simd: the image resize runs the slow "
-            "path (PILLOW_SIMD=0 accepts it)",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -8,12 +8,10 @@ model code runs in its own interpreter, which the stub finds through ``PATH``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,32 +229,3 @@ class LocalTriton(ServerProcess):
         self.ready_seconds = time.monotonic() - started
         log.info("tritonserver ready in %.1f s", self.ready_seconds)
         return self
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.runtime.local REPOSITORY``: run tritonserver in the foreground."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m gateway.runtime.local")
-    parser.add_argument("repository", type=Path)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--http-port", type=int, default=8002)
-    parser.add_argument("--metrics-port", type=int, default=8003)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    triton = LocalTriton(
-        args.repository.resolve(),
-        grpc_port=args.grpc_port,
-        http_port=args.http_port,
-        metrics_port=args.metrics_port,
-    )
-    with triton:
-        print(f"tritonserver ready: grpc {triton.grpc_url}, http {triton.http_url}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            while triton.process is not None and triton.process.poll() is None:
-                time.sleep(0.5)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,7 +30,7 @@ from gateway.model.contract import (
     TOKENIZER_PARAMETER,
     TRITON_MODEL_NAME,
 )
-from gateway.runtime.settings import CPU_PROFILES, PROFILES, RepositorySettings
+from gateway.runtime.settings import CPU_PROFILES, RepositorySettings
 
 #: triton/python/model.py's parameters: which runtime runs the ONNX file, at which precision.
 RUNTIME_PARAMETER = "runtime"
@@ -364,26 +364,3 @@ def rendered_config(repository: Path) -> mc.ModelConfig:
     """The config ``render`` wrote into ``repository``, parsed."""
     text = (repository / TRITON_MODEL_NAME / "config.pbtxt").read_text()
     return text_format.Parse(text, mc.ModelConfig())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.runtime.repository EXPORT_DIR OUT_DIR`` (``GATEWAY_TRITON_*``)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m gateway.runtime.repository", description=__doc__
-    )
-    parser.add_argument("export_dir", type=Path, help="a directory written by `python -m export`")
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--profile", choices=PROFILES, help="overrides GATEWAY_TRITON_PROFILE")
-    parser.add_argument("--copy", action="store_true", help="copy ONNX files instead of linking")
-    args = parser.parse_args(argv)
-    settings = RepositorySettings(**({"profile": args.profile} if args.profile else {}))
-    render(settings, args.export_dir, args.out_dir, link=not args.copy)
-    for config in sorted(args.out_dir.glob("*/config.pbtxt")):
-        print(config)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

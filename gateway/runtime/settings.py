@@ -10,7 +10,6 @@ concern, built by the launcher (or by the HTTP process for its own section) and 
 from __future__ import annotations
 
 import ipaddress
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -36,8 +35,10 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", frozen=True, extra="ignore")
 
     # --- HTTP -------------------------------------------------------------------------------
-    #: Address uvicorn binds (the container publishes only this port).
-    host: str = "0.0.0.0"  # the gateway is the container's one public port
+    #: Address uvicorn binds: loopback unless said otherwise; the container image sets
+    #: ``0.0.0.0`` (the gateway is its one public port).
+    host: str = "127.0.0.1"
+    #: Port uvicorn listens on.
     port: int = Field(8000, ge=1, le=65535)
     #: uvicorn worker processes; 0 = from the CPUs this container may use (runtime/plan.py).
     workers: int = Field(1, ge=0)
@@ -55,6 +56,7 @@ class ServerSettings(BaseSettings):
     # --- Triton -----------------------------------------------------------------------------
     #: Triton's gRPC endpoint; loopback in the one-container-per-GPU layout.
     triton_url: str = "127.0.0.1:8001"
+    #: The image tower's name inside Triton.
     triton_model: str = "clip_image"
     #: The text tower beside it (absent: the gateway embeds images only, and says why).
     triton_text_model: str = "clip_text"
@@ -143,6 +145,7 @@ class ServerSettings(BaseSettings):
     anonymous: bool = False
 
     # --- observability ----------------------------------------------------------------------
+    #: Log level of the gateway's own logs.
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     #: ``json``: one object per line (route, status, images, duration, trace id); ``text``.
     log_format: Literal["json", "text"] = "json"
@@ -253,6 +256,7 @@ class RepositorySettings(BaseSettings):
     #: Where TensorRT engines and timing caches live; mount a volume here. The launcher uses a
     #: subdirectory per GPU model and model identity (weights + export code, runtime/engines.py).
     trt_cache_path: str = "/var/cache/clip-gateway/trt"
+    #: TensorRT's builder workspace per engine, in bytes.
     trt_workspace_bytes: int = Field(4 << 30, ge=1 << 26)
     #: Model-repository templates (base.pbtxt, profiles/, python/) to render instead of the
     #: shipped ``triton/``: site-specific configs, and the tests' slow-loading model.
@@ -319,10 +323,13 @@ class LaunchSettings(BaseSettings):
     #: must reach on the export's calibration set, checked again at every ``cpu-int8`` start;
     #: the ``cpu-bf16`` profile is held to the same thresholds (BF16 vs FP32).
     int8_min_mean_cosine: float = Field(MIN_MEAN_COSINE, gt=0, le=1)
+    #: The lowest cosine of any one calibration item under the same gate.
     int8_min_cosine: float = Field(MIN_COSINE, gt=0, le=1)
-    #: Triton's loopback ports, never published; 0 = reserve free ones.
+    #: Triton's loopback gRPC port, never published; 0 = reserve a free one.
     triton_grpc_port: int = Field(0, ge=0, le=65535)
+    #: Triton's loopback HTTP port (its readiness), never published; 0 = reserve a free one.
     triton_http_port: int = Field(0, ge=0, le=65535)
+    #: Triton's loopback Prometheus port (re-exposed as /metrics/triton); 0 = a free one.
     triton_metrics_port: int = Field(0, ge=0, le=65535)
     #: After SIGTERM, keep serving this long before the drain starts: Kubernetes removes a
     #: terminating pod from its endpoints while the SIGTERM is on its way, and kube-proxy,
@@ -338,8 +345,9 @@ class LaunchSettings(BaseSettings):
     #: Where Triton's and the gateway's own logs go; unset: this process's stdout/stderr (a
     #: container's log). ``clip-gateway serve`` defaults to a file and prints progress only.
     log_file: Path | None = None
-    #: Scratch space for rendered model repositories (a private directory is made inside).
-    scratch_dir: Path = Path(tempfile.gettempdir())
+    #: Scratch space for rendered model repositories (a private directory is made inside);
+    #: unset: the system's temporary directory (``TMPDIR``).
+    scratch_dir: Path | None = None
 
 
 @dataclass(frozen=True)

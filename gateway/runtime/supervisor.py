@@ -18,7 +18,6 @@ Every bound comes from runtime/timings.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -48,7 +47,6 @@ from gateway.runtime.processes import (
 from gateway.runtime.repository import default_templates, render, rendered_config
 from gateway.runtime.settings import (
     CPU_PROFILES,
-    PROFILES,
     Profile,
     RepositorySettings,
     Settings,
@@ -426,81 +424,6 @@ class Supervisor:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
-
-
-class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults in the help, except an unset (None) one: its help says what happens instead."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:
-            return action.help
-        return super()._get_help_string(action)
-
-
-def serve(argv: list[str] | None = None) -> int:
-    """``clip-gateway serve`` / ``make serve``: interactive, quiet, logs to a file."""
-    parser = argparse.ArgumentParser(
-        prog="clip-gateway serve",
-        description="Export the model if needed, start Triton and the gateway in the foreground.",
-        formatter_class=_DefaultsShown,
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
-    parser.add_argument("--model", default="ViT-B-32", help="open_clip model name")
-    parser.add_argument(
-        "--weights",
-        default="laion2b_s34b_b79k",
-        help="open_clip pretrained tag, a checkpoint path, or 'random' (tests, benchmarks)",
-    )
-    parser.add_argument(
-        "--tokenizer", type=Path, default=None,
-        help="directory with the model's Hugging Face tokenizer files (SigLIP, SigLIP2, "
-        "multilingual models; default: the Hugging Face hub)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--profile", default="cpu", choices=["auto", *PROFILES], help="Triton profile"
-    )
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None,
-        help="export cache directory (default: $CLIP_GATEWAY_CACHE or ~/.cache/clip-gateway)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--log-file", type=Path, default=None,
-        help="where Triton's and the gateway's logs go (default: <cache>/logs/serve.log)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--immich", action="store_true",
-        help="also serve Immich's ML protocol (/ping, /predict; docs/IMMICH.md)",
-    )  # fmt: skip
-    parser.add_argument("-v", "--verbose", action="store_true", help="all logs on the terminal")
-    args = parser.parse_args(argv)
-    log_file = None
-    if not args.verbose:
-        from gateway.model.spec import default_cache_dir
-
-        log_file = args.log_file or (args.cache_dir or default_cache_dir()) / "logs" / "serve.log"
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-    settings = Settings.from_env(
-        server={"host": args.host, "port": args.port} | ({"immich": True} if args.immich else {}),
-        repository={"profile": args.profile},
-        launch={
-            "model": args.model,
-            "weights": args.weights,
-            "tokenizer": args.tokenizer,
-            "cache_dir": args.cache_dir,
-            "log_file": log_file,
-        },
-    )
-    configure("INFO" if args.verbose else "WARNING", "text")
-    if log_file is not None:
-        print(f"clip-gateway: logs in {log_file}", flush=True)
-
-    def progress(line: str) -> None:
-        print(f"clip-gateway: {line}", flush=True)
-
-    code = Supervisor(settings, progress).run()
-    progress("stopped" if code == OK else f"exited with code {code}")
-    return code
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ The inputs are settings (``GATEWAY_REQUEST_TIMEOUT_S``, ``GATEWAY_DRAIN_S``,
 an orchestrator must be told (Kubernetes' grace period and probes, Docker's HEALTHCHECK start
 period, compose's stop grace period) follows from them here. Deploy files are YAML and cannot
 compute, so they carry the numbers, and ``tests/unit/test_deploy.py`` checks each file against
-``derive()`` for the settings that file sets; ``python -m gateway.runtime.timings`` prints them.
+``derive()`` for the settings that file sets; ``clip-gateway timings`` prints them.
 
 A stop, after SIGTERM:  stop delay (still serving: endpoints and load balancers let go of the
 pod) → gateway drain (no new connections; in-flight requests finish) → gateway exit → Triton
@@ -16,8 +16,7 @@ headroom.
 from __future__ import annotations
 
 import math
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from gateway.runtime.settings import Settings
 
@@ -90,17 +89,3 @@ def derive(settings: Settings) -> Timings:
         startup_probe_failures=math.ceil(startup_budget / STARTUP_PERIOD_S),
         healthcheck_start_period_s=math.ceil(startup_budget),
     )
-
-
-def main() -> int:
-    """``python -m gateway.runtime.timings``: the derived values for this environment."""
-    timings = derive(Settings.from_env())
-    for name, value in asdict(timings).items():
-        print(f"{name:28} {value:g}")
-    for problem in timings.problems():
-        print(f"problem: {problem}", file=sys.stderr)
-    return 1 if timings.problems() else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,8 +19,8 @@ import pytest
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
 from gateway.client import AsyncClient, Client
-from gateway.client.cli import Exit
 from gateway.client.library import Library
+from gateway.exits import Exit
 from tests import browser, samples
 from tests.client import messy
 
@@ -55,7 +55,7 @@ def interruptible() -> None:
 
 def cli(*args: str, **kwargs: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway.client.cli", *args], cwd=ROOT, text=True,
+        [sys.executable, "-m", "gateway", *args], cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible,
         **kwargs,  # type: ignore[call-overload]
     )  # fmt: skip

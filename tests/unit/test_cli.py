@@ -17,10 +17,11 @@ import httpx
 import numpy as np
 import pytest
 
+from gateway.cli.main import cli, main
 from gateway.client import Client
-from gateway.client.cli import Exit, cli, main
 from gateway.client.embed_folder import Options, embed_folder, summary
 from gateway.client.library import Library
+from gateway.exits import Exit
 from tests import samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +35,9 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("command", ["embed", "search", "dupes"])
 def test_every_option_says_what_it_does_and_its_default(command: str) -> None:
-    chosen = cli.commands[command]
     parent = click.Context(cli, info_name="clip-gateway", **cli.context_settings)
+    chosen = cli.get_command(parent, command)
+    assert chosen is not None
     context = click.Context(chosen, info_name=command, parent=parent)
     records = {}
     for param in chosen.params:

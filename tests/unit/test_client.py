@@ -187,7 +187,7 @@ def test_async_client_retries_too() -> None:
 def test_importing_the_client_pulls_in_no_server_dependency() -> None:
     code = (
         "import sys, gateway.client, gateway.client.dupes, gateway.client.library,"
-        " gateway.client.cli, gateway.client.commands, gateway.client.report;"
+        " gateway.client.cli, gateway.client.commands, gateway.client.report, gateway.cli.main;"
         "server = {'litestar', 'uvicorn', 'tritonclient', 'msgspec', 'grpc', 'opentelemetry',"
         " 'prometheus_client', 'torch', 'onnxruntime'};"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in server))"
