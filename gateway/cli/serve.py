@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from export.spec import default_cache_dir
 from gateway.cli.options import Flag, flag_options, resolve
 from gateway.exits import EXIT_CODES
+from gateway.model.spec import default_cache_dir
 from gateway.observability.logs import configure
 from gateway.runtime.settings import Settings
 from gateway.runtime.supervisor import OK, Supervisor

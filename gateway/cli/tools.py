@@ -14,13 +14,13 @@ from typing import Any
 
 import click
 
-from gateway.backend.local import LocalTriton
-from gateway.backend.repository import render as render_repository
 from gateway.cli.options import Flag, flag_options, resolve
 from gateway.cli.reference import page
 from gateway.cli.serve import SERVE_FLAGS
 from gateway.exits import Exit
 from gateway.runtime import timings as derived
+from gateway.runtime.local import LocalTriton
+from gateway.runtime.repository import render as render_repository
 
 RENDER_FLAGS = (Flag("repository", "profile"),)
 TRITON_FLAGS = (
