@@ -10,7 +10,6 @@ serving with a stop delay. The tree's leftovers are the integration tests' busin
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -24,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from bench.output import write_results
 from bench.photos import compact_jpeg
 from bench.supervisor import ROOT, Supervisor
 
@@ -195,8 +195,6 @@ def run(rounds: int, out: Path) -> dict[str, Any]:
             "median_s": round(statistics.median(seconds), 3),
             "max_s": round(max(seconds), 3),
         }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stops.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [
         "# SIGTERM → exit of the container entrypoint, per phase",
         "",
@@ -210,5 +208,5 @@ def run(rounds: int, out: Path) -> dict[str, Any]:
             for n, r in results["phases"].items()
         ),
     ]
-    (out / "stops.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "stops", results, markdown="\n".join(lines) + "\n")
     return results
