@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from bench.output import figure, write_results
 from bench.photos import CAMERA_SIZES, jpeg, photo
 from gateway.runtime.local import LocalTriton
 from gateway.runtime.processes import GatewayProcess
@@ -313,19 +314,13 @@ def run(out: Path, gateway_path: str | None, mixed_s: float) -> dict[str, Any]:
             ):
                 report["mixed"][name] = mixed(url, loop, mixed_s)
                 print(name, report["mixed"][name], flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "attacks.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_results(out, "attacks", report)
     return report
 
 
 def render(before: dict[str, Any], after: dict[str, Any], out: Path) -> None:
     """attacks.md (both runs, per class and the mixed run) and attacks.png (normal clients'
     p95 and success rate, alone and beside each hostile client)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lines = [
         "| class | run | statuses | slowest answer s | gateway CPU-s "
         "| RSS start / peak / +10 s MB |",
@@ -356,19 +351,17 @@ def render(before: dict[str, Any], after: dict[str, Any], out: Path) -> None:
                 )
     (out / "attacks.md").write_text("\n".join(lines) + "\n")
     names = list(after["mixed"])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for offset, (label, run_) in enumerate((("before", before), ("after", after))):
-        xs = [i + offset * 0.4 for i in range(len(names))]
-        rates = [run_["mixed"].get(n, {}).get("success_rate") or 0 for n in names]
-        p95 = [run_["mixed"].get(n, {}).get("p95_ms") or 0 for n in names]
-        axes[0].bar(xs, rates, width=0.4, label=label)
-        axes[1].bar(xs, p95, width=0.4, label=label)
-    for axis, title in zip(axes, ("normal: success rate", "normal: p95 ms"), strict=True):
-        axis.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, fontsize=7)
-        axis.set_title(title)
-        axis.legend()
-    fig.tight_layout()
-    fig.savefig(out / "attacks.png", dpi=110)
+    with figure(out / "attacks.png", ncols=2, figsize=(11, 4)) as (_, axes):
+        for offset, (label, run_) in enumerate((("before", before), ("after", after))):
+            xs = [i + offset * 0.4 for i in range(len(names))]
+            rates = [run_["mixed"].get(n, {}).get("success_rate") or 0 for n in names]
+            p95 = [run_["mixed"].get(n, {}).get("p95_ms") or 0 for n in names]
+            axes[0].bar(xs, rates, width=0.4, label=label)
+            axes[1].bar(xs, p95, width=0.4, label=label)
+        for axis, title in zip(axes, ("normal: success rate", "normal: p95 ms"), strict=True):
+            axis.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, fontsize=7)
+            axis.set_title(title)
+            axis.legend()
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ import simplejpeg
 
 from bench import load, profiling
 from bench.clients import Batches, GatewayClient
+from bench.output import write_results
 from bench.photos import compact_jpeg
 from bench.stack import camera_photos
 from gateway.imaging import jpeg, paths
@@ -243,10 +244,9 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
                         spy, out / "profile-cost.txt", buckets=True
                     )
     shutil.rmtree(work, ignore_errors=True)
-    (out / "cost.json").write_text(json.dumps(results, indent=1))
-    from bench.cost_report import write
+    from bench.cost_report import markdown, plot
 
-    write(results, out)
+    write_results(out, "cost", results, markdown=markdown(results), plot=plot)
     return results
 
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.output import figure
+
 LABELS = {
     "compact": "compact JPEGs (256 px short side)",
     "camera": "8-24 MP photos (half progressive)",
 }
-
-
-def write(results: dict[str, Any], out: Path) -> None:
-    (out / "cost.md").write_text(markdown(results))
-    plot(results, out / "cost.png")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -75,11 +72,6 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], target: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = results["phases"]
     labels = [f"{row['dataset']}\nbatch {row['batch']}\n{row['workers']} worker(s)" for row in rows]
     series = {
@@ -87,15 +79,12 @@ def plot(results: dict[str, Any], target: Path) -> None:
         "decode-only": [results["local"][row["dataset"]]["decode_only"] for row in rows],
         "preprocess() alone": [results["local"][row["dataset"]]["preprocess"] for row in rows],
     }
-    fig, ax = plt.subplots(figsize=(8, 5))
-    width = 0.8 / len(series)
-    for i, (name, values) in enumerate(series.items()):
-        ax.bar([x + i * width for x in range(len(rows))], values, width, label=name)
-    ax.set_xticks([x + width for x in range(len(rows))], labels)
-    ax.set_ylabel("images per CPU-second")
-    ax.set_yscale("log")
-    ax.set_title(f"Gateway CPU cost per image, null model ({results['imaging']['resize']})")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
-    fig.tight_layout()
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
+    with figure(target, figsize=(8, 5)) as (_, ax):
+        width = 0.8 / len(series)
+        for i, (name, values) in enumerate(series.items()):
+            ax.bar([x + i * width for x in range(len(rows))], values, width, label=name)
+        ax.set_xticks([x + width for x in range(len(rows))], labels)
+        ax.set_ylabel("images per CPU-second")
+        ax.set_yscale("log")
+        ax.set_title(f"Gateway CPU cost per image, null model ({results['imaging']['resize']})")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)

@@ -7,7 +7,6 @@ serving processes must stay lean (torch only ever loads in the exporter's own pr
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from bench.output import write_results
 from bench.photos import compact_jpeg
 from gateway.runtime.processes import reserve_port
 
@@ -103,8 +103,6 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
         "torch_loaded_anywhere": any(p["torch"] for p in processes),
         "machine": {"cpus": os.cpu_count()},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "footprint.json").write_text(json.dumps(results, indent=1))
     rows = ["# Footprint of `clip-gateway serve` (the make serve path), warm", "",
             f"After {requests} requests of 8 compact JPEGs. Target: serving process <= "
             f"{TARGET_MB} MB RSS per worker; torch in no serving process.", "",
@@ -112,5 +110,5 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
     rows += [
         f"| {p['role']} | {p['rss_mb']} | {'yes' if p['torch'] else 'no'} |" for p in processes
     ]
-    (out / "footprint.md").write_text("\n".join(rows) + "\n")
+    write_results(out, "footprint", results, markdown="\n".join(rows) + "\n")
     return results

@@ -17,13 +17,14 @@ Results: JSON, a Markdown table and a plot in ``bench/results/gpu``. Nothing her
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.output import figure, write_results
 
 IMAGE_BATCHES = (1, 8, 32, 64, 128, 256)
 TEXT_BATCHES = (1, 8, 32, 128)
@@ -254,31 +255,24 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for model, found in results["models"].items():
-        for precision in ("fp32", "fp16"):
-            if precision in found:
-                rates = found[precision]["image_rates"]
-                ax.plot(
-                    IMAGE_BATCHES,
-                    [rates[str(b)]["items_per_s"] for b in IMAGE_BATCHES],
-                    marker="o",
-                    label=f"{model} ORT CUDA {precision}",
-                )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("images/s")
-    ax.set_title(f"Exported image towers on {results['environment']['gpu']}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "gpu.png", dpi=120)
+def plot(results: dict[str, Any], path: Path) -> None:
+    with figure(path, dpi=120, figsize=(7, 4)) as (_, ax):
+        for model, found in results["models"].items():
+            for precision in ("fp32", "fp16"):
+                if precision in found:
+                    rates = found[precision]["image_rates"]
+                    ax.plot(
+                        IMAGE_BATCHES,
+                        [rates[str(b)]["items_per_s"] for b in IMAGE_BATCHES],
+                        marker="o",
+                        label=f"{model} ORT CUDA {precision}",
+                    )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("images/s")
+        ax.set_title(f"Exported image towers on {results['environment']['gpu']}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def run(models: tuple[str, ...], out: Path, cache_dir: Path, seconds: float) -> dict[str, Any]:
@@ -291,7 +285,6 @@ def run(models: tuple[str, ...], out: Path, cache_dir: Path, seconds: float) -> 
     results: dict[str, Any] = {"environment": _environment(), "models": {}}
     for model in models:
         results["models"][model] = measure_model(model, cache_dir, seconds)
-        (out / "gpu.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "gpu.md").write_text(markdown(results))
-    plot(results, out)
+        write_results(out, "gpu", results)  # each model's figures kept as soon as measured
+    write_results(out, "gpu", results, markdown=markdown(results), plot=plot)
     return results

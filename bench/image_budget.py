@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from bench.output import figure, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("CONTAINERS_CONF", str(ROOT / "deploy" / "image" / "containers.conf"))
 
@@ -54,8 +56,10 @@ def mb(size: int) -> str:
 
 
 def write(results: dict[str, Any], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "budget.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_results(out, "budget", results, markdown=markdown(results), plot=plot)
+
+
+def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# Image budget: `{results['image']}` over `{results['base']}`",
         "",
@@ -68,21 +72,17 @@ def write(results: dict[str, Any], out: Path) -> None:
     for layer in results["layers_over_base"]:
         instruction = layer["instruction"].replace("|", "\\|")
         lines.append(f"| `{instruction}` | {mb(layer['size_bytes'])} |")
-    (out / "budget.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
+    return "\n".join(lines) + "\n"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot(results: dict[str, Any], path: Path) -> None:
     layers = results["layers_over_base"]
-    figure, axes = plt.subplots(figsize=(8, 0.5 + 0.45 * (len(layers) + 1)))
-    labels = ["base"] + [layer["instruction"][:50] for layer in layers]
-    sizes = [results["base_size_bytes"]] + [layer["size_bytes"] for layer in layers]
-    axes.barh(labels[::-1], [s / 1e6 for s in sizes][::-1], color="C0")
-    axes.set_xlabel("MB (uncompressed)")
-    axes.set_title(f"{results['image']}: {mb(results['over_base_bytes'])} over its base")
-    figure.tight_layout()
-    figure.savefig(out / "budget.png", dpi=110)
+    with figure(path, figsize=(8, 0.5 + 0.45 * (len(layers) + 1))) as (_, axes):
+        labels = ["base"] + [layer["instruction"][:50] for layer in layers]
+        sizes = [results["base_size_bytes"]] + [layer["size_bytes"] for layer in layers]
+        axes.barh(labels[::-1], [s / 1e6 for s in sizes][::-1], color="C0")
+        axes.set_xlabel("MB (uncompressed)")
+        axes.set_title(f"{results['image']}: {mb(results['over_base_bytes'])} over its base")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ import numpy as np
 from bench import load
 from bench.drive import breakdown, triton_counters
 from bench.load import Reply
+from bench.output import figure, write_results
 from bench.photos import immich_previews
 from bench.stack import running
 
@@ -150,10 +151,7 @@ def run(seconds: float, out: Path, smoke: bool = False, previews: int = 24) -> d
     results["unexpected_5xx"] = sum(
         n for c in results["cells"] for s, n in c["statuses"].items() if s.startswith("5")
     )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "immich.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "immich.md").write_text(markdown(results))
-    plot(results, out / "immich.png")
+    write_results(out, "immich", results, markdown=markdown(results), plot=plot)
     return results
 
 
@@ -218,22 +216,16 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (rate, batch) = plt.subplots(1, 2, figsize=(10, 4))
-    for offset, route in enumerate(ROUTES):
-        cells = [c for c in results["cells"] if c["route"] == route]
-        xs = [i + 0.4 * offset for i in range(len(cells))]
-        rate.bar(xs, [c["images_per_s"] for c in cells], width=0.4, label=route)
-        batch.bar(xs, [c["triton_mean_batch"] or 0 for c in cells], width=0.4, label=route)
-    for axis, title in ((rate, "images/s"), (batch, "Triton mean batch per execution")):
-        axis.set_xticks([i + 0.2 for i in range(len(CONCURRENCY))], [str(c) for c in CONCURRENCY])
-        axis.set_xlabel("concurrent single-image requests")
-        axis.set_title(title)
-        axis.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, dpi=100, ncols=2, figsize=(10, 4)) as (_, (rate, batch)):
+        for offset, route in enumerate(ROUTES):
+            cells = [c for c in results["cells"] if c["route"] == route]
+            xs = [i + 0.4 * offset for i in range(len(cells))]
+            rate.bar(xs, [c["images_per_s"] for c in cells], width=0.4, label=route)
+            batch.bar(xs, [c["triton_mean_batch"] or 0 for c in cells], width=0.4, label=route)
+        for axis, title in ((rate, "images/s"), (batch, "Triton mean batch per execution")):
+            axis.set_xticks(
+                [i + 0.2 for i in range(len(CONCURRENCY))], [str(c) for c in CONCURRENCY]
+            )
+            axis.set_xlabel("concurrent single-image requests")
+            axis.set_title(title)
+            axis.legend()

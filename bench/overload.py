@@ -11,7 +11,6 @@ same image got on an idle gateway, so a lost or mixed-up result cannot pass.
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import httpx
 
 from bench import load
 from bench.clients import GatewayClient
+from bench.output import figure, write_results
 from bench.stack import camera_photos, reference_batches, running
 
 
@@ -82,40 +82,29 @@ def run(minutes: float, out: Path, smoke: bool = False, photos: str = "compact")
         n for status, n in statuses.items() if status.startswith("5") and status != "503"
     )
     results["wrong"] = results["at_1x"]["wrong"] + results["at_2x"]["wrong"]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "overload.json").write_text(json.dumps(results, indent=1))
-    (out / "overload.md").write_text(markdown(results))
-    plot(results, out / "overload.png")
+    write_results(out, "overload", results, markdown=markdown(results), plot=plot)
     return results
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
     """Answers by status and accepted latency percentiles, at 1x and 2x capacity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     phases = ("at_1x", "at_2x")
-    fig, (counts, latency) = plt.subplots(1, 2, figsize=(10, 4))
-    statuses = sorted({s for p in phases for s in results[p]["statuses"]})
-    bottom = [0, 0]
-    for status in statuses:
-        values = [results[p]["statuses"].get(status, 0) for p in phases]
-        counts.bar(["1x", "2x"], values, bottom=bottom, label=status)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    counts.set_title("answers by status")
-    counts.legend()
-    for i, key in enumerate(("p50", "p95", "p99")):
-        values = [results[p].get("latency_ms", {}).get(key, 0) for p in phases]
-        latency.bar([x + 0.25 * i for x in (0, 1)], values, width=0.25, label=key)
-    latency.set_xticks([0.25, 1.25], ["1x", "2x"])
-    latency.set_ylabel("accepted request latency (ms)")
-    latency.set_title(f"{results['photos']} photos")
-    latency.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, dpi=100, ncols=2, figsize=(10, 4)) as (_, (counts, latency)):
+        statuses = sorted({s for p in phases for s in results[p]["statuses"]})
+        bottom = [0, 0]
+        for status in statuses:
+            values = [results[p]["statuses"].get(status, 0) for p in phases]
+            counts.bar(["1x", "2x"], values, bottom=bottom, label=status)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        counts.set_title("answers by status")
+        counts.legend()
+        for i, key in enumerate(("p50", "p95", "p99")):
+            values = [results[p].get("latency_ms", {}).get(key, 0) for p in phases]
+            latency.bar([x + 0.25 * i for x in (0, 1)], values, width=0.25, label=key)
+        latency.set_xticks([0.25, 1.25], ["1x", "2x"])
+        latency.set_ylabel("accepted request latency (ms)")
+        latency.set_title(f"{results['photos']} photos")
+        latency.legend()
 
 
 def markdown(results: dict[str, Any]) -> str:

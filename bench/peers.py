@@ -36,6 +36,7 @@ from bench import ceilings, load
 from bench.clients import Batches, GatewayClient
 from bench.load import Reply
 from bench.photos import compact_jpeg
+from bench.supervisor import Supervisor
 from gateway.runtime.processes import reserve_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,33 +189,20 @@ def infinity(work: Path) -> Iterator[str]:
 @contextlib.contextmanager
 def gateway(profile: str, export_dir: Path, work: Path, env: dict[str, str]) -> Iterator[str]:
     """The container entrypoint (the one launch path) on loopback, ``profile``, READY."""
-    ports = [reserve_port() for _ in range(4)]
     scratch = Path(tempfile.mkdtemp(prefix=f"{profile}-", dir=work))
-    settings = {
-        "GATEWAY_MODEL_DIR": str(export_dir),
-        "GATEWAY_TRITON_PROFILE": profile,
-        "GATEWAY_HOST": "127.0.0.1",
-        "GATEWAY_PORT": str(ports[0].port),
-        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
-        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
-        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
-        "GATEWAY_SCRATCH_DIR": str(scratch),
-        "GATEWAY_LOG_LEVEL": "WARNING",
-        "GATEWAY_MAX_IMAGES_PER_REQUEST": "64",
-    } | env
-    log = scratch / "launch.log"
-    for reserved in ports:
-        reserved.release()
-    with open(log, "wb") as output:
-        process = subprocess.Popen([sys.executable, "-m", "gateway.runtime.supervisor"],
-                                   env=os.environ | settings, cwd=ROOT, stdout=output,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{ports[0].port}"
-        _wait_http(f"{url}/readyz", process, log, timeout=600)
-        yield url
-    finally:
-        _stop(process)
+    with Supervisor(scratch / "launch.log") as supervisor:
+        supervisor.entrypoint(**{
+            "GATEWAY_MODEL_DIR": str(export_dir),
+            "GATEWAY_TRITON_PROFILE": profile,
+            "GATEWAY_SCRATCH_DIR": str(scratch),
+            "GATEWAY_LOG_LEVEL": "WARNING",  # so no "ready on http" line: /readyz alone says
+            "GATEWAY_MAX_IMAGES_PER_REQUEST": "64",
+        } | env)  # fmt: skip
+        try:
+            supervisor.wait_ready(600, logged=False, every=0.5)
+            yield supervisor.url
+        finally:
+            supervisor.close(grace=120)
 
 
 async def measure(make: Callable[[Batches], Any], limits: Limits,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from bench.output import figure, write_results
 
 LABELS = {
     "infinity": "Infinity (torch CPU)",
@@ -96,38 +97,25 @@ def _cells(results: dict[str, Any]) -> list[str]:
     return list(first["cells"])
 
 
-def plot(results: dict[str, Any], out_dir: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: dict[str, Any], path: Path) -> None:
     cells = _cells(results)
     systems = list(results["systems"])
-    fig, (rate, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.8 / max(1, len(systems))
-    for i, system in enumerate(systems):
-        xs = [j + i * width for j in range(len(cells))]
-        rate.bar(xs, [_img_s(results, system, c) for c in cells], width,
-                 label=LABELS.get(system, system))  # fmt: skip
-        latency.bar(xs, [_p50(results, system, c) for c in cells], width,
-                    label=LABELS.get(system, system))  # fmt: skip
-    for axis, title in ((rate, "images / s"), (latency, "p50 latency (ms, log)")):
-        axis.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], cells)
-        axis.set_title(title)
-    latency.set_yscale("log")
-    rate.legend()
-    fig.suptitle(f"ViT-B/32 on {results['machine']['cpu_model']} ({results['machine']['nproc']} "
-                 "CPUs), compact JPEGs")  # fmt: skip
-    fig.tight_layout()
-    path = out_dir / "peers.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with figure(path, ncols=2, figsize=(12, 4.5)) as (fig, (rate, latency)):
+        width = 0.8 / max(1, len(systems))
+        for i, system in enumerate(systems):
+            xs = [j + i * width for j in range(len(cells))]
+            rate.bar(xs, [_img_s(results, system, c) for c in cells], width,
+                     label=LABELS.get(system, system))  # fmt: skip
+            latency.bar(xs, [_p50(results, system, c) for c in cells], width,
+                        label=LABELS.get(system, system))  # fmt: skip
+        for axis, title in ((rate, "images / s"), (latency, "p50 latency (ms, log)")):
+            axis.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], cells)
+            axis.set_title(title)
+        latency.set_yscale("log")
+        rate.legend()
+        machine = results["machine"]
+        fig.suptitle(f"ViT-B/32 on {machine['cpu_model']} ({machine['nproc']} CPUs), compact JPEGs")
 
 
 def write(results: dict[str, Any], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "peers.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "peers.md").write_text(markdown(results))
-    plot(results, out_dir)
+    write_results(out_dir, "peers", results, markdown=markdown(results), plot=plot)

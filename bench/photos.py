@@ -1,8 +1,9 @@
-"""Realistic synthetic photos: smooth light, objects with edges, texture and sensor noise.
+"""Realistic synthetic photos encoded as cameras, phones and Immich do.
 
-Random-pixel images compress to nothing like a photo (JPEG can't exploit them) and flat images
-compress far too well; these land where camera JPEGs do (roughly 0.2-0.5 bytes/pixel at q90),
-so decode timings and byte counts mean what they would on a real library.
+The pixels come from ``photo`` (gateway/model/calibration.py, the generator the INT8 calibration
+set is drawn from): smooth light, objects with edges, texture and sensor noise, landing where
+camera JPEGs do (roughly 0.2-0.5 bytes/pixel at q90), so decode timings and byte counts mean
+what they would on a real library.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image
+
+from gateway.model.calibration import photo
 
 #: Megapixel sizes of common cameras/phones (width x height, landscape).
 CAMERA_SIZES = {
@@ -20,33 +22,6 @@ CAMERA_SIZES = {
     16: (4608, 3456),
     24: (6000, 4000),
 }
-
-
-def photo(width: int, height: int, seed: int = 0) -> Image.Image:
-    """An RGB image with photo-like statistics (deterministic for a seed)."""
-    rng = np.random.default_rng(seed)
-    # Low-frequency "lighting": a tiny random image blown up smoothly.
-    small = rng.integers(30, 226, size=(4, 6, 3), dtype=np.uint8)
-    base = Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC)
-    draw = ImageDraw.Draw(base)
-    scale = min(width, height)
-    for _ in range(12):  # objects: hard edges at several scales
-        x0, y0 = rng.integers(0, width), rng.integers(0, height)
-        w, h = rng.integers(scale // 20, scale // 3, size=2)
-        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
-        box = (int(x0), int(y0), int(x0 + w), int(y0 + h))
-        if rng.random() < 0.5:
-            draw.ellipse(box, fill=colour)
-        else:
-            draw.rectangle(box, fill=colour)
-    base = base.filter(ImageFilter.GaussianBlur(radius=max(1.0, scale / 1500)))
-    pixels = np.asarray(base, dtype=np.int16)
-    # Texture + sensor noise: what makes real photos cost bytes.
-    noise = rng.normal(0, 9, size=(height // 2 + 1, width // 2 + 1, 1))
-    texture = np.repeat(np.repeat(noise, 2, axis=0), 2, axis=1)[:height, :width]
-    grain = rng.normal(0, 3.5, size=(height, width, 1))
-    out = np.clip(pixels + texture + grain, 0, 255).astype(np.uint8)
-    return Image.fromarray(out, "RGB")
 
 
 def jpeg(

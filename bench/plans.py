@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.output import write_results
 from bench.peers import FULL, Limits, machine, system
 
 PLANS: dict[str, dict[str, str]] = {
@@ -62,9 +63,7 @@ def run(
                                                Path(tmp), limits, env, CELLS)  # fmt: skip
                 print(json.dumps({"plan": key}), flush=True)
     results["machine"]["load_avg_after"] = list(os.getloadavg())
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plans.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "plans.md").write_text(markdown(results))
+    write_results(out, "plans", results, markdown=markdown(results))
     return results
 
 

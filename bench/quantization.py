@@ -21,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from bench.ceilings import session
+from bench.output import write_results
 from bench.peers import machine, wait_quiet
 from export.parity import cosine
 from export.quantize import Method, quantize
@@ -106,9 +107,7 @@ def run(out: Path, reps: int = 5) -> dict[str, Any]:
                                 tokenizer.encode_batch(calibration.texts(96, 1)), Path(tmp),
                                 reps)  # fmt: skip
     results["machine"]["load_avg_after"] = list(os.getloadavg())
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "quantization.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "quantization.md").write_text(markdown(results))
+    write_results(out, "quantization", results, markdown=markdown(results))
     return results
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.output import figure, write_results
+
 LABELS = {
     "gateway": "C: gateway (binary)",
     "gateway-json": "C: gateway (JSON)",
@@ -296,123 +298,119 @@ def _null_and_shm(results: dict[str, Any]) -> list[str]:
 
 
 def plots(results: dict[str, Any], out_dir: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     systems = _systems(results)
     written = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for s in systems:
-        points = sorted(
-            (int(k.split("-")[1]), v["images_per_s"])
-            for k, v in results["systems"][s]["phases"].items()
-            if k.startswith("batch-")
-        )
-        ax.plot(
-            [b for b, _ in points],
-            [v for _, v in points],
-            marker="o",
-            label=LABELS[s],
-            color=COLOURS[s],
-        )
-    ax.set(
-        xlabel="images per request",
-        ylabel="img/s",
-        title="Throughput vs batch size",
-        xscale="log",
-        xticks=[1, 4, 8, 16, 32],
-    )
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_dir / "throughput_vs_batch.png", dpi=110)
-    written.append("throughput_vs_batch.png")
-    plt.close(fig)
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for s in systems:
-        points = sorted(
-            (int(k.split("-")[1]), v)
-            for k, v in results["systems"][s]["phases"].items()
-            if k.startswith("conc-")
-        )
-        if not points:
-            continue
-        levels = [c for c, _ in points]
-        colour = COLOURS[s]
-        left.plot(
-            levels,
-            [v["images_per_s"] for _, v in points],
-            marker="o",
-            label=LABELS[s],
-            color=colour,
-        )
-        right.plot(
-            levels,
-            [v["latency_ms"]["p50"] for _, v in points],
-            marker="o",
-            label=f"{LABELS[s]} p50",
-            color=colour,
-        )
-        right.plot(
-            levels,
-            [v["latency_ms"]["p95"] for _, v in points],
-            linestyle="--",
-            alpha=0.6,
-            color=colour,
-        )
-    left.set(
-        xlabel="concurrent clients", ylabel="img/s", title="Throughput vs concurrency", xscale="log"
-    )
-    right.set(
-        xlabel="concurrent clients",
-        ylabel="ms",
-        title="Latency p50 (solid) / p95 (dashed)",
-        xscale="log",
-        yscale="log",
-    )
-    for axis in (left, right):
-        axis.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "concurrency.png", dpi=110)
-    written.append("concurrency.png")
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    parts = [
-        ("gateway decode", None),
-        ("Triton queue", "queue"),
-        ("compute input", "compute_input"),
-        ("compute infer", "compute_infer"),
-        ("compute output", "compute_output"),
-    ]
-    bottoms = [0.0] * len(systems)
-    for label, key in parts:
-        values = []
+    with figure(out_dir / "throughput_vs_batch.png", figsize=(7, 4.5)) as (_, ax):
         for s in systems:
-            p = _phase(results, s, "batch-32")
-            if key is None:
-                values.append(float((p.get("gateway_ms") or {}).get("decode", 0.0)))
-            else:
-                values.append(float((p.get("triton") or {}).get(key, 0.0)))
-        ax.bar([LABELS[s] for s in systems], values, bottom=bottoms, label=label)
-        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    totals = [_phase(results, s, "batch-32").get("latency_ms", {}).get("p50", 0) for s in systems]
-    ax.plot([LABELS[s] for s in systems], totals, "k_", markersize=30, label="client p50 (total)")
-    ax.set(ylabel="ms per batch-32 request", title="Where the time goes (batch 32)")
-    ax.tick_params(axis="x", labelrotation=15, labelsize=8)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "breakdown.png", dpi=110)
+            points = sorted(
+                (int(k.split("-")[1]), v["images_per_s"])
+                for k, v in results["systems"][s]["phases"].items()
+                if k.startswith("batch-")
+            )
+            ax.plot(
+                [b for b, _ in points],
+                [v for _, v in points],
+                marker="o",
+                label=LABELS[s],
+                color=COLOURS[s],
+            )
+        ax.set(
+            xlabel="images per request",
+            ylabel="img/s",
+            title="Throughput vs batch size",
+            xscale="log",
+            xticks=[1, 4, 8, 16, 32],
+        )
+        ax.get_xaxis().set_major_formatter(ScalarFormatter())
+        ax.legend()
+        ax.grid(alpha=0.3)
+    written.append("throughput_vs_batch.png")
+
+    with figure(out_dir / "concurrency.png", ncols=2, figsize=(11, 4.5)) as (_, (left, right)):
+        for s in systems:
+            points = sorted(
+                (int(k.split("-")[1]), v)
+                for k, v in results["systems"][s]["phases"].items()
+                if k.startswith("conc-")
+            )
+            if not points:
+                continue
+            levels = [c for c, _ in points]
+            colour = COLOURS[s]
+            left.plot(
+                levels,
+                [v["images_per_s"] for _, v in points],
+                marker="o",
+                label=LABELS[s],
+                color=colour,
+            )
+            right.plot(
+                levels,
+                [v["latency_ms"]["p50"] for _, v in points],
+                marker="o",
+                label=f"{LABELS[s]} p50",
+                color=colour,
+            )
+            right.plot(
+                levels,
+                [v["latency_ms"]["p95"] for _, v in points],
+                linestyle="--",
+                alpha=0.6,
+                color=colour,
+            )
+        left.set(
+            xlabel="concurrent clients",
+            ylabel="img/s",
+            title="Throughput vs concurrency",
+            xscale="log",
+        )
+        right.set(
+            xlabel="concurrent clients",
+            ylabel="ms",
+            title="Latency p50 (solid) / p95 (dashed)",
+            xscale="log",
+            yscale="log",
+        )
+        for axis in (left, right):
+            axis.grid(alpha=0.3)
+        left.legend(fontsize=8)
+    written.append("concurrency.png")
+
+    with figure(out_dir / "breakdown.png", figsize=(8, 4.5)) as (_, ax):
+        parts = [
+            ("gateway decode", None),
+            ("Triton queue", "queue"),
+            ("compute input", "compute_input"),
+            ("compute infer", "compute_infer"),
+            ("compute output", "compute_output"),
+        ]
+        bottoms = [0.0] * len(systems)
+        for label, key in parts:
+            values = []
+            for s in systems:
+                p = _phase(results, s, "batch-32")
+                if key is None:
+                    values.append(float((p.get("gateway_ms") or {}).get("decode", 0.0)))
+                else:
+                    values.append(float((p.get("triton") or {}).get(key, 0.0)))
+            ax.bar([LABELS[s] for s in systems], values, bottom=bottoms, label=label)
+            bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+        totals = [
+            _phase(results, s, "batch-32").get("latency_ms", {}).get("p50", 0) for s in systems
+        ]
+        ax.plot(
+            [LABELS[s] for s in systems], totals, "k_", markersize=30, label="client p50 (total)"
+        )
+        ax.set(ylabel="ms per batch-32 request", title="Where the time goes (batch 32)")
+        ax.tick_params(axis="x", labelrotation=15, labelsize=8)
+        ax.legend(fontsize=8)
     written.append("breakdown.png")
-    plt.close(fig)
     return written
 
 
 def write(results: dict[str, Any], out_dir: Path) -> None:
-    (out_dir / "results.md").write_text(markdown(results))
+    """results.json, results.md and the plots (three, so drawn by ``plots``, not one ``plot``)."""
+    write_results(out_dir, "results", results, markdown=markdown(results))
     plots(results, out_dir)

@@ -11,7 +11,6 @@ those (``render``): the local image tags, and no GPU reservation or ``host-gatew
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.output import figure, write_results
 from bench.photos import compact_jpeg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,8 +220,11 @@ def stem(results: dict[str, Any]) -> str:
 
 
 def write(results: dict[str, Any], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem(results)}.json").write_text(json.dumps(results) + "\n")
+    # compact JSON: the timeline holds a point per request
+    write_results(out, stem(results), results, markdown=markdown(results), plot=plot, indent=None)
+
+
+def markdown(results: dict[str, Any]) -> str:
     procedure = ", then `nginx -s reload` in the lb" if results["reload_lb"] else ""
     lines = [
         "# Rolling restart of one gateway under steady load (deploy/compose, podman-compose)",
@@ -239,25 +242,22 @@ def write(results: dict[str, Any], out: Path) -> None:
         row = results[phase]
         lines.append(f"| {phase} | {row['sent']} | {row['answered']} | {row['failed']} | "
                      f"{row['p50_ms']} | {row['p95_ms']} | {row['max_ms']} |")  # fmt: skip
-    (out / f"{stem(results)}.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
+    return "\n".join(lines) + "\n"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(8, 3.5))
+def plot(results: dict[str, Any], path: Path) -> None:
     timeline = results["timeline"]
     ok = [(t, 1000 * lat) for t, lat, status in timeline if status == 200]
     bad = [(t, 1000 * lat) for t, lat, status in timeline if status != 200]
-    axes.scatter(*zip(*ok, strict=True), s=3, label="200") if ok else None
-    axes.scatter(*zip(*bad, strict=True), s=12, c="red", label="failed") if bad else None
-    axes.axvspan(*results["restart_window"], color="orange", alpha=0.2, label="gateway-0 restart")
-    axes.set_xlabel("time (s)")
-    axes.set_ylabel("latency (ms)")
-    axes.set_title("Requests through nginx during a rolling restart")
-    axes.legend(loc="upper right")
-    figure.tight_layout()
-    figure.savefig(out / f"{stem(results)}.png", dpi=110)
+    with figure(path, figsize=(8, 3.5)) as (_, axes):
+        axes.scatter(*zip(*ok, strict=True), s=3, label="200") if ok else None
+        axes.scatter(*zip(*bad, strict=True), s=12, c="red", label="failed") if bad else None
+        window = results["restart_window"]
+        axes.axvspan(*window, color="orange", alpha=0.2, label="gateway-0 restart")
+        axes.set_xlabel("time (s)")
+        axes.set_ylabel("latency (ms)")
+        axes.set_title("Requests through nginx during a rolling restart")
+        axes.legend(loc="upper right")
 
 
 def main(argv: list[str] | None = None) -> int:

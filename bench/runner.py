@@ -232,7 +232,6 @@ def run(suite_name: str, out_dir: Path, profile: str = "cpu") -> dict[str, Any]:
         log("shared-memory comparison done")
     results["payload"] = _payload(results)
     results["wall_seconds"] = round(time.monotonic() - started, 1)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     from bench import report
 
     report.write(results, out_dir)

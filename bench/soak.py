@@ -4,13 +4,13 @@ threads must not grow (sampled from /proc), and every answer must still be the r
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import load
 from bench.clients import GatewayClient
+from bench.output import write_results
 from bench.stack import reference_batches, running
 
 
@@ -83,14 +83,12 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
         },
         "samples": samples,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(results, indent=1))
-    (out / "soak.md").write_text(
+    write_results(out, "soak", results, markdown=(
         f"# Soak: {results['minutes']} min of steady load (4 clients, 4-image requests)\n\n"
         f"{results['load']['requests']} requests, {results['load']['ok']} OK, "
         f"{results['load']['wrong']} wrong, {results['load']['images_per_s']} img/s, p99 "
         f"{results['load'].get('latency_ms', {}).get('p99')} ms. Gateway process after warm-up: "
         f"RSS {first['rss_mb']:.1f} → {last['rss_mb']:.1f} MB ({results['rss_growth_mb']:+} MB), "
         f"fds {first['fds']} → {last['fds']}, threads {first['threads']} → {last['threads']}.\n"
-    )
+    ))  # fmt: skip
     return results

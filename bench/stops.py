@@ -10,13 +10,10 @@ serving with a stop delay. The tree's leftovers are the integration tests' busin
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,10 +23,10 @@ from typing import Any
 
 import httpx
 
+from bench.output import write_results
 from bench.photos import compact_jpeg
-from gateway.runtime.processes import reserve_port
+from bench.supervisor import ROOT, Supervisor
 
-ROOT = Path(__file__).resolve().parents[1]
 STOP_DELAY_S = 5.0
 
 
@@ -54,67 +51,41 @@ def slow_templates(work: Path, hold: Path) -> Path:
     return templates
 
 
-class Entrypoint:
-    """The container entrypoint on loopback, its output in a log file."""
+def entrypoint(work: Path, env: dict[str, str]) -> Supervisor:
+    """The container entrypoint on loopback (cpu profile, text logs), its output in a log file."""
+    scratch = work / "scratch"
+    scratch.mkdir(exist_ok=True)
+    supervisor = Supervisor(work / "entrypoint.log")
+    try:
+        return supervisor.entrypoint(GATEWAY_SCRATCH_DIR=str(scratch), GATEWAY_TRITON_PROFILE="cpu",
+                                     GATEWAY_LOG_FORMAT="text", **env)  # fmt: skip
+    except BaseException:
+        supervisor.close()
+        raise
 
-    def __init__(self, work: Path, env: dict[str, str]) -> None:
-        self.ports = [reserve_port() for _ in range(4)]
-        self.url = f"http://127.0.0.1:{self.ports[0].port}"
-        self.log = work / "entrypoint.log"
-        scratch = work / "scratch"
-        scratch.mkdir(exist_ok=True)
-        full = {
-            **os.environ,
-            "GATEWAY_SCRATCH_DIR": str(scratch),
-            "GATEWAY_HOST": "127.0.0.1",
-            "GATEWAY_PORT": str(self.ports[0].port),
-            "GATEWAY_TRITON_GRPC_PORT": str(self.ports[1].port),
-            "GATEWAY_TRITON_HTTP_PORT": str(self.ports[2].port),
-            "GATEWAY_TRITON_METRICS_PORT": str(self.ports[3].port),
-            "GATEWAY_TRITON_PROFILE": "cpu",
-            "GATEWAY_LOG_FORMAT": "text",
-            **env,
-        }
-        with open(self.log, "wb") as output:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway.runtime.supervisor"],
-                env=full, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
-            )  # fmt: skip
 
-    def says(self, text: str) -> bool:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the entrypoint exited:\n{self.log.read_text()[-3000:]}")
-        return text in self.log.read_text(errors="replace")
-
-    def stop(self, *, second_signal: bool = False) -> float:
-        """SIGTERM (twice: skip the stop delay) → exit; seconds, and the exit code checked."""
-        started = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        if second_signal:
-            wait_for(lambda: "still serving" in self.log.read_text(), "the stop delay began")
-            self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(300)
-        elapsed = time.monotonic() - started
-        if code != 0:
-            raise RuntimeError(f"exit code {code}:\n{self.log.read_text()[-3000:]}")
-        return elapsed
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        for reserved in self.ports:
-            reserved.release()
+def timed_stop(entry: Supervisor, *, second_signal: bool = False) -> float:
+    """SIGTERM (twice: skip the stop delay) → exit; seconds, and the exit code checked."""
+    started = time.monotonic()
+    entry.process.send_signal(signal.SIGTERM)
+    if second_signal:
+        wait_for(lambda: entry.says("still serving"), "the stop delay began")
+        entry.process.send_signal(signal.SIGTERM)
+    code = entry.process.wait(300)
+    elapsed = time.monotonic() - started
+    if code != 0:
+        raise RuntimeError(f"exit code {code}:\n{entry.tail()}")
+    return elapsed
 
 
 def phase_export(work: Path, model_dir: Path) -> float:
     """A cache miss: the export child (torch) is running when SIGTERM comes."""
-    entry = Entrypoint(work, {"GATEWAY_WEIGHTS": "random:7", "GATEWAY_CACHE_DIR": str(work)})
+    entry = entrypoint(work, {"GATEWAY_WEIGHTS": "random:7", "GATEWAY_CACHE_DIR": str(work)})
     try:
         wait_for(lambda: entry.says("exporting"), "the export started")
         wait_for(lambda: any(p for p in Path("/proc").glob("*/cmdline")
                              if b"-mexport" in _read(p)), "the exporter runs")  # fmt: skip
-        return entry.stop()
+        return timed_stop(entry)
     finally:
         entry.close()
 
@@ -130,18 +101,18 @@ def phase_model_load(work: Path, model_dir: Path) -> float:
     hold = work / "hold"
     hold.mkdir()
     templates = slow_templates(work, hold)
-    entry = Entrypoint(work, {"GATEWAY_MODEL_DIR": str(model_dir),
+    entry = entrypoint(work, {"GATEWAY_MODEL_DIR": str(model_dir),
                               "GATEWAY_TRITON_TEMPLATES_DIR": str(templates)})  # fmt: skip
     try:
         wait_for(lambda: (hold / "initializing").exists(), "Triton is loading the model")
-        return entry.stop()
+        return timed_stop(entry)
     finally:
         (hold / "release").touch()
         entry.close()
 
 
-def serving(work: Path, model_dir: Path, **env: str) -> Entrypoint:
-    entry = Entrypoint(work, {"GATEWAY_MODEL_DIR": str(model_dir), **env})
+def serving(work: Path, model_dir: Path, **env: str) -> Supervisor:
+    entry = entrypoint(work, {"GATEWAY_MODEL_DIR": str(model_dir), **env})
     wait_for(lambda: entry.says("ready on http"), "the entrypoint is serving")
     return entry
 
@@ -155,7 +126,7 @@ def phase_idle(work: Path, model_dir: Path) -> float:
     entry = serving(work, model_dir)
     try:
         assert embed(entry.url, 1).status_code == 200
-        return entry.stop()
+        return timed_stop(entry)
     finally:
         entry.close()
 
@@ -172,7 +143,7 @@ def phase_in_flight(work: Path, model_dir: Path) -> float:
             return "gateway_inflight_images 32.0" in text
 
         wait_for(in_flight, "the request is in flight")
-        elapsed = entry.stop()
+        elapsed = timed_stop(entry)
         thread.join(120)
         if answer["r"].status_code != 200:
             raise RuntimeError(f"the in-flight request got {answer['r'].status_code}")
@@ -184,7 +155,7 @@ def phase_in_flight(work: Path, model_dir: Path) -> float:
 def phase_stop_delay(work: Path, model_dir: Path) -> float:
     entry = serving(work, model_dir, GATEWAY_STOP_DELAY_S=str(STOP_DELAY_S))
     try:
-        return entry.stop()
+        return timed_stop(entry)
     finally:
         entry.close()
 
@@ -192,7 +163,7 @@ def phase_stop_delay(work: Path, model_dir: Path) -> float:
 def phase_stop_delay_second_signal(work: Path, model_dir: Path) -> float:
     entry = serving(work, model_dir, GATEWAY_STOP_DELAY_S="600")
     try:
-        return entry.stop(second_signal=True)
+        return timed_stop(entry, second_signal=True)
     finally:
         entry.close()
 
@@ -224,8 +195,6 @@ def run(rounds: int, out: Path) -> dict[str, Any]:
             "median_s": round(statistics.median(seconds), 3),
             "max_s": round(max(seconds), 3),
         }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stops.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [
         "# SIGTERM → exit of the container entrypoint, per phase",
         "",
@@ -239,5 +208,5 @@ def run(rounds: int, out: Path) -> dict[str, Any]:
             for n, r in results["phases"].items()
         ),
     ]
-    (out / "stops.md").write_text("\n".join(lines) + "\n")
+    write_results(out, "stops", results, markdown="\n".join(lines) + "\n")
     return results

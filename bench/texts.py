@@ -11,7 +11,6 @@ bounded in time.
 from __future__ import annotations
 
 import asyncio
-import json
 import platform
 import random
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import numpy as np
 from bench import load
 from bench.clients import _TIMING
 from bench.load import Reply
+from bench.output import write_results
 from bench.photos import compact_jpeg
 from bench.stack import running
 
@@ -165,9 +165,7 @@ def run(seconds: float, out: Path, smoke: bool = False) -> dict[str, Any]:
     results["unexpected_5xx"] = sum(
         n for c in results["cells"] for s, n in c["statuses"].items() if s.startswith("5")
     )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "texts.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "texts.md").write_text(markdown(results))
+    write_results(out, "texts", results, markdown=markdown(results))
     return results
 
 

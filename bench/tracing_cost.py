@@ -7,7 +7,6 @@ tracing configured as in production; spans go to a throwaway OTLP/HTTP receiver 
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +15,7 @@ from typing import Any
 
 from bench import load, models
 from bench.clients import Batches, GatewayClient
+from bench.output import write_results
 from bench.photos import compact_jpeg
 from export.build import ensure_exported
 from gateway.model.spec import Weights
@@ -86,9 +86,7 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
                 row[key]["images_per_s"] / base[key]["images_per_s"] - 1, 4
             )
     results["span_bytes_received"] = _Sink.received
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tracing.json").write_text(json.dumps(results, indent=1))
-    (out / "tracing.md").write_text(markdown(results))
+    write_results(out, "tracing", results, markdown=markdown(results))
     return results
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
-from gateway.imaging import containers, jpeg, orientation, work
+from gateway.imaging import containers, formats, jpeg, orientation, work
 
 MiB = 1 << 20
 #: JPEG work cap: 8x8 blocks times the scans that decode them. A 24 MP progressive photo decoded
@@ -42,22 +42,6 @@ MiB = 1 << 20
 MAX_BLOCK_VISITS = 200_000_000
 #: libjpeg's and zlib's own working memory (tables, row buffers), on top of the image buffers.
 DECODER_OVERHEAD = 1 * MiB
-
-
-#: Formats recognised by signature but not accepted (415 rather than "not an image").
-_UNSUPPORTED_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
-    (b"BM", 0, "bmp"),
-    (b"II*\x00", 0, "tiff"),
-    (b"MM\x00*", 0, "tiff"),
-    (b"8BPS", 0, "psd"),
-    (b"\x00\x00\x01\x00", 0, "ico"),
-    (b"\x00\x00\x00\x0cjP  ", 0, "jpeg2000"),
-    (b"\xff\x4f\xff\x51", 0, "jpeg2000"),
-    (b"\xff\x0a", 0, "jpeg-xl"),
-    (b"\x00\x00\x00\x0cJXL ", 0, "jpeg-xl"),
-    (b"%PDF", 0, "pdf"),
-)
-_HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"heim", b"heis", b"mif1", b"msf1", b"avif", b"avis"}
 
 
 ResizeMode = Literal["shortest", "longest", "squash"]
@@ -99,23 +83,19 @@ class Decoded:
     work: work.Work = field(default=work.REFUSED, compare=False)
 
 
+#: The formats decoded here (the client converts the others before upload).
+SERVED = frozenset({"jpeg", "png", "webp", "gif"})
 ACCEPTED = "JPEG, PNG, WebP or GIF"
 
 
 def sniff(data: bytes) -> str:
     """``jpeg`` / ``png`` / ``webp`` / ``gif``, or raise 415 (known, unsupported) / 422."""
-    if data.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    for signature, offset, name in _UNSUPPORTED_SIGNATURES:
-        if data[offset : offset + len(signature)] == signature:
-            raise UnsupportedFormat(f"{name} images are not supported; send {ACCEPTED}")
-    if data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
+    kind = formats.identify(data)
+    if kind is not None and kind in SERVED:
+        return kind
+    if name := formats.unsupported(data):
+        raise UnsupportedFormat(f"{name} images are not supported; send {ACCEPTED}")
+    if kind is not None:  # HEIF or AVIF: the client converts them (gateway/client/compact.py)
         raise UnsupportedFormat(f"HEIF/AVIF images are not supported; send {ACCEPTED}")
     raise InvalidImage(f"not an image: no {ACCEPTED} signature in the first bytes")
 

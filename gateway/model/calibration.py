@@ -3,8 +3,9 @@ images and captions, deterministic for a seed.
 
 Random pixels or ids would flatter a quantized graph: it is real images' smooth regions, edges
 and texture, and real sentences' token statistics, that push activations to the ranges INT8 must
-cover. The photos follow bench/photos.py (smooth lighting, objects with hard edges, texture and
-sensor noise) at the sizes a client uploads; the captions are built from a small vocabulary in
+cover. ``photo`` (smooth lighting, objects with hard edges, texture and sensor noise) is the one
+generator of synthetic photos: the benches draw theirs from it too (bench/photos.py). The set is
+drawn at the sizes a client uploads; the captions are built from a small vocabulary in
 the shapes CLIP is queried with, plus lengths around the context limit.
 """
 
@@ -36,11 +37,15 @@ def photos(count: int, seed: int = 0) -> list[Image.Image]:
     """``count`` RGB photo-like images of upload sizes, deterministic for ``seed``."""
     rng = np.random.default_rng(seed)
     return [
-        _photo(*PHOTO_SIZES[i % len(PHOTO_SIZES)], int(rng.integers(1 << 31))) for i in range(count)
+        photo(*PHOTO_SIZES[i % len(PHOTO_SIZES)], int(rng.integers(1 << 31))) for i in range(count)
     ]
 
 
-def _photo(width: int, height: int, seed: int) -> Image.Image:
+def photo(width: int, height: int, seed: int = 0) -> Image.Image:
+    """An RGB image of ``width`` x ``height`` with photo-like statistics, deterministic for
+    ``seed``. Random pixels compress to nothing like a photo and flat images far too well; these
+    land where camera JPEGs do (roughly 0.2-0.5 bytes/pixel at q90). A change to it changes the
+    calibration set (tests/unit/test_calibration_set.py pins its digest)."""
     rng = np.random.default_rng(seed)
     # low-frequency lighting: a tiny random image blown up smoothly
     small = rng.integers(30, 226, size=(4, 6, 3), dtype=np.uint8)
@@ -53,7 +58,8 @@ def _photo(width: int, height: int, seed: int) -> Image.Image:
         colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
         shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
         shape((x0, y0, x0 + w, y0 + h), fill=colour)
-    base = base.filter(ImageFilter.GaussianBlur(radius=1.0))
+    # the blur grows with camera-sized images (1 px at the calibration set's sizes)
+    base = base.filter(ImageFilter.GaussianBlur(radius=max(1.0, scale / 1500)))
     pixels = np.asarray(base, dtype=np.int16)
     # texture + sensor noise
     noise = rng.normal(0, 9, size=(height // 2 + 1, width // 2 + 1, 1))

@@ -8,8 +8,6 @@ limit. Each model is exported once into the export cache and reused."""
 from __future__ import annotations
 
 import random
-import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,16 +16,16 @@ import numpy as np
 import openai
 import pytest
 
+from bench.supervisor import Supervisor
 from export.build import ensure_exported
 from gateway.model.spec import Weights, default_cache_dir
 from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess, reserve_port
+from gateway.runtime.processes import GatewayProcess
 from gateway.runtime.repository import render
 from gateway.runtime.settings import RepositorySettings
 from tests import reference
-from tests.controlled import wait_until
 from tests.hf_tokenizers import build
-from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, launch, siglip_photos
+from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, siglip_photos
 from tests.unit.test_hf_tokenizer import SPECIAL_TEXTS
 from tests.unit.test_tokenizer import corpus
 
@@ -171,29 +169,15 @@ def test_serve_with_a_tokenizer_directory_serves_texts(tmp_path: Path) -> None:
     directory's content (exported above, or now), serves images and texts, and stops cleanly."""
     name = "ViT-B-16-SigLIP2"
     source = build(MODELS[name], tmp_path / "tokenizer")
-    ports = [reserve_port() for _ in range(4)]
-    env = {
-        "GATEWAY_SCRATCH_DIR": str(tmp_path),
-        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
-        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
-        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
-    }
-    command = [sys.executable, "-m", "gateway", "serve", "--model", name, "--weights", "random",
-               "--tokenizer", str(source), "--port", str(ports[0].port),
-               "--cache-dir", str(default_cache_dir()),
-               "--log-file", str(tmp_path / "children.log")]  # fmt: skip
-    process = launch(command, env, tmp_path, ports[0].port)
-    url = f"http://127.0.0.1:{ports[0].port}"
-
-    def ready() -> bool:
-        assert process.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
-        try:
-            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+    supervisor = Supervisor(tmp_path / "launch.log")
+    supervisor.serve("--model", name, "--weights", "random", "--tokenizer", str(source),
+                     "--cache-dir", str(default_cache_dir()),
+                     "--log-file", str(tmp_path / "children.log"),
+                     env={"GATEWAY_SCRATCH_DIR": str(tmp_path)})  # fmt: skip
+    url = supervisor.url
 
     try:
-        wait_until(ready, "the launched SigLIP2 gateway is ready", timeout=1200, every=0.5)
+        supervisor.wait_ready(timeout=1200, every=0.5)
         (card,) = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
         assert card["modalities"] == ["image", "text"] and card["tokenizer"]["kind"] == "hf"
         texts = ["a photo of a cat", "東京の夜景"]
@@ -203,11 +187,6 @@ def test_serve_with_a_tokenizer_directory_serves_texts(tmp_path: Path) -> None:
         theirs = reference.hf_tokenizer(name, source, tmp_path)
         want = reference.embed_tokens(theirs(texts).numpy(), name=name)
         assert reference.cosines(got, want).min() >= COSINE_LIMIT
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(120) == 0
+        assert supervisor.stop(120) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for reserved in ports:
-            reserved.release()
+        supervisor.close()

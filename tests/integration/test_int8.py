@@ -6,12 +6,7 @@ operator asked for the FP32 fallback, which then says so."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -20,14 +15,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from bench.supervisor import Supervisor
 from export.parity import cosine
 from gateway.model.contract import INPUT_NAME
 from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
-from gateway.runtime.processes import reserve_port
 from tests import samples
-from tests.controlled import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["a photo of a cat", "a diagram of the solar system", "東京の夜景 at night", "x" * 300]
 IMAGES = 6
 
@@ -95,66 +88,22 @@ def test_the_recorded_figures_pass_the_gate_and_hold_on_other_images(exported_in
     assert found.mean() >= MIN_MEAN_COSINE and found.min() >= MIN_COSINE
 
 
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-
-def start(env: dict[str, str], tmp_path: Path, command: list[str]) -> Served:
-    port = int(env["GATEWAY_PORT"])
-    log = tmp_path / "launch.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(command, env={**os.environ, **env}, cwd=ROOT, stdout=output,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
-    return Served(process, f"http://127.0.0.1:{port}", log)
-
-
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator:
-    """Start the container entrypoint (the one launch path) with extra settings."""
-    ports = [reserve_port() for _ in range(4)]
-    launched: list[Served] = []
+    """Start the container entrypoint (the one launch path) with extra settings; stopped (SIGTERM,
+    then killed after 120 s) at the end."""
+    supervisor = Supervisor(tmp_path / "launch.log")
 
-    def run(**env: str) -> Served:
-        base = {
-            "GATEWAY_SCRATCH_DIR": str(tmp_path),
-            "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
-            "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
-            "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
-            "GATEWAY_HOST": "127.0.0.1",
-            "GATEWAY_PORT": str(ports[0].port),
-            "GATEWAY_TRITON_PROFILE": "cpu-int8",
-        }
-        served = start(base | env, tmp_path, [sys.executable, "-m", "gateway.runtime.supervisor"])
-        launched.append(served)
-        return served
+    def run(**env: str) -> Supervisor:
+        settings = {"GATEWAY_SCRATCH_DIR": str(tmp_path), "GATEWAY_TRITON_PROFILE": "cpu-int8"}
+        return supervisor.entrypoint(**settings | env)
 
     yield run
-    for served in launched:
-        if served.process.poll() is None:
-            served.process.send_signal(signal.SIGTERM)
-            try:
-                served.process.wait(120)
-            except subprocess.TimeoutExpired:
-                served.process.kill()
-                served.process.wait()
-    for reserved in ports:
-        reserved.release()
+    supervisor.close(grace=120)
 
 
-def wait_ready(served: Served) -> None:
-    def ready() -> bool:
-        assert served.process.poll() is None, served.log.read_text()[-3000:]
-        if "ready on http" not in served.log.read_text():
-            return False
-        try:
-            return httpx.get(f"{served.url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(ready, "the cpu-int8 gateway is ready", timeout=300, every=0.2)
+def wait_ready(served: Supervisor) -> None:
+    served.wait_ready(timeout=300)
 
 
 def model_card(url: str) -> dict:

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from bench.stops import slow_templates
+from bench.supervisor import Supervisor
 from gateway.imaging import paths
 from gateway.runtime.processes import ReservedPort, reserve_port
 from tests import reference, samples
@@ -99,54 +100,23 @@ def launch(
 @pytest.fixture(params=["serve", "entrypoint"])
 def launched(request, exported, tmp_path: Path) -> Iterator[Launched]:
     """``clip-gateway serve`` (the make serve path) or the container entrypoint, READY."""
-    ports = [reserve_port() for _ in range(4)]
-    port = ports[0].port
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    env = {
-        "GATEWAY_SCRATCH_DIR": str(scratch),
-        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
-        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
-        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
-        "GATEWAY_DRAIN_S": "60",
-    }
-    if request.param == "serve":
-        # the cache the session's export lives in: `serve` finds the model there
-        cache = exported.directory.parents[1]
-        command = [sys.executable, "-m", "gateway", "serve", "--weights", "random",
-                   "--port", str(port), "--cache-dir", str(cache),
-                   "--log-file", str(tmp_path / "children.log")]  # fmt: skip
-    else:
-        env |= {
-            "GATEWAY_MODEL_DIR": str(exported.directory),
-            # named, not detected: the test must not depend on whether this host has a GPU
-            "GATEWAY_TRITON_PROFILE": "cpu",
-            "GATEWAY_HOST": "127.0.0.1",
-            "GATEWAY_PORT": str(port),
-        }
-        command = [sys.executable, "-m", "gateway.runtime.supervisor"]
-    process = launch(command, env, tmp_path, port)
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "launch.log"
-
-    def ready() -> bool:
-        assert process.poll() is None, log.read_text()[-3000:]
-        if "ready on http" not in log.read_text():  # the supervisor's start-up is over
-            return False
-        try:
-            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(ready, "the launched gateway is ready", timeout=180, every=0.2)
-        yield Launched(process, url, log, scratch, ports)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for reserved in ports:
-            reserved.release()
+    env = {"GATEWAY_SCRATCH_DIR": str(scratch), "GATEWAY_DRAIN_S": "60"}
+    with Supervisor(tmp_path / "launch.log") as supervisor:
+        if request.param == "serve":
+            # the cache the session's export lives in: `serve` finds the model there
+            cache = exported.directory.parents[1]
+            supervisor.serve("--weights", "random", "--cache-dir", str(cache),
+                             "--log-file", str(tmp_path / "children.log"), env=env)  # fmt: skip
+        else:
+            # the profile named, not detected: the test must not depend on whether this host
+            # has a GPU
+            supervisor.entrypoint(GATEWAY_MODEL_DIR=str(exported.directory),
+                                  GATEWAY_TRITON_PROFILE="cpu", **env)  # fmt: skip
+        supervisor.wait_ready(timeout=180)
+        yield Launched(supervisor.process, supervisor.url, supervisor.log, scratch,
+                       supervisor.ports)  # fmt: skip
 
 
 def embed(url: str, count: int = 1) -> httpx.Response:
@@ -241,34 +211,21 @@ class Starting:
 
 @pytest.fixture
 def starting(exported, tmp_path: Path) -> Iterator[Starting]:
-    ports = [reserve_port() for _ in range(4)]
     scratch, hold = tmp_path / "scratch", tmp_path / "hold"
     scratch.mkdir()
     hold.mkdir()
-    env = {
-        "GATEWAY_SCRATCH_DIR": str(scratch),
-        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
-        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
-        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
-        "GATEWAY_MODEL_DIR": str(exported.directory),
-        "GATEWAY_TRITON_PROFILE": "cpu",
-        "GATEWAY_TRITON_TEMPLATES_DIR": str(slow_templates(tmp_path, hold)),
-        "GATEWAY_HOST": "127.0.0.1",
-        "GATEWAY_PORT": str(ports[0].port),
-        "GATEWAY_STOP_DELAY_S": "600",  # serving only: a stop during start-up has no delay
-    }
-    command = [sys.executable, "-m", "gateway.runtime.supervisor"]
-    process = launch(command, env, tmp_path, ports[0].port)
-    try:
-        yield Starting(process, tmp_path / "launch.log", scratch, hold,
-                       f"http://127.0.0.1:{ports[0].port}")  # fmt: skip
-    finally:
-        (hold / "release").touch()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for reserved in ports:
-            reserved.release()
+    with Supervisor(tmp_path / "launch.log") as supervisor:
+        supervisor.entrypoint(
+            GATEWAY_SCRATCH_DIR=str(scratch),
+            GATEWAY_MODEL_DIR=str(exported.directory),
+            GATEWAY_TRITON_PROFILE="cpu",
+            GATEWAY_TRITON_TEMPLATES_DIR=str(slow_templates(tmp_path, hold)),
+            GATEWAY_STOP_DELAY_S="600",  # serving only: a stop during start-up has no delay
+        )
+        try:
+            yield Starting(supervisor.process, supervisor.log, scratch, hold, supervisor.url)
+        finally:
+            (hold / "release").touch()
 
 
 def test_sigterm_while_triton_loads_the_model_stops_everything_at_once(
@@ -383,30 +340,16 @@ def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
     (or found in the cache), served with its own dimension, preprocessing (squash, mean/std 0.5)
     and id; faithful to open_clip's own pipeline for it; texts refused, saying why; with
     ``--immich``, Immich's routes on, and no Immich name claimed by random weights."""
-    ports = [reserve_port() for _ in range(4)]
-    env = {
-        "GATEWAY_SCRATCH_DIR": str(tmp_path),
-        "GATEWAY_TRITON_GRPC_PORT": str(ports[1].port),
-        "GATEWAY_TRITON_HTTP_PORT": str(ports[2].port),
-        "GATEWAY_TRITON_METRICS_PORT": str(ports[3].port),
-    }
-    command = [sys.executable, "-m", "gateway", "serve", "--model", "ViT-B-16-SigLIP",
-               "--weights", "random", "--immich", "--port", str(ports[0].port),
-               "--cache-dir", str(exported.directory.parents[1]),
-               "--log-file", str(tmp_path / "children.log")]  # fmt: skip
-    process = launch(command, env, tmp_path, ports[0].port)
-    url = f"http://127.0.0.1:{ports[0].port}"
-
-    def ready() -> bool:
-        assert process.poll() is None, (tmp_path / "launch.log").read_text()[-3000:]
-        try:
-            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+    supervisor = Supervisor(tmp_path / "launch.log")
+    supervisor.serve("--model", "ViT-B-16-SigLIP", "--weights", "random", "--immich",
+                     "--cache-dir", str(exported.directory.parents[1]),
+                     "--log-file", str(tmp_path / "children.log"),
+                     env={"GATEWAY_SCRATCH_DIR": str(tmp_path)})  # fmt: skip
+    url = supervisor.url
 
     try:
         # a first run exports the model first (about a minute on the 2-core CI machine)
-        wait_until(ready, "the launched SigLIP gateway is ready", timeout=600, every=0.5)
+        supervisor.wait_ready(timeout=600, every=0.5)
         (model,) = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
         assert model["id"] == "ViT-B-16-SigLIP"
         assert model["modalities"] == ["image"] and "Hugging Face" in model["text_unavailable"]
@@ -434,11 +377,6 @@ def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
         assert cropped.mean() < SIGLIP_MEAN_LIMIT  # the limit would catch the wrong resize mode
         text = httpx.post(f"{url}/v1/embeddings", json={"input": ["a cat"]}, timeout=30)
         assert text.status_code == 400 and text.json()["type"].endswith("/modality-unavailable")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(120) == 0
+        assert supervisor.stop(120) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for reserved in ports:
-            reserved.release()
+        supervisor.close()

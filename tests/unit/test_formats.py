@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from gateway.client import CompactOptions, compact
-from gateway.client.formats import UnreadableImage, identify, open_image
+from gateway.client.formats import HEAD_BYTES, UnreadableImage, identify, open_image
+from gateway.imaging.preprocess import sniff
 from tests import samples
 
 
@@ -45,6 +46,24 @@ def ftyp(major: bytes, *compatible: bytes) -> bytes:
 )
 def test_identify(head: bytes, kind: str | None) -> None:
     assert identify(head) == kind
+
+
+def test_identify_reads_only_the_head_whatever_the_box_claims() -> None:
+    # an ftyp box claiming 4 GiB of compatible brands: only HEAD_BYTES are read
+    huge = (0xFFFFFFFF).to_bytes(4, "big") + b"ftypisom" + bytes(4) + b"mp42" * 1_000_000
+    assert identify(huge) is None
+    assert identify(huge[:64] + b"avif") is None  # the brand past HEAD_BYTES is never read
+    assert identify(huge[:60] + b"avif") == "avif"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [samples.compact(0), samples.png(0), samples.webp(0), samples.gif(0)],
+    ids=["jpeg", "png", "webp", "gif"],
+)
+def test_client_and_server_tell_formats_alike(data: bytes) -> None:
+    """The server's ``sniff`` and the client's ``identify`` read the one signature table."""
+    assert sniff(data) == identify(data[:HEAD_BYTES]) == identify(data)
 
 
 def test_heic_is_opened_and_converted_to_a_compact_jpeg() -> None:

@@ -163,6 +163,14 @@ def test_heif_and_avif_are_415(brand: bytes) -> None:
     assert raised.value.reason == "HEIF/AVIF images are not supported; send JPEG, PNG, WebP or GIF"
 
 
+def test_heif_told_by_a_compatible_brand_is_415_as_the_client_tells_it() -> None:
+    """The client's signatures (gateway/imaging/formats.py): ``mif1`` major, ``heic`` compatible."""
+    with pytest.raises(UnsupportedFormat, match="HEIF/AVIF"):
+        images.sniff(b"\x00\x00\x00\x18ftypmif1\x00\x00\x00\x00heic" + b"\x00" * 20)
+    with pytest.raises(UnsupportedFormat, match="HEIF/AVIF"):
+        images.sniff(b"\x00\x00\x00\x18ftypmif1\x00\x00\x00\x00avif" + b"\x00" * 20)
+
+
 @pytest.mark.parametrize(
     "data",
     [
