@@ -75,8 +75,9 @@ class FakeBackend:
         #: calls of any kind (model_info, infer, ready): what a probe must not do
         self.touched = 0
         self.closed = False
-        #: image batches lent and not given back
+        #: image batches lent and not given back, and lent in all
         self.lent = 0
+        self.batches = 0
         self._known = False
 
     def hold(self) -> None:
@@ -97,6 +98,7 @@ class FakeBackend:
             raise BackendUnavailable("the model is not known yet: ask model_info first")
         size = self.info.image_size
         self.lent += 1
+        self.batches += 1
         return ImageBatch(np.empty((count, size, size, 3), dtype=np.uint8), on_close=self._back)
 
     def _back(self) -> None:

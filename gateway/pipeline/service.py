@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -326,7 +326,7 @@ class EmbeddingService:
             if decoded.rows:
                 batch = lent.keep(decoded.rows)
                 vectors = await self._infer(
-                    self._backend.embed_images, batch, limit, deadline, False, model.instances
+                    self._run_images, batch, limit, deadline, False, model.instances
                 )
             else:
                 vectors = np.empty((0, model.embed_dim), dtype=np.float32)
@@ -354,7 +354,7 @@ class EmbeddingService:
         tokenizer = self._texts.tokenizer(model)
         batch = await self._texts.encode(texts, positions, tokenizer, immich=immich)
         tokenized_at = time.perf_counter()
-        vectors = await self._infer(self._backend.embed_texts, _Tokens(batch.tokens),
+        vectors = await self._infer(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,
                                     model.text.instances)  # fmt: skip
         return _Part(
@@ -366,10 +366,16 @@ class EmbeddingService:
             tokens=batch.token_count,
         )
 
+    async def _run_images(self, batch: ImageBatch, deadline: float) -> np.ndarray:
+        return await self._backend.embed_images(batch, deadline=deadline)
+
+    async def _run_texts(self, batch: _Tokens, deadline: float) -> np.ndarray:
+        return await self._backend.embed_texts(batch.tokens, deadline=deadline)
+
     async def _infer(
         self,
-        call: Callable[..., Awaitable[np.ndarray]],
-        batch: ImageBatch | _Tokens,
+        call: Callable[[B, float], Awaitable[np.ndarray]],
+        batch: B,
         limit: int,
         deadline: float,
         text: bool,
@@ -386,16 +392,15 @@ class EmbeddingService:
 
     async def _infer_chunk(
         self,
-        call: Callable[..., Awaitable[np.ndarray]],
-        chunk: ImageBatch | _Tokens,
+        call: Callable[[B, float], Awaitable[np.ndarray]],
+        chunk: B,
         deadline: float,
         text: bool,
     ) -> np.ndarray:
         started, outcome = time.perf_counter(), "ok"
         self.admission.infer_started(text)
         try:
-            rows = await call(chunk.tokens if isinstance(chunk, _Tokens) else chunk,
-                              deadline=deadline)  # fmt: skip
+            rows = await call(chunk, deadline)
             self.admission.infer_finished(len(chunk), text)
             return rows
         except EmbeddingError as exc:
@@ -414,6 +419,16 @@ class EmbeddingService:
             self._metrics.triton_batch.labels(model).observe(len(chunk))
 
 
+class _Rows(Protocol):
+    """A batch the service splits into calls: an image batch, or token rows."""
+
+    def __len__(self) -> int: ...
+    def rows(self, start: int, stop: int) -> Self: ...
+
+
+B = TypeVar("B", bound=_Rows)
+
+
 @dataclass(frozen=True)
 class _Tokens:
     """Token rows, split into calls as an image batch is."""
@@ -423,8 +438,8 @@ class _Tokens:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def rows(self, start: int, stop: int) -> _Tokens:
-        return _Tokens(self.tokens[start:stop])
+    def rows(self, start: int, stop: int) -> Self:
+        return type(self)(self.tokens[start:stop])
 
 
 async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:
