@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 
-from gateway.backend.protocol import ModelInfo, TextModel
+from gateway.backend.protocol import ImageBatch, ModelInfo, TextModel
 from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
 
 CONTEXT_LENGTH = 77
@@ -42,7 +42,8 @@ def embed_tokens(tokens: np.ndarray, embed_dim: int) -> np.ndarray:
 class FakeBackend:
     """Knobs (as the control model's): ``mode`` ok | error | nan | negate | unavailable,
     ``delay_s``, and ``hold()`` / ``release()``; ``arrivals`` counts calls that reached it
-    (``calls`` their sizes, ``text_calls`` the text model's). With a ``tokenizer_file`` it
+    (``calls`` their sizes, ``text_calls`` the text model's); ``lent``: image batches not given
+    back. With a ``tokenizer_file`` it
     serves texts too, by ``embed_tokens``."""
 
     def __init__(
@@ -74,6 +75,10 @@ class FakeBackend:
         #: calls of any kind (model_info, infer, ready): what a probe must not do
         self.touched = 0
         self.closed = False
+        #: image batches lent and not given back, and lent in all
+        self.lent = 0
+        self.batches = 0
+        self._known = False
 
     def hold(self) -> None:
         self._released.clear()
@@ -85,12 +90,25 @@ class FakeBackend:
         self.touched += 1
         if self.mode == "unavailable":
             raise BackendUnavailable("fake backend is down")
+        self._known = True
         return self.info
 
-    async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
+    def image_batch(self, count: int) -> ImageBatch:
+        if not self._known:  # as Triton's: the size is known once model_info has answered
+            raise BackendUnavailable("the model is not known yet: ask model_info first")
+        size = self.info.image_size
+        self.lent += 1
+        self.batches += 1
+        return ImageBatch(np.empty((count, size, size, 3), dtype=np.uint8), on_close=self._back)
+
+    def _back(self) -> None:
+        self.lent -= 1
+
+    async def embed_images(self, batch: ImageBatch, *, deadline: float) -> np.ndarray:
         self.touched += 1
         if self.mode == "unavailable":
             raise BackendUnavailable("fake backend is down")
+        pixels = batch.pixels
         n, size = pixels.shape[0], self.info.image_size
         if pixels.dtype != np.uint8 or pixels.shape[1:] != (size, size, 3):
             raise AssertionError(f"bad batch {pixels.dtype} {pixels.shape}")
@@ -101,7 +119,7 @@ class FakeBackend:
         rows = embed(pixels, self.weights)
         return self._answer(rows)
 
-    async def infer_text(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
+    async def embed_texts(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
         self.touched += 1
         if self.mode == "unavailable":
             raise BackendUnavailable("fake backend is down")
@@ -144,12 +162,6 @@ class FakeBackend:
     async def ready(self) -> bool:
         self.touched += 1
         return self.mode != "unavailable"
-
-    def staging(self, count: int) -> np.ndarray | None:
-        return None  # decoded anywhere: no shared memory in process
-
-    def unstage(self, array: np.ndarray) -> None:
-        pass
 
     async def close(self) -> None:
         self.closed = True

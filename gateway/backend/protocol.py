@@ -1,12 +1,15 @@
-"""The seam between the service and whatever runs the model: numpy in, numpy out."""
+"""The seam between the pipeline and whatever runs the model: a batch it lends in, numpy out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, Self
 
 import numpy as np
 
+from gateway.backend.shm import Region
 from gateway.imaging.preprocess import Interpolation, ResizeMode
 
 
@@ -82,37 +85,95 @@ class ModelInfo:
         return ("image", "text") if self.text is not None else ("image",)
 
 
-class InferenceBackend(Protocol):
-    """Runs the two encoders. Implementations raise only ``gateway.errors`` exceptions.
+class ImageBatch:
+    """``n`` images' pixels, uint8 ``[n, S, S, 3]``, lent by the backend (``image_batch``) to be
+    filled and then run (``embed_images``). With the Triton backend on Triton's host the array
+    lies in a shared-memory region, so what the decoders write is what Triton reads, with no
+    copy; otherwise it is a plain array. A context manager: leaving it gives the region back
+    (on error and cancellation too); the rows must not be written after that."""
 
-    ``pixels`` is uint8 ``[n, S, S, 3]`` with ``n <= max_batch_size``; ``tokens`` is int32
-    ``[n, context_length]`` with ``n <= text.max_batch_size``. Results are float32 ``[n, D]``,
-    row ``i`` for item ``i``, not normalised. ``deadline`` is a ``time.monotonic()`` instant:
-    the call, queueing in the backend included, must be over by then.
+    def __init__(
+        self,
+        pixels: np.ndarray,
+        *,
+        region: Region | None = None,
+        offset: int = 0,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.pixels = pixels
+        #: The shared-memory region ``pixels`` lies in, and its byte offset there (None: a
+        #: plain array).
+        self.region = region
+        self.offset = offset
+        self._on_close = on_close
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def rows(self, start: int, stop: int) -> ImageBatch:
+        """Rows ``start:stop`` as a batch of their own, in the same memory (one model call's
+        share when a request is split); the whole batch still owns the memory."""
+        row_bytes = int(np.prod(self.pixels.shape[1:], dtype=np.int64)) * self.pixels.itemsize
+        return ImageBatch(
+            self.pixels[start:stop], region=self.region, offset=self.offset + start * row_bytes
+        )
+
+    def keep(self, rows: Sequence[int]) -> ImageBatch:
+        """Only ``rows`` (ascending), moved to the front in place: the images that decoded,
+        when some did not (skip_invalid)."""
+        if len(rows) == len(self.pixels):
+            return self
+        if rows:
+            self.pixels[: len(rows)] = self.pixels[list(rows)]
+        return self.rows(0, len(rows))
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class InferenceBackend(Protocol):
+    """Runs the two encoders over batches. Implementations raise only ``gateway.errors``
+    exceptions.
+
+    An image batch is lent by ``image_batch`` (``n <= max_batch_size`` rows per
+    ``embed_images`` call); ``tokens`` is int32 ``[n, context_length]`` with
+    ``n <= text.max_batch_size``. Results are float32 ``[n, D]``, row ``i`` for item ``i``, not
+    normalised. ``deadline`` is a ``time.monotonic()`` instant: the call, queueing in the backend
+    included, must be over by then.
     """
 
     async def model_info(self) -> ModelInfo:
         """Describe the model; raises BackendUnavailable until the backend can answer."""
         ...
 
-    async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
-        """Embed one batch of images before ``deadline``."""
+    def image_batch(self, count: int) -> ImageBatch:
+        """A writable batch of ``count`` images at the model's size (``model_info`` has
+        answered), in the memory the backend sends from when it has such memory free."""
         ...
 
-    async def infer_text(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
+    async def embed_images(self, batch: ImageBatch, *, deadline: float) -> np.ndarray:
+        """Embed one batch of images (of ``image_batch``, or rows of one) before ``deadline``."""
+        ...
+
+    async def embed_texts(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
         """Embed one batch of token rows before ``deadline`` (only when ``text`` is served)."""
         ...
 
     async def ready(self) -> bool:
         """True when every model served can take requests right now."""
         ...
-
-    def staging(self, count: int) -> np.ndarray | None:
-        """Optionally, a ``[count, S, S, 3]`` uint8 array to decode a batch into that ``infer``
-        then sends without copying (a shared-memory region); None: decode anywhere. Given back
-        with ``unstage`` whether or not it was sent."""
-        ...
-
-    def unstage(self, array: np.ndarray) -> None: ...
 
     async def close(self) -> None: ...

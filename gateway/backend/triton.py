@@ -27,7 +27,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from gateway.backend import shm
-from gateway.backend.protocol import ModelInfo, Preprocessing, TextModel
+from gateway.backend.protocol import ImageBatch, ModelInfo, Preprocessing, TextModel
 from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable, EmbeddingError
 from gateway.model.contract import (
     CANARY_PARAMETER,
@@ -106,8 +106,6 @@ class TritonBackend:
         self._shm_regions = shared_memory_regions
         self._pool: shm.RegionPool | None = None
         self._registered: set[str] = set()
-        #: regions lent out by ``staging``, by the address of the array over them
-        self._staged: dict[int, shm.Region] = {}
         self._info: ModelInfo | None = None
         self._info_lock = asyncio.Lock()
 
@@ -169,43 +167,33 @@ class TritonBackend:
         config: dict[str, Any] = answer["config"]
         return config
 
-    def staging(self, count: int) -> np.ndarray | None:
-        """A region's memory as the batch the decoders write into: ``infer`` then sends it by
-        name with no copy (4.8 MB per batch of 32 not copied on the event loop, and no fresh
-        pages for the kernel to fault in and zero)."""
+    def image_batch(self, count: int) -> ImageBatch:
+        """A batch the decoders write into. One call's worth (up to the max batch) lies in a
+        region's memory when one is free: ``embed_images`` then sends it by name with no copy
+        (4.8 MB per batch of 32 not copied on the event loop, and no fresh pages for the kernel
+        to fault in and zero); leaving the batch gives the region back."""
         info, pool = self._info, self._pool
-        if info is None or pool is None or not 0 < count <= info.max_batch_size:
-            return None
-        region = pool.acquire()
+        if info is None:
+            raise BackendUnavailable("the model is not known yet: ask model_info first")
+        shape = (count, info.image_size, info.image_size, 3)
+        region = pool.acquire() if pool is not None and 0 < count <= info.max_batch_size else None
         if region is None:
-            return None
-        array = region.view((count, info.image_size, info.image_size, 3))
-        self._staged[array.ctypes.data] = region
-        return array
+            return ImageBatch(np.empty(shape, dtype=np.uint8))
+        return ImageBatch(region.view(shape), region=region, on_close=lambda: self._give(region))
 
-    def _staged_at(self, batch: np.ndarray) -> tuple[shm.Region | None, int]:
-        """The lent region ``batch`` lies in (all of a staged batch, or a run of its rows when
-        the request is split between model instances), and its byte offset there."""
-        start = batch.ctypes.data
-        for base, region in self._staged.items():
-            if base <= start and start + batch.nbytes <= base + region.byte_size:
-                return region, start - base
-        return None, 0
-
-    def unstage(self, array: np.ndarray) -> None:
-        region = self._staged.pop(array.ctypes.data, None)
-        if region is not None and self._pool is not None and self._pool.capacity:
+    def _give(self, region: shm.Region) -> None:
+        if self._pool is not None and self._pool.capacity:
             self._pool.release(region)
 
-    async def infer(self, pixels: np.ndarray, *, deadline: float) -> np.ndarray:
-        return await self._infer(self.model_name, pixels, deadline, self._pool)
+    async def embed_images(self, batch: ImageBatch, *, deadline: float) -> np.ndarray:
+        return await self._infer(self.model_name, batch.pixels, deadline, batch)
 
-    async def infer_text(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
+    async def embed_texts(self, tokens: np.ndarray, *, deadline: float) -> np.ndarray:
         # a batch of token rows is a few KB: the gRPC message carries it
         return await self._infer(self.text_model_name, tokens, deadline, None)
 
     async def _infer(
-        self, model: str, batch: np.ndarray, deadline: float, pool: shm.RegionPool | None
+        self, model: str, batch: np.ndarray, deadline: float, images: ImageBatch | None
     ) -> np.ndarray:
         attributes: dict[str, AttributeValue] = {
             "rpc.system": "grpc",
@@ -215,8 +203,12 @@ class TritonBackend:
             "triton.model": model,
             "triton.batch_size": int(batch.shape[0]),
         }
+        pool = self._pool if images is not None else None
         with client_span(self._tracer, "triton.infer", attributes) as span:
-            staged, offset = self._staged_at(batch) if pool is not None else (None, 0)
+            # a batch lent in a region is sent from it; a plain one is copied into a free
+            # region, when there is one, or else sent in the gRPC message
+            staged = images.region if images is not None and pool is not None else None
+            offset = images.offset if staged is not None and images is not None else 0
             region = staged or (pool.acquire() if pool is not None else None)
             span.set_attribute("triton.input_transport", "shared_memory" if region else "grpc")
             try:
@@ -250,7 +242,7 @@ class TritonBackend:
         if region is not None:
             try:
                 if await self._register(region):
-                    if not in_place:  # a staged batch was decoded into the region already
+                    if not in_place:  # a lent batch was decoded into the region already
                         region.view(batch.shape)[...] = batch
                     tensor.set_shared_memory(region.name, batch.nbytes, offset)
                     return await self._send(model, tensor, deadline)

@@ -1,4 +1,5 @@
-"""App factory and lifespan: settings, decode pool, backend and service live on app.state."""
+"""App factory and lifespan: the settings turned into the pipeline's own options, the decode
+pool, backend and pipeline built per worker, and the one ``AppContext`` on app.state."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Any
 
 import httpx
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.plugins.opentelemetry import OpenTelemetryConfig
 from opentelemetry.trace import Tracer
@@ -21,14 +21,14 @@ from gateway.backend.protocol import InferenceBackend
 from gateway.errors import EmbeddingError
 from gateway.http import docs, head, immich, problems
 from gateway.http.auth import load_api_keys, require_api_key
+from gateway.http.context import KEY, AppContext
 from gateway.http.protocol import DeadlineProtocol
 from gateway.http.routes import ROUTES
 from gateway.imaging.paths import current as imaging_path
 from gateway.observability.access import ObserveMiddleware
 from gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
 from gateway.observability.tracing import Telemetry, create_telemetry
-from gateway.pipeline.canary import Canary
-from gateway.pipeline.service import EmbeddingService
+from gateway.pipeline.service import EmbeddingService, PipelineOptions
 from gateway.runtime import memory
 from gateway.runtime.plan import plan_for
 from gateway.runtime.processes import exit_with_parent
@@ -46,6 +46,25 @@ def triton_backend(settings: ServerSettings, tracer: Tracer) -> InferenceBackend
         text_model_name=settings.triton_text_model,
         tracer=tracer,
         shared_memory_regions=settings.shared_memory_regions,
+    )
+
+
+def pipeline_options(settings: ServerSettings, decode_threads: int) -> PipelineOptions:
+    """The pipeline's own options, from this process's settings: the pipeline never sees them."""
+    return PipelineOptions(
+        request_timeout_s=settings.request_timeout_s,
+        decode_threads=decode_threads,
+        horizon_s=settings.horizon_s,
+        max_batch_size=settings.max_batch_size,
+        max_image_pixels=settings.max_image_pixels,
+        max_image_bytes=settings.max_image_bytes,
+        max_decode_bytes=settings.max_decode_mib << 20,
+        progressive_dc_only=settings.progressive_dc_only,
+        max_text_chars=settings.max_text_chars,
+        infer_s_per_image=settings.admission_infer_s_per_image,
+        max_body_bytes_in_flight=settings.max_body_mib_in_flight << 20,
+        body_timeout_s=settings.body_timeout_s,
+        key_share=settings.admission_key_share,
     )
 
 
@@ -71,25 +90,28 @@ def create_app(
         threads = settings.decode_threads or plan_for(0, 0, settings.max_decode_mib).decode_threads
         pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
         backend = backend_factory(settings, telemetry.tracer)
-        app.state.service = service = EmbeddingService(
+        pipeline = EmbeddingService(
             backend,
             pool,
-            settings,
-            decode_threads=threads,
+            pipeline_options(settings, threads),
             tracer=telemetry.tracer,
             metrics=metrics,
         )
-        DeadlineProtocol.retry_after_s = lambda: service.admission.backlog_s
-        app.state.http = httpx.AsyncClient(timeout=5.0)
-        app.state.imaging = imaging_path()  # which PIL this process imported: it cannot change
-        canary = Canary(
-            backend,
-            settings.canary_interval_s,
-            settings.canary_min_cosine,
-            timeout_s=30.0,
-            texts=service.texts,
+        DeadlineProtocol.retry_after_s = lambda: pipeline.admission.backlog_s
+        canary = pipeline.canary(
+            settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
         )
-        app.state.canary = canary
+        http = httpx.AsyncClient(timeout=5.0)
+        app.state[KEY] = AppContext(
+            settings=settings,
+            pipeline=pipeline,
+            canary=canary,
+            telemetry=telemetry,
+            metrics=metrics,
+            api_keys=api_keys,
+            http=http,
+            imaging=imaging_path(),
+        )
         canary_task = asyncio.create_task(canary.run()) if canary.enabled else None
         try:
             yield
@@ -98,7 +120,7 @@ def create_app(
                 canary_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await canary_task
-            await app.state.http.aclose()
+            await http.aclose()
             await backend.close()
             pool.shutdown(wait=True, cancel_futures=True)
             telemetry.shutdown()
@@ -106,9 +128,6 @@ def create_app(
     app = Litestar(
         route_handlers=[*ROUTES, *(immich.ROUTES if settings.immich else ()), docs.assets()],
         lifespan=[lifespan],
-        state=State(
-            {"settings": settings, "telemetry": telemetry, "metrics": metrics, "api_keys": api_keys}
-        ),
         middleware=_middleware(telemetry, metrics),
         guards=[require_api_key],
         exception_handlers={

@@ -10,6 +10,7 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
+from gateway.http.context import app_context
 from gateway.http.problems import Unauthorized
 from gateway.runtime.settings import load_api_keys
 
@@ -35,7 +36,7 @@ async def require_api_key(
 
     A coroutine on purpose: Litestar runs a plain-function guard in a worker thread, which cost
     every request a thread hop (and the soak run saw the loop's default pool grow for it)."""
-    keys: tuple[bytes, ...] = connection.app.state.api_keys
+    keys: tuple[bytes, ...] = app_context(connection.app.state).api_keys
     if not keys or handler.opt.get(PUBLIC):
         return
     scheme, _sep, token = connection.headers.get("authorization", "").partition(" ")
@@ -48,7 +49,7 @@ async def require_api_key(
 def key_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     """Which API key a request was let in with, for admission's fair shares: a digest of it
     (never the key), or None when fewer than two keys are configured (no share to keep)."""
-    keys: tuple[bytes, ...] = connection.app.state.api_keys
+    keys: tuple[bytes, ...] = app_context(connection.app.state).api_keys
     if len(keys) < 2:
         return None
     _scheme, _sep, token = connection.headers.get("authorization", "").partition(" ")

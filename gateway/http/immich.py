@@ -25,17 +25,10 @@ from gateway.errors import (
     UnsupportedTask,
 )
 from gateway.http.auth import PUBLIC
-from gateway.http.routes import (
-    JSON,
-    admit,
-    body_of,
-    in_time,
-    reservation_for,
-    unless_disconnected,
-)
+from gateway.http.context import app_context
+from gateway.http.routes import JSON, admitted, body_of, in_time, unless_disconnected
 from gateway.pipeline.admission import Reservation
-from gateway.pipeline.items import Item, TextItem
-from gateway.pipeline.service import EmbeddingService
+from gateway.pipeline.items import ImageItem, Item, TextItem
 from gateway.runtime.settings import ServerSettings
 
 #: Immich's ``entries`` for one CLIP call is under 100 bytes; anything near this is not Immich.
@@ -65,18 +58,19 @@ async def immich_ping() -> str:
 async def immich_predict(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """One CLIP encoding, Immich's way: an ``entries`` form field naming the task, and an
     ``image`` part (a preview, JPEG or WebP, found by content) or a ``text`` field."""
-    settings: ServerSettings = state.settings
-    service: EmbeddingService = state.service
+    context = app_context(state)
+    settings, pipeline = context.settings, context.pipeline
     # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
     # decode work their headers promise, each API key within its share
-    with reservation_for(request, settings, service) as reservation:
-        with state.telemetry.tracer.start_as_current_span("receive"):
-            form = await in_time(settings, read_form(request, settings, reservation))
-            reservation.body_read()
+    with admitted(request, context) as reservation:
+        with context.telemetry.tracer.start_as_current_span("receive"):
+            form = await read_form(request, settings, reservation)
         kind, item = check_form(form, settings)
         is_text = isinstance(item, TextItem)
         request.state.images, request.state.texts = int(not is_text), int(is_text)
-        result = await unless_disconnected(request, service.embed([item], immich=True))
+        result = await unless_disconnected(
+            request, pipeline.embed(reservation, [item], immich=True)
+        )
     body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
     if kind == "visual":
         decoded = result.decoded[0]
@@ -86,11 +80,21 @@ async def immich_predict(request: Request[Any, Any, Any], state: State) -> Respo
 
 class Form(msgspec.Struct):
     entries: bytes | None = None
-    image: bytes | None = None
-    text: str | None = None
+    image: ImageItem | None = None
+    text: TextItem | None = None
 
 
 async def read_form(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> Form:
+    """The form, read within the body deadline; then the body no longer counts as being
+    received."""
+    form = await in_time(settings, _read_form(request, settings, reservation))
+    reservation.body_read()
+    return form
+
+
+async def _read_form(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> Form:
     media_type, options = request.content_type
@@ -157,11 +161,11 @@ def _complete(
     if name == "entries":
         form.entries = bytes(buffer)
     elif name == "image":
-        form.image = bytes(buffer)
-        admit(reservation, form.image)
+        form.image = ImageItem(bytes(buffer))
+        reservation.add(form.image)
     elif name == "text":
-        form.text = _decode_text(buffer, segment)
-        admit(reservation, TextItem(form.text))
+        form.text = TextItem(_decode_text(buffer, segment))
+        reservation.add(form.text)
 
 
 def _decode_text(buffer: bytearray, segment: MultipartSegment) -> str:
@@ -196,7 +200,7 @@ def check_form(form: Form, settings: ServerSettings) -> tuple[str, Item]:
         return kind, form.image
     if form.text is None:
         raise MalformedRequest("clip.textual needs a `text` field")
-    return kind, TextItem(form.text)
+    return kind, form.text
 
 
 def parse_entries(raw: bytes) -> list[tuple[str, str, str]]:

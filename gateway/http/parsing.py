@@ -11,8 +11,9 @@ Bounded while reading, before objects are built: the body's bytes (read from the
 here, so a client that disconnects mid-upload is a ``ClientGone``, not a server error), the
 number of parts and each part's size (the multipart parser's own limits), and in JSON the
 number of items and each string's length (msgspec checks them while decoding). Each image part
-is reported as soon as it is complete (``on_image``) so admission can stop reading a body whose
-cost no longer fits.
+is reported as soon as it is complete (``on_item``, the request's ``Reservation.add``) so
+admission can stop reading a body whose cost no longer fits. Items come out typed: an
+``ImageItem`` (raw bytes, or the base64 text JSON carried) or a ``TextItem``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from gateway.http.schemas import (
     InputObject,
     Modality,
 )
-from gateway.pipeline.items import Item, TextItem
+from gateway.pipeline.items import ImageItem, Item, TextItem
 
 Receive = Callable[[], Any]
 
@@ -258,7 +259,7 @@ def _items(values: list[str | InputObject], modality: Modality | None) -> list[I
         if isinstance(value, InputObject):
             items.append(_object_item(value, index, modality))
         elif modality == "image" or (modality is None and value[:11].lower() == "data:image/"):
-            items.append(value)
+            items.append(ImageItem.encoded(value))
         elif modality is None and _looks_like_base64_image(value):
             raise InvalidFields(
                 f"input[{index}] looks like a base64-encoded image, not a text: send it as a "
@@ -283,7 +284,9 @@ def _object_item(value: InputObject, index: int, modality: Modality | None) -> I
             f'input[{index}] is an {{"{kind}": ...}} object but "modality" is {modality!r}',
             index=index,
         )
-    return TextItem(value.text) if isinstance(value.text, str) else str(value.image)
+    if isinstance(value.text, str):
+        return TextItem(value.text)
+    return ImageItem.encoded(str(value.image))
 
 
 def _looks_like_base64_image(value: str) -> bool:
@@ -325,7 +328,7 @@ async def parse_multipart(
                     if segment.name == TEXT_FIELD:
                         item = TextItem(_text(buffer, segment))
                     else:
-                        item = bytes(buffer)
+                        item = ImageItem(bytes(buffer))
                     on_item(item)  # may refuse: the rest is never read
                     items.append(item)
             if not chunk:

@@ -16,6 +16,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from gateway import errors
+from gateway.http.context import app_context
 
 log = logging.getLogger("gateway")
 
@@ -133,7 +134,7 @@ def respond(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
             **(exc.extra if isinstance(exc.extra, dict) else {}),
         }
         headers = dict(exc.headers or {})
-    request.app.state.metrics.rejected.labels(slug).inc()
+    app_context(request.app.state).metrics.rejected.labels(slug).inc()
     return Response(
         body, status_code=body["status"], headers=headers, media_type=PROBLEM_MEDIA_TYPE
     )
@@ -142,7 +143,7 @@ def respond(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
 def internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Anything not raised on purpose: log it, answer 500 without leaking its text."""
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    request.app.state.metrics.rejected.labels("internal").inc()
+    app_context(request.app.state).metrics.rejected.labels("internal").inc()
     return Response(
         {"type": "about:blank", "title": "Internal Server Error", "status": 500},
         status_code=500,

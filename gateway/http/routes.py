@@ -23,12 +23,12 @@ from gateway.errors import (
     ClientGone,
     LimitExceeded,
     MalformedRequest,
-    ModalityUnavailable,
     UnknownModel,
     UnsupportedFormat,
 )
 from gateway.http import encoding, parsing
 from gateway.http.auth import PUBLIC, key_of
+from gateway.http.context import AppContext, app_context
 from gateway.http.docs import PROTECTED, EmbeddingsOperation
 from gateway.http.schemas import (
     BinaryDtype,
@@ -40,8 +40,7 @@ from gateway.http.schemas import (
     TextTokenizer,
 )
 from gateway.pipeline.admission import Reservation
-from gateway.pipeline.canary import Canary
-from gateway.pipeline.items import Item, TextItem, price
+from gateway.pipeline.items import TextItem
 from gateway.pipeline.service import Embeddings, EmbeddingService
 from gateway.runtime.settings import ServerSettings
 
@@ -49,19 +48,17 @@ JSON = "application/json"
 T = TypeVar("T")
 
 
-def reservation_for(
-    request: Request[Any, Any, Any], settings: ServerSettings, service: EmbeddingService
-) -> Reservation:
-    """Admission before the first byte is read, for every route that takes a body: a declared
-    length over the limit is refused at once, and the declared size already costs its cheapest
-    decode, charged to the request's API key."""
-    declared = request.content_length
-    if declared is not None and declared > settings.max_body_bytes:
+def admitted(request: Request[Any, Any, Any], context: AppContext) -> Reservation:
+    """The pipeline's admission before the first byte is read, for every route that takes a
+    body: a declared length over the limit is refused at once, and the declared size already
+    costs its cheapest decode, charged to the request's API key."""
+    limit, declared = context.settings.max_body_bytes, request.content_length
+    if declared is not None and declared > limit:
         raise LimitExceeded(
-            f"request body of {declared} bytes; the limit is {settings.max_body_bytes}",
-            limit=settings.max_body_bytes,
+            f"request body of {declared} bytes; the limit is {limit}",
+            limit=limit,
         )
-    return service.admission.reserve(declared, key_of(request))
+    return context.pipeline.admit(declared, key_of(request))
 
 
 async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
@@ -79,8 +76,9 @@ def body_of(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> AsyncIterator[bytes]:
     """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
-    its size, the minimum upload rate (408), and the bodies in flight, counted by the bytes as
-    they arrive (429). Every route that reads a body reads it through this."""
+    its size, the minimum upload rate (408), and the bodies in flight, counted on the
+    reservation by the bytes as they arrive (429). Every route that reads a body reads it
+    through this."""
     coding = request.headers.get("content-encoding", "").strip().lower()
     if coding not in ("", "identity"):
         raise UnsupportedFormat(
@@ -98,7 +96,17 @@ def body_of(
 async def read_request(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> parsing.ParsedRequest:
-    """The body, read and parsed under its limits, each image admitted as soon as it is in."""
+    """The body, read and parsed under its limits and within the body deadline, each item
+    added to the reservation as soon as it is in; then the body no longer counts as being
+    received."""
+    parsed = await in_time(settings, _parse(request, settings, reservation))
+    reservation.body_read()
+    return parsed
+
+
+async def _parse(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> parsing.ParsedRequest:
     media_type, options = request.content_type
     chunks = body_of(request, settings, reservation)
     if media_type == "multipart/form-data":
@@ -109,27 +117,18 @@ async def read_request(
             options["boundary"],
             max_images=settings.max_images_per_request,
             max_image_bytes=settings.max_image_bytes,
-            on_item=lambda item: admit(reservation, item),
+            on_item=reservation.add,
         )
     if media_type == JSON:
         body = await parsing.read_all(chunks)
         parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
         for item in parsed.items:
-            admit(reservation, item)
+            reservation.add(item)
         return parsed
     raise UnsupportedFormat(
         f"Content-Type {media_type or '(none)'} is not accepted; send multipart/form-data "
         "with image parts, or application/json in the OpenAI embeddings shape"
     )
-
-
-def admit(reservation: Reservation, item: Item) -> None:
-    """Add one item's cost to the request's reservation (or refuse it): a text by its length,
-    an image by the decode work its header promises."""
-    if isinstance(item, TextItem):
-        reservation.add_text(len(item.text))
-    else:
-        reservation.add_image(price(item))
 
 
 @post(
@@ -161,14 +160,12 @@ async def create_embeddings(
 
     Query parameters apply to both forms; a body or form field of the same name wins.
     """
-    settings: ServerSettings = state.settings
-    service: EmbeddingService = state.service
-    tracer: Tracer = state.telemetry.tracer
+    context = app_context(state)
+    settings, pipeline, tracer = context.settings, context.pipeline, context.telemetry.tracer
     declared = request.content_length
-    with reservation_for(request, settings, service) as reservation:
+    with admitted(request, context) as reservation:
         with tracer.start_as_current_span("receive") as span:
-            parsed = await in_time(settings, read_request(request, settings, reservation))
-            reservation.body_read()
+            parsed = await read_request(request, settings, reservation)
             texts = sum(isinstance(item, TextItem) for item in parsed.items)
             span.set_attributes(
                 {
@@ -183,19 +180,18 @@ async def create_embeddings(
                 f"model {parsed.model!r} is not served here; use {settings.model_id!r}"
             )
         if parsed.dimensions is not None:
-            await check_dimensions(service, settings.model_id, parsed.dimensions)
+            await check_dimensions(pipeline, settings.model_id, parsed.dimensions)
         unit = _first(parsed.normalize, normalize, True)
         skip = _first(parsed.skip_invalid, skip_invalid, False)
-        result = await unless_disconnected(
-            request, service.embed(parsed.items, normalize=unit, skip_invalid=skip)
-        )
+        embedding = pipeline.embed(reservation, parsed.items, normalize=unit, skip_invalid=skip)
+        result = await unless_disconnected(request, embedding)
         return encode(request, tracer, settings, result, parsed, dtype, skip)
 
 
-async def check_dimensions(service: EmbeddingService, model_id: str, asked: int) -> None:
+async def check_dimensions(pipeline: EmbeddingService, model_id: str, asked: int) -> None:
     """OpenAI's ``dimensions``: only the model's own (no CLIP model declares a truncated
     embedding meaningful); anything else is refused, naming the parameter and the model."""
-    info = await service.model_info()
+    info = await pipeline.capabilities()
     if asked != info.embed_dim:
         raise MalformedRequest(
             f"dimensions={asked} is not supported by model {model_id!r}: its embeddings have "
@@ -284,9 +280,9 @@ async def healthz() -> Health:
     responses={503: PROTECTED[503]},
 )
 async def readyz(state: State) -> Health:
-    service: EmbeddingService = state.service
-    canary: Canary = state.canary
-    if not await service.ready():
+    context = app_context(state)
+    canary = context.canary
+    if not await context.pipeline.ready():
         raise BackendUnavailable("model is not ready")
     if not canary.healthy():
         detail = canary.last.detail if canary.last else "canary has not run yet"
@@ -301,8 +297,8 @@ async def readyz(state: State) -> Health:
     responses={401: PROTECTED[401]},
 )
 async def list_models(state: State) -> ModelList:
-    settings: ServerSettings = state.settings
-    service: EmbeddingService = state.service
+    context = app_context(state)
+    settings = context.settings
     card = ModelCard(
         id=settings.model_id,
         object="model",
@@ -310,14 +306,14 @@ async def list_models(state: State) -> ModelList:
         owned_by="clip-gateway",
         aliases=list(settings.model_aliases),
         ready=False,
-        imaging=ImagingPath(**dataclasses.asdict(state.imaging)),
+        imaging=ImagingPath(**dataclasses.asdict(context.imaging)),
         immich_names=list(settings.immich_names) if settings.immich else msgspec.UNSET,
     )
     try:
-        info = await service.model_info()
+        can = await context.pipeline.capabilities()
     except BackendUnavailable:
         return ModelList("list", [card])
-    pre = info.image_preprocessing
+    pre = can.preprocessing
     preprocessing = ImagePreprocessing(
         size=pre.size,
         resize_mode=pre.resize_mode,
@@ -329,31 +325,28 @@ async def list_models(state: State) -> ModelList:
         from_tag=pre.from_tag or msgspec.UNSET,
     )
     tokenizer: TextTokenizer | msgspec.UnsetType = msgspec.UNSET
-    try:
-        service.texts.tokenizer(info)
-        text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
-    except ModalityUnavailable as exc:
-        text_unavailable = exc.reason
-    if info.text is not None and not text_unavailable:
-        text = info.text
+    text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
+    if can.text_unavailable is not None:
+        text_unavailable = can.text_unavailable
+    if can.text is not None:
         tokenizer = TextTokenizer(
-            kind=text.tokenizer_kind,
-            context_length=text.context_length,
-            clean=text.clean,
-            pooling=text.pooling or msgspec.UNSET,
+            kind=can.text.tokenizer_kind,
+            context_length=can.text.context_length,
+            clean=can.text.clean,
+            pooling=can.text.pooling or msgspec.UNSET,
         )
     ready = msgspec.structs.replace(
         card,
         ready=True,
-        modalities=["image"] if text_unavailable else ["image", "text"],
-        embed_dim=info.embed_dim,
-        dimensions=[info.embed_dim],
-        image_size=info.image_size,
-        context_length=info.text.context_length if info.text else msgspec.UNSET,
+        modalities=list(can.modalities),
+        embed_dim=can.embed_dim,
+        dimensions=[can.embed_dim],
+        image_size=can.image_size,
+        context_length=msgspec.UNSET if can.context_length is None else can.context_length,
         tokenizer=tokenizer,
         preprocessing=preprocessing,
         text_unavailable=text_unavailable,
-        quantization=info.quantization if info.quantization is not None else msgspec.UNSET,
+        quantization=can.quantization if can.quantization is not None else msgspec.UNSET,
     )
     return ModelList("list", [ready])
 
@@ -367,7 +360,7 @@ async def list_models(state: State) -> ModelList:
 )
 async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     openmetrics = "application/openmetrics-text" in (request.headers.get("accept") or "")
-    body, content_type = state.metrics.render(openmetrics)
+    body, content_type = app_context(state).metrics.render(openmetrics)
     return Response(body, headers={"Content-Type": content_type})
 
 
@@ -379,11 +372,12 @@ async def metrics(request: Request[Any, Any, Any], state: State) -> Response[byt
     responses={401: PROTECTED[401], 404: PROTECTED[404], 503: PROTECTED[503]},
 )
 async def triton_metrics(state: State) -> Response[bytes]:
-    settings: ServerSettings = state.settings
+    context = app_context(state)
+    settings = context.settings
     if not settings.triton_metrics_url:
         raise NotFoundException("GATEWAY_TRITON_METRICS_URL is not set")
     try:
-        upstream = await state.http.get(settings.triton_metrics_url)
+        upstream = await context.http.get(settings.triton_metrics_url)
     except httpx.HTTPError as exc:
         raise BackendUnavailable(f"Triton metrics unreachable: {exc}") from exc
     return Response(

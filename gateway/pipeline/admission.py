@@ -37,6 +37,7 @@ from typing import Self
 from gateway.errors import LimitExceeded, Overloaded
 from gateway.imaging.work import Work
 from gateway.observability.metrics import Metrics
+from gateway.pipeline.items import Item, TextItem, price
 
 #: Learning rate of the moving averages (a new measurement's weight).
 _ALPHA = 0.3
@@ -255,6 +256,15 @@ class Reservation:
             )
         admission.body_bytes += count
         self.body_bytes += count
+
+    def add(self, item: Item) -> None:
+        """One more item of the request, as soon as it is read: a text priced by its length,
+        an image by the decode work its header promises. Admitted, or refused (the request
+        stops being read)."""
+        if isinstance(item, TextItem):
+            self.add_text(len(item.text))
+        else:
+            self.add_image(price(item))
 
     def add_image(self, work: Work) -> None:
         """One more image: admitted, or Overloaded (the request stops being read)."""

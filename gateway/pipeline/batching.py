@@ -23,6 +23,7 @@ from gateway.pipeline.items import ImageItem, item_bytes
 class DecodedBatch:
     pixels: np.ndarray  # uint8 [n_ok, S, S, 3]
     indices: tuple[int, ...]  # the request index of each row
+    rows: tuple[int, ...]  # the row of ``out`` (the batch decoded into) each one came from
     decoded: tuple[Decoded, ...]
     errors: tuple[EmbeddingError, ...]  # per-item failures (skip mode), each with its index
 
@@ -77,7 +78,8 @@ class BatchDecoder:
         """All items, or raise the first bad one's error; with ``skip_invalid`` keep the good.
         ``positions``: each item's index in the request (default: its index here). ``out``: where
         to decode to (``[n, S, S, 3]``, e.g. a shared-memory region the backend sends from);
-        ``pixels`` is that very array when every item decoded."""
+        ``pixels`` is that very array when every item decoded; ``rows`` says which of its rows
+        hold the images that did."""
         where = positions if positions is not None else range(len(items))
         size = options.size
         batch = np.empty((len(items), size, size, 3), dtype=np.uint8) if out is None else out
@@ -106,7 +108,8 @@ class BatchDecoder:
         rows = [i for i, _ in good]
         pixels = batch if len(rows) == len(items) else batch[rows]
         indices = tuple(where[i] for i in rows)
-        return DecodedBatch(pixels, indices, tuple(t.decoded for _, t in good), tuple(errors))
+        decoded = tuple(t.decoded for _, t in good)
+        return DecodedBatch(pixels, indices, tuple(rows), decoded, tuple(errors))
 
     async def _run(
         self, items: Sequence[ImageItem], batch: np.ndarray, options: ImageOptions

@@ -70,7 +70,9 @@ class Canary:
         try:
             info = await self.backend.model_info()
             deadline = time.monotonic() + self.timeout_s
-            got = await self.backend.infer(canary_pixels(info.image_size), deadline=deadline)
+            with self.backend.image_batch(1) as batch:
+                batch.pixels[...] = canary_pixels(info.image_size)
+                got = await self.backend.embed_images(batch, deadline=deadline)
             result = self._judge("image", got[0], info.canary)
             if result.ok and info.text is not None and self.texts is not None:
                 text = await self._text(info, deadline)
@@ -89,7 +91,7 @@ class Canary:
         except ModalityUnavailable as exc:  # images are still served; text requests say why
             return CanaryResult(True, f"no text canary: {exc.reason}", time.monotonic())
         tokens = tokenizer.encode_batch([TEXT_CANARY])
-        got = await self.backend.infer_text(tokens, deadline=deadline)
+        got = await self.backend.embed_texts(tokens, deadline=deadline)
         return self._judge("text", got[0], info.text.canary)
 
     def _judge(self, kind: str, got: np.ndarray, reference: np.ndarray | None) -> CanaryResult:

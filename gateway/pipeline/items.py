@@ -1,4 +1,5 @@
-"""Request items as the pipeline sees them: an image as raw bytes or base64 text, or a text."""
+"""Request items as the pipeline sees them, typed by the parser that read them: an image (its
+raw bytes, or the base64 text JSON carried, decoded in the pool), or a text."""
 
 from __future__ import annotations
 
@@ -9,8 +10,19 @@ from dataclasses import dataclass
 from gateway.errors import InvalidImage
 from gateway.imaging import work
 
-#: An image as raw bytes (multipart) or as base64 / a ``data:`` URI (JSON).
-ImageItem = bytes | str
+
+@dataclass(frozen=True, slots=True)
+class ImageItem:
+    """An image: its raw bytes (multipart), or base64 text, ``b64`` (JSON: plain base64 or a
+    ``data:`` URI), decoded strictly where the image is decoded, in the pool."""
+
+    data: bytes = b""
+    b64: str | None = None
+
+    @classmethod
+    def encoded(cls, text: str) -> ImageItem:
+        """An image as base64 text or a ``data:`` URI."""
+        return cls(b64=text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +48,9 @@ def is_data_uri(text: str) -> bool:
 def item_bytes(item: ImageItem) -> bytes:
     """Raw bytes of an item; base64 and ``data:`` URIs are decoded strictly, except that line
     breaks and spaces (MIME-wrapped base64, RFC 2045) are allowed."""
-    if isinstance(item, bytes):
-        return item
-    text = item
+    if item.b64 is None:
+        return item.data
+    text = item.b64
     if is_data_uri(text):
         header, sep, text = text.partition(",")
         if not sep or not header.lower().endswith(";base64"):
@@ -67,9 +79,9 @@ def price(item: ImageItem) -> work.Work:
     """The decode price of an image item, from its header (imaging/work.py): raw bytes as they
     are, base64 from its first ``work.HEADER_PREFIX`` bytes once decoded. An item whose header
     cannot be read is priced as refused: the decoder refuses it before any work."""
-    if isinstance(item, bytes):
-        return work.estimate(item)
-    text = item
+    if item.b64 is None:
+        return work.estimate(item.data)
+    text = item.b64
     if is_data_uri(text):
         text = text.partition(",")[2]
     chars = 4 * -(-work.HEADER_PREFIX // 3)

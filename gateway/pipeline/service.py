@@ -1,12 +1,18 @@
-"""Embedding service: items in, embeddings out. Knows nothing of HTTP.
+"""The pipeline as a library: items in, embeddings out. Knows nothing of HTTP.
+
+Its API: ``EmbeddingService(backend, pool, PipelineOptions, ...)`` (its own options, built at
+the edge from the settings), ``admit()`` for a ``Reservation``, ``embed(reservation, items)``
+which takes one (a call cannot skip admission), and ``capabilities()``: what the served model
+can embed, for the routes to describe.
 
 A request may mix images and texts: they go their own ways at once (images decoded in the thread
-pool, pipeline/batching.py; texts checked and tokenised, pipeline/texts.py) to their own models,
-and the rows come back in request order, in one space. Admission (pipeline/admission.py) is
-decided by the caller while the request is read; the service feeds it the decode and backend
-timings it learns the costs from. Batches larger than a model's max are split and sent
-concurrently, and Triton's dynamic batcher merges calls from concurrent requests. The whole
-request runs under one deadline, which also bounds each gRPC call.
+pool, pipeline/batching.py, straight into an image batch the backend lends; texts checked and
+tokenised, pipeline/texts.py) to their own models, and the rows come back in request order, in
+one space. Admission (pipeline/admission.py) is decided while the request is read, item by item
+on the reservation; the service feeds it the decode and backend timings it learns the costs
+from. Batches larger than a model's max are split and sent concurrently, and Triton's dynamic
+batcher merges calls from concurrent requests. The whole request runs under one deadline, which
+also bounds each gRPC call.
 """
 
 from __future__ import annotations
@@ -16,12 +22,18 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from gateway.backend.protocol import InferenceBackend, ModelInfo
+from gateway.backend.protocol import (
+    ImageBatch,
+    InferenceBackend,
+    ModelInfo,
+    Preprocessing,
+    TextModel,
+)
 from gateway.errors import (
     BackendFailed,
     BackendTimeout,
@@ -32,12 +44,59 @@ from gateway.errors import (
 )
 from gateway.imaging.preprocess import Decoded, ImageOptions
 from gateway.observability.metrics import Metrics
-from gateway.pipeline.admission import Admission
+from gateway.pipeline.admission import Admission, Reservation
 from gateway.pipeline.batching import BatchDecoder, DecodeSample
+from gateway.pipeline.canary import Canary
 from gateway.pipeline.items import ImageItem, Item, TextItem
 from gateway.pipeline.texts import TextEncoder
 from gateway.runtime import memory
-from gateway.runtime.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What the pipeline is told: its limits, deadline and admission figures, built at the edge
+    from the process's settings (http/app.py), never those settings themselves."""
+
+    #: The whole request's deadline, which bounds each backend call too.
+    request_timeout_s: float
+    #: Decode threads in the pool: admission spreads decode work over them.
+    decode_threads: int
+    #: Admitted work at once, in seconds (pipeline/admission.py).
+    horizon_s: float
+    #: Largest image batch per backend call; 0: the model's own max.
+    max_batch_size: int = 0
+    max_image_pixels: int = 100_000_000
+    max_image_bytes: int = 32 << 20
+    max_decode_bytes: int = 256 << 20
+    progressive_dc_only: bool = True
+    max_text_chars: int = 4096
+    #: Backend seconds per image, pinned; 0: learned from the backend calls.
+    infer_s_per_image: float = 0.0
+    max_body_bytes_in_flight: int = 256 << 20
+    body_timeout_s: float = 30.0
+    #: One API key's share of the horizon.
+    key_share: float = 1.0
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the served model embeds, and how, as the routes describe it (/v1/models)."""
+
+    model: str
+    embed_dim: int
+    image_size: int
+    preprocessing: Preprocessing
+    #: The text model, when texts can be embedded (its tokenizer loads here).
+    text: TextModel | None
+    #: Why texts cannot be embedded, when ``text`` is None.
+    text_unavailable: str | None
+    #: The text model's context length, when the backend serves one (even if not usable here).
+    context_length: int | None
+    quantization: dict[str, Any] | None
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return ("image", "text") if self.text is not None else ("image",)
 
 
 @dataclass(frozen=True)
@@ -75,27 +134,26 @@ class EmbeddingService:
         self,
         backend: InferenceBackend,
         pool: Executor,
-        settings: ServerSettings,
+        options: PipelineOptions,
         *,
-        decode_threads: int = 1,
         tracer: Tracer | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._backend = backend
-        self._settings = settings
+        self._options = options
         self._metrics = metrics or Metrics()
         self.admission = Admission(
-            settings.horizon_s,
-            decode_threads,
+            options.horizon_s,
+            options.decode_threads,
             self._metrics,
-            infer_s_per_image=settings.admission_infer_s_per_image,
-            max_body_bytes_in_flight=settings.max_body_mib_in_flight << 20,
-            body_timeout_s=settings.body_timeout_s,
-            key_share=settings.admission_key_share,
+            infer_s_per_image=options.infer_s_per_image,
+            max_body_bytes_in_flight=options.max_body_bytes_in_flight,
+            body_timeout_s=options.body_timeout_s,
+            key_share=options.key_share,
         )
         self._trimmer = memory.Trimmer(pool.submit)
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
-        self.texts = TextEncoder(pool, settings.max_text_chars, self._metrics)
+        self._texts = TextEncoder(pool, options.max_text_chars, self._metrics)
 
     def _decoded(self, samples: Sequence[DecodeSample], encoded: int, pixels: int) -> None:
         for sample in samples:
@@ -108,24 +166,55 @@ class EmbeddingService:
         else:
             self._trimmer.worked(encoded * 2 + pixels * 8)
 
-    async def model_info(self) -> ModelInfo:
-        return await self._backend.model_info()
+    def admit(self, declared_bytes: int | None, key: str | None = None) -> Reservation:
+        """A request's reservation, before its body is read: refused at once when even its
+        declared bytes could not be admitted (pipeline/admission.py). Its items are added to it
+        as they are read (``Reservation.add``), its body bytes as they arrive
+        (``Reservation.received``); ``embed`` takes it. Release it (``with``) once answered."""
+        return self.admission.reserve(declared_bytes, key)
+
+    async def capabilities(self) -> Capabilities:
+        """What the served model embeds; BackendUnavailable while the backend cannot say."""
+        info = await self._backend.model_info()
+        try:
+            self._texts.tokenizer(info)
+            unavailable = None
+        except ModalityUnavailable as exc:
+            unavailable = exc.reason
+        return Capabilities(
+            model=info.name,
+            embed_dim=info.embed_dim,
+            image_size=info.image_size,
+            preprocessing=info.image_preprocessing,
+            text=info.text if unavailable is None else None,
+            text_unavailable=unavailable,
+            context_length=info.text.context_length if info.text else None,
+            quantization=info.quantization,
+        )
 
     async def ready(self) -> bool:
         return await self._backend.ready()
 
+    def canary(self, interval_s: float, min_cosine: float, timeout_s: float) -> Canary:
+        """The readiness canary over this pipeline's backend and tokenizers."""
+        return Canary(self._backend, interval_s, min_cosine, timeout_s, texts=self._texts)
+
     async def embed(
         self,
+        reservation: Reservation,
         items: Sequence[Item],
         *,
         normalize: bool = True,
         skip_invalid: bool = False,
         immich: bool = False,
     ) -> Embeddings:
-        """Embed admitted items (the caller holds their ``Reservation``) within the deadline.
-        ``immich``: preprocess images and clean texts as Immich's own ML server does (its
-        /predict, docs/IMMICH.md), not as open_clip does; the model and batching are the same."""
-        timeout = self._settings.request_timeout_s
+        """Embed items admitted on ``reservation`` (each one added to it as it was read)
+        within the deadline. ``immich``: preprocess images and clean texts as Immich's own ML
+        server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
+        batching are the same."""
+        if reservation.admission is not self.admission or reservation.images < len(items):
+            raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
+        timeout = self._options.request_timeout_s
         try:
             async with asyncio.timeout(timeout):
                 return await self._embed(items, normalize, skip_invalid, immich)
@@ -135,7 +224,7 @@ class EmbeddingService:
     async def _embed(
         self, items: Sequence[Item], normalize: bool, skip_invalid: bool, immich: bool = False
     ) -> Embeddings:
-        deadline = time.monotonic() + self._settings.request_timeout_s
+        deadline = time.monotonic() + self._options.request_timeout_s
         model = await self._backend.model_info()
         images = [i for i, item in enumerate(items) if not isinstance(item, TextItem)]
         texts = [i for i, item in enumerate(items) if isinstance(item, TextItem)]
@@ -185,7 +274,7 @@ class EmbeddingService:
         the first error is raised)."""
         errors: list[EmbeddingError] = []
         try:
-            self.texts.tokenizer(model)
+            self._texts.tokenizer(model)
         except ModalityUnavailable as exc:
             if not skip_invalid:
                 raise ModalityUnavailable(exc.reason, index=texts[0]) from None
@@ -194,7 +283,7 @@ class EmbeddingService:
         for i in texts:
             item = items[i]
             assert isinstance(item, TextItem)
-            problem = self.texts.check(item.text, i)
+            problem = self._texts.check(item.text, i)
             if problem is None:
                 good.append(i)
             elif not skip_invalid:
@@ -212,43 +301,41 @@ class EmbeddingService:
         deadline: float,
         immich: bool = False,
     ) -> _Part:
-        pre = model.image_preprocessing
+        pre, limits = model.image_preprocessing, self._options
         options = ImageOptions(
             size=pre.size,
-            max_pixels=self._settings.max_image_pixels,
-            max_bytes=self._settings.max_image_bytes,
-            max_decode_bytes=self._settings.max_decode_mib << 20,
-            progressive_dc_only=self._settings.progressive_dc_only,
+            max_pixels=limits.max_image_pixels,
+            max_bytes=limits.max_image_bytes,
+            max_decode_bytes=limits.max_decode_bytes,
+            progressive_dc_only=limits.progressive_dc_only,
             resize_mode=pre.resize_mode,
             interpolation=pre.interpolation,
             fill_color=pre.fill_color,
             immich=immich,
         )
         images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
-        limit = min(self._settings.max_batch_size or model.max_batch_size, model.max_batch_size)
-        # one call's worth: decoded straight into what the backend sends from, when it can
-        staged = self._backend.staging(len(images)) if len(images) <= limit else None
-        try:
+        limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
+        # decoded straight into the batch the backend sends from (a shared-memory region when
+        # it has one free for a call's worth); given back however this ends
+        with self._backend.image_batch(len(images)) as lent:
             started = time.perf_counter()
-            batch = await self._decoder.decode(
-                images, options, skip_invalid=skip_invalid, positions=positions, out=staged
+            decoded = await self._decoder.decode(
+                images, options, skip_invalid=skip_invalid, positions=positions, out=lent.pixels
             )
             decoded_at = time.perf_counter()
-            if len(batch.pixels):
+            if decoded.rows:
+                batch = lent.keep(decoded.rows)
                 vectors = await self._infer(
-                    self._backend.infer, batch.pixels, limit, deadline, False, model.instances
+                    self._run_images, batch, limit, deadline, False, model.instances
                 )
             else:
                 vectors = np.empty((0, model.embed_dim), dtype=np.float32)
-        finally:
-            if staged is not None:
-                self._backend.unstage(staged)
         return _Part(
             "image",
             vectors,
-            batch.indices,
-            errors=batch.errors,
-            decoded=batch.decoded,
+            decoded.indices,
+            errors=decoded.errors,
+            decoded=decoded.decoded,
             prepare_seconds=decoded_at - started,
             infer_seconds=time.perf_counter() - decoded_at,
         )
@@ -264,10 +351,10 @@ class EmbeddingService:
         assert model.text is not None
         texts: list[TextItem] = [items[i] for i in positions]  # type: ignore[misc]
         started = time.perf_counter()
-        tokenizer = self.texts.tokenizer(model)
-        batch = await self.texts.encode(texts, positions, tokenizer, immich=immich)
+        tokenizer = self._texts.tokenizer(model)
+        batch = await self._texts.encode(texts, positions, tokenizer, immich=immich)
         tokenized_at = time.perf_counter()
-        vectors = await self._infer(self._backend.infer_text, batch.tokens,
+        vectors = await self._infer(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,
                                     model.text.instances)  # fmt: skip
         return _Part(
@@ -279,10 +366,16 @@ class EmbeddingService:
             tokens=batch.token_count,
         )
 
+    async def _run_images(self, batch: ImageBatch, deadline: float) -> np.ndarray:
+        return await self._backend.embed_images(batch, deadline=deadline)
+
+    async def _run_texts(self, batch: _Tokens, deadline: float) -> np.ndarray:
+        return await self._backend.embed_texts(batch.tokens, deadline=deadline)
+
     async def _infer(
         self,
-        call: Callable[..., Awaitable[np.ndarray]],
-        batch: np.ndarray,
+        call: Callable[[B, float], Awaitable[np.ndarray]],
+        batch: B,
         limit: int,
         deadline: float,
         text: bool,
@@ -291,7 +384,7 @@ class EmbeddingService:
         # several model instances (the CPU profiles' core plan): one request's rows are shared
         # between them, or a lone batch of 32 would run on one instance's share of the cores
         limit = min(limit, max(1, -(-len(batch) // max(1, instances))))
-        chunks = [batch[i : i + limit] for i in range(0, len(batch), limit)]
+        chunks = [batch.rows(i, i + limit) for i in range(0, len(batch), limit)]
         results = await asyncio.gather(
             *(self._infer_chunk(call, chunk, deadline, text) for chunk in chunks)
         )
@@ -299,15 +392,15 @@ class EmbeddingService:
 
     async def _infer_chunk(
         self,
-        call: Callable[..., Awaitable[np.ndarray]],
-        chunk: np.ndarray,
+        call: Callable[[B, float], Awaitable[np.ndarray]],
+        chunk: B,
         deadline: float,
         text: bool,
     ) -> np.ndarray:
         started, outcome = time.perf_counter(), "ok"
         self.admission.infer_started(text)
         try:
-            rows = await call(chunk, deadline=deadline)
+            rows = await call(chunk, deadline)
             self.admission.infer_finished(len(chunk), text)
             return rows
         except EmbeddingError as exc:
@@ -324,6 +417,29 @@ class EmbeddingService:
                 time.perf_counter() - started
             )
             self._metrics.triton_batch.labels(model).observe(len(chunk))
+
+
+class _Rows(Protocol):
+    """A batch the service splits into calls: an image batch, or token rows."""
+
+    def __len__(self) -> int: ...
+    def rows(self, start: int, stop: int) -> Self: ...
+
+
+B = TypeVar("B", bound=_Rows)
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """Token rows, split into calls as an image batch is."""
+
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def rows(self, start: int, stop: int) -> Self:
+        return type(self)(self.tokens[start:stop])
 
 
 async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:

@@ -136,6 +136,7 @@ def measure(
 ) -> list[float]:
     """Images per second per round with ``profile`` loaded in a tritonserver of its own
     (started within ``budget_s`` and stopped here, in a private scratch directory)."""
+    from gateway.backend.protocol import ImageBatch
     from gateway.backend.triton import TritonBackend
     from gateway.runtime.local import LocalTriton
     from gateway.runtime.repository import render
@@ -149,11 +150,14 @@ def measure(
             info = await backend.model_info()
             rng = np.random.default_rng(0)
             shape = (info.image_size, info.image_size, 3)
-            pixels = {b: rng.integers(0, 256, (b, *shape), dtype=np.uint8) for b in sizes}
+            # plain batches, made once (this backend has no shared-memory regions to lend)
+            pixels = {
+                b: ImageBatch(rng.integers(0, 256, (b, *shape), dtype=np.uint8)) for b in sizes
+            }
 
             async def caller(batches: list[int]) -> int:
                 for batch in batches:
-                    await backend.infer(pixels[batch], deadline=deadline)
+                    await backend.embed_images(pixels[batch], deadline=deadline)
                 return sum(batches)
 
             found = []

@@ -175,9 +175,11 @@ def test_backend_failures_map_to_5xx(
     body = problem(response, status, slug)
     assert response.headers.get("retry-after") == retry_after
     assert "Traceback" not in body["detail"]
+    # the image batch the backend lent went back, whether its call failed or was cancelled
+    assert fake.lent == 0 and fake.batches == (mode != "unavailable")
 
 
-def test_bad_requests_do_not_disturb_good_ones(client: TestClient) -> None:
+def test_bad_requests_do_not_disturb_good_ones(client: TestClient, fake: FakeBackend) -> None:
     """Hostile and good requests interleaved on the same app: every good one succeeds."""
     bad = [b"", samples.truncated_jpeg(), samples.claims_pixels(60000, 60000), samples.bmp()]
     good = samples.compact(3)
@@ -198,4 +200,5 @@ def test_bad_requests_do_not_disturb_good_ones(client: TestClient) -> None:
         else:
             assert status == 200
             assert embedding == expected
+    assert fake.batches >= 21 and fake.lent == 0  # every lent batch went back
     assert client.get("/healthz").status_code == 200

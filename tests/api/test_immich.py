@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from bench.photos import immich_preview, jpeg, photo
 from gateway.http.app import create_app
+from gateway.http.context import app_context
 from gateway.runtime.settings import ServerSettings
 from tests import immich_reference, samples
 from tests.api.test_bad_input import problem
@@ -242,5 +243,5 @@ def test_predict_reads_its_body_under_the_same_limits_as_embeddings(immich: Test
     body = problem(refused, 415, "unsupported-media-type")
     assert "gzip" in body["detail"]
     assert predict(immich, VISUAL, samples.compact(0)).status_code == 200
-    service = immich.app.state.service
+    service = app_context(immich.app.state).pipeline
     assert service.admission.backlog_s == 0 and not service.admission._receiving

@@ -1,6 +1,8 @@
 """One contract, two implementations: the in-process fake the API tests use must behave like the
 Triton backend, failures included. "triton" here is the real TritonBackend talking gRPC to a
-real tritonserver that serves the control model (the same function and knobs as the fake)."""
+real tritonserver that serves the control model (the same function and knobs as the fake);
+"triton-shm" the same with shared-memory regions to lend, so every image batch it lends lies in
+one and is sent by name."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.backend.protocol import InferenceBackend
+from gateway.backend.protocol import ImageBatch, InferenceBackend
 from gateway.backend.triton import TritonBackend
 from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
 from gateway.runtime.processes import reserve_port
@@ -33,7 +35,7 @@ class Subject:
     arrivals: Callable[[], int]
 
 
-@pytest.fixture(params=["fake", "triton"])
+@pytest.fixture(params=["fake", "triton", "triton-shm"])
 def subject(request, control: Control, clip_tokenizer_file) -> Subject:
     if request.param == "fake":
         fake = FakeBackend(tokenizer_file=str(clip_tokenizer_file))
@@ -44,9 +46,22 @@ def subject(request, control: Control, clip_tokenizer_file) -> Subject:
 
         return Subject(lambda: fake, set_fake, lambda: fake.arrivals)
     triton, _ = request.getfixturevalue("control_triton")
+    regions = 2 if request.param == "triton-shm" else 0
     return Subject(
-        lambda: TritonBackend(triton.grpc_url, "clip_image"), control.set, control.arrivals
+        lambda: TritonBackend(triton.grpc_url, "clip_image", shared_memory_regions=regions),
+        control.set,
+        control.arrivals,
     )
+
+
+async def embed(backend: InferenceBackend, pixels: np.ndarray, deadline: float) -> np.ndarray:
+    """``pixels`` embedded the way the pipeline does it: written into a batch the backend
+    lends, then run; the batch given back."""
+    await backend.model_info()
+    with backend.image_batch(len(pixels)) as batch:
+        assert batch.pixels.shape == pixels.shape and batch.pixels.dtype == np.uint8
+        batch.pixels[...] = pixels
+        return await backend.embed_images(batch, deadline=deadline)
 
 
 def run(subject: Subject, check: Callable[[InferenceBackend], Awaitable[Any]]) -> Any:
@@ -80,10 +95,10 @@ def test_model_info_and_readiness(subject: Subject, clip_tokenizer_file) -> None
 
 def test_text_rows_are_deterministic_and_independent(subject: Subject) -> None:
     async def check(backend: InferenceBackend) -> None:
-        whole = await backend.infer_text(TOKENS, deadline=soon())
+        whole = await backend.embed_texts(TOKENS, deadline=soon())
         parts = await asyncio.gather(
-            backend.infer_text(TOKENS[:2], deadline=soon()),
-            backend.infer_text(TOKENS[2:], deadline=soon()),
+            backend.embed_texts(TOKENS[:2], deadline=soon()),
+            backend.embed_texts(TOKENS[2:], deadline=soon()),
         )
         assert whole.shape == (5, 512) and whole.dtype == np.float32
         np.testing.assert_allclose(whole, np.concatenate(parts), atol=1e-5)
@@ -97,22 +112,22 @@ def test_text_failures_are_the_same_errors(subject: Subject) -> None:
         await backend.model_info()
         subject.set("error")
         with pytest.raises(BackendFailed, match="failing on purpose"):
-            await backend.infer_text(TOKENS[:1], deadline=soon())
+            await backend.embed_texts(TOKENS[:1], deadline=soon())
         subject.set(hold=True)
         with pytest.raises(BackendTimeout):
-            await backend.infer_text(TOKENS[:1], deadline=soon(0.5))
+            await backend.embed_texts(TOKENS[:1], deadline=soon(0.5))
         subject.set()
-        assert (await backend.infer_text(TOKENS[:1], deadline=soon())).shape == (1, 512)
+        assert (await backend.embed_texts(TOKENS[:1], deadline=soon())).shape == (1, 512)
 
     run(subject, check)
 
 
 def test_rows_are_deterministic_and_independent(subject: Subject) -> None:
     async def check(backend: InferenceBackend) -> None:
-        whole = await backend.infer(PIXELS, deadline=soon())
-        again = await backend.infer(PIXELS, deadline=soon())
+        whole = await embed(backend, PIXELS, soon())
+        again = await embed(backend, PIXELS, soon())
         parts = await asyncio.gather(
-            backend.infer(PIXELS[:2], deadline=soon()), backend.infer(PIXELS[2:], deadline=soon())
+            embed(backend, PIXELS[:2], soon()), embed(backend, PIXELS[2:], soon())
         )
         assert whole.shape == (5, 512) and whole.dtype == np.float32
         np.testing.assert_array_equal(whole, again)
@@ -128,10 +143,10 @@ def test_fake_and_triton_compute_the_same_function(control_triton, clip_tokenize
         fake = FakeBackend(tokenizer_file=str(clip_tokenizer_file))
         try:
             return (
-                await fake.infer(PIXELS, deadline=soon()),
-                await triton.infer(PIXELS, deadline=soon()),
-                await fake.infer_text(TOKENS, deadline=soon()),
-                await triton.infer_text(TOKENS, deadline=soon()),
+                await embed(fake, PIXELS, soon()),
+                await embed(triton, PIXELS, soon()),
+                await fake.embed_texts(TOKENS, deadline=soon()),
+                await triton.embed_texts(TOKENS, deadline=soon()),
             )
         finally:
             await triton.close()
@@ -145,7 +160,7 @@ def test_a_failing_model_raises_backend_error(subject: Subject) -> None:
     async def check(backend: InferenceBackend) -> None:
         subject.set("error")
         with pytest.raises(BackendFailed, match="failing on purpose"):
-            await backend.infer(PIXELS[:1], deadline=soon())
+            await embed(backend, PIXELS[:1], soon())
 
     run(subject, check)
 
@@ -153,13 +168,11 @@ def test_a_failing_model_raises_backend_error(subject: Subject) -> None:
 def test_a_broken_engine_returns_nan_rows(subject: Subject) -> None:
     async def check(backend: InferenceBackend) -> None:
         subject.set("nan")
-        assert np.isnan(await backend.infer(PIXELS[:2], deadline=soon())).all()
+        assert np.isnan(await embed(backend, PIXELS[:2], soon())).all()
         subject.set("negate")
-        subject_rows = await backend.infer(PIXELS[:2], deadline=soon())
+        subject_rows = await embed(backend, PIXELS[:2], soon())
         subject.set()
-        np.testing.assert_allclose(
-            subject_rows, -(await backend.infer(PIXELS[:2], deadline=soon()))
-        )
+        np.testing.assert_allclose(subject_rows, -(await embed(backend, PIXELS[:2], soon())))
 
     run(subject, check)
 
@@ -169,9 +182,9 @@ def test_an_answer_past_the_deadline_is_a_backend_timeout(subject: Subject) -> N
         await backend.model_info()  # connected: the timeout below is the model's, not setup's
         subject.set(hold=True)
         with pytest.raises(BackendTimeout):
-            await backend.infer(PIXELS[:1], deadline=soon(0.5))
+            await embed(backend, PIXELS[:1], soon(0.5))
         subject.set()
-        assert (await backend.infer(PIXELS[:1], deadline=soon())).shape == (1, 512)
+        assert (await embed(backend, PIXELS[:1], soon())).shape == (1, 512)
 
     run(subject, check)
 
@@ -181,7 +194,7 @@ def test_cancelling_a_call_leaves_the_backend_usable(subject: Subject) -> None:
         await backend.model_info()
         subject.set(hold=True)
         arrived = subject.arrivals()
-        call = asyncio.ensure_future(backend.infer(PIXELS[:1], deadline=soon()))
+        call = asyncio.ensure_future(embed(backend, PIXELS[:1], soon()))
         # arrivals are counted by the model's own process (a file), not by an asyncio object
         while subject.arrivals() <= arrived:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
@@ -189,7 +202,7 @@ def test_cancelling_a_call_leaves_the_backend_usable(subject: Subject) -> None:
         with pytest.raises(asyncio.CancelledError):
             await call
         subject.set()
-        assert (await backend.infer(PIXELS[:2], deadline=soon())).shape == (2, 512)
+        assert (await embed(backend, PIXELS[:2], soon())).shape == (2, 512)
 
     run(subject, check)
 
@@ -217,34 +230,68 @@ def test_an_unreachable_backend_is_unavailable(
             with pytest.raises(BackendUnavailable):
                 await unavailable.model_info()
             with pytest.raises(BackendUnavailable):
-                await unavailable.infer(PIXELS[:1], deadline=soon(2.0))
+                await unavailable.embed_images(ImageBatch(PIXELS[:1].copy()), deadline=soon(2.0))
         finally:
             await unavailable.close()
 
     asyncio.run(check())
 
 
-def test_a_staged_batch_is_sent_from_its_own_region(control_triton) -> None:
+def test_a_batch_needs_the_model_known_and_its_rows_run_on_their_own(subject: Subject) -> None:
+    """A batch is lent once the model is known (its size); rows of it run as batches of their
+    own (one call's share when a request is split) and the rows kept after failed decodes run
+    as the whole batch would."""
+
+    async def check(backend: InferenceBackend) -> None:
+        with pytest.raises(BackendUnavailable, match="model_info first"):
+            backend.image_batch(5)
+        await backend.model_info()
+        whole = await embed(backend, PIXELS, soon())
+        with backend.image_batch(5) as batch:
+            batch.pixels[...] = PIXELS
+            parts = await asyncio.gather(
+                backend.embed_images(batch.rows(0, 2), deadline=soon()),
+                backend.embed_images(batch.rows(2, 5), deadline=soon()),
+            )
+            np.testing.assert_allclose(np.concatenate(parts), whole, atol=1e-5)
+            kept = await backend.embed_images(batch.keep([1, 3, 4]), deadline=soon())
+            np.testing.assert_allclose(kept, whole[[1, 3, 4]], atol=1e-5)
+
+    run(subject, check)
+
+
+def test_a_lent_batch_is_sent_from_its_own_region(control_triton) -> None:
     """The gateway decodes into a region the backend lends (no copy on the event loop): the
-    rows are the same as a batch handed over from anywhere, no second region is made for it,
-    and the region goes back to the pool for the next request."""
+    rows are the same as a plain batch's, no second region is made for it, the region goes
+    back to the pool when the batch is left (on error too), and a batch larger than one call
+    is a plain array."""
 
     async def check() -> None:
         backend = TritonBackend(control_triton[0].grpc_url, "clip_image", shared_memory_regions=2)
         try:
-            assert backend.staging(5) is None  # nothing known about the model yet
             await backend.model_info()
-            expected = await backend.infer(PIXELS, deadline=soon())
-            staged = backend.staging(5)
-            assert staged is not None and staged.shape == PIXELS.shape
-            staged[...] = PIXELS
-            np.testing.assert_array_equal(await backend.infer(staged, deadline=soon()), expected)
-            assert backend._pool is not None and len(backend._pool.created) == 1
-            backend.unstage(staged)
-            again = backend.staging(5)
-            assert again is not None and again.ctypes.data == staged.ctypes.data  # reused
-            assert backend.staging(33) is None  # more than one call's worth
-            backend.unstage(again)
+            expected = await backend.embed_images(ImageBatch(PIXELS.copy()), deadline=soon())
+            with backend.image_batch(5) as lent:
+                assert lent.region is not None and lent.pixels.shape == PIXELS.shape
+                lent.pixels[...] = PIXELS
+                got = await backend.embed_images(lent, deadline=soon())
+                np.testing.assert_array_equal(got, expected)
+                assert backend._pool is not None and len(backend._pool.created) == 1
+                first = lent.region
+            lent_again: list[ImageBatch] = []
+
+            def fail_while_lent() -> None:
+                with backend.image_batch(5) as again:
+                    lent_again.append(again)
+                    raise RuntimeError("a decode failed")
+
+            with pytest.raises(RuntimeError):
+                fail_while_lent()
+            assert lent_again[0].region is first  # given back, and lent again
+            with backend.image_batch(5) as after_error, backend.image_batch(1) as other:
+                assert after_error.region is first and other.region is not first
+            with backend.image_batch(33) as larger:
+                assert larger.region is None  # more than one call's worth
         finally:
             await backend.close()
 

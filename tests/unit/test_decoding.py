@@ -28,6 +28,11 @@ OPTIONS = ImageOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
 JPEG, PNG = samples.compact(0), samples.png(1)
 
 
+def image(value: bytes | str) -> ImageItem:
+    """An item as the parsers make it: raw bytes (multipart) or base64 text (JSON)."""
+    return ImageItem(value) if isinstance(value, bytes) else ImageItem.encoded(value)
+
+
 def expected(data: bytes, options: ImageOptions = OPTIONS) -> tuple[np.ndarray, object]:
     out = np.zeros((options.size, options.size, 3), np.uint8)
     return out, preprocess(data, out, options)
@@ -55,9 +60,14 @@ class Harness:
         self.decoder = BatchDecoder(self.pool, provider.get_tracer("test"), self.metrics)
 
     def decode(
-        self, items: Sequence[ImageItem], *, skip: bool, options: ImageOptions = OPTIONS
+        self,
+        items: Sequence[bytes | str | ImageItem],
+        *,
+        skip: bool,
+        options: ImageOptions = OPTIONS,
     ) -> DecodedBatch:
-        return asyncio.run(self.decoder.decode(items, options, skip_invalid=skip))
+        typed = [i if isinstance(i, ImageItem) else image(i) for i in items]
+        return asyncio.run(self.decoder.decode(typed, options, skip_invalid=skip))  # fmt: skip
 
     def spans(self) -> dict[str, ReadableSpan]:
         return {span.name: span for span in self.exporter.get_finished_spans()}
@@ -85,10 +95,10 @@ def serial() -> Iterator[Harness]:
 
 
 def test_item_bytes_passes_raw_bytes_through_and_decodes_base64_strictly() -> None:
-    assert item_bytes(b"\x00raw,data:") == b"\x00raw,data:"
-    assert item_bytes(base64.b64encode(JPEG).decode()) == JPEG
-    assert item_bytes("data:image/jpeg;base64," + base64.b64encode(JPEG).decode()) == JPEG
-    assert item_bytes("data:;base64,QUJD") == b"ABC"  # media type is optional in a data: URI
+    assert item_bytes(image(b"\x00raw,data:")) == b"\x00raw,data:"
+    assert item_bytes(image(base64.b64encode(JPEG).decode())) == JPEG
+    assert item_bytes(image("data:image/jpeg;base64," + base64.b64encode(JPEG).decode())) == JPEG
+    assert item_bytes(image("data:;base64,QUJD")) == b"ABC"  # media type is optional in a data: URI
 
 
 @pytest.mark.parametrize(
@@ -96,7 +106,7 @@ def test_item_bytes_passes_raw_bytes_through_and_decodes_base64_strictly() -> No
 )
 def test_data_uri_must_be_base64(item: str) -> None:
     with pytest.raises(InvalidImage) as raised:
-        item_bytes(item)
+        item_bytes(image(item))
     assert raised.value.reason == "data: URI must be base64-encoded (data:image/jpeg;base64,...)"
 
 
@@ -107,19 +117,19 @@ def test_data_uri_must_be_base64(item: str) -> None:
 )
 def test_invalid_base64_is_an_invalid_image_saying_what_to_send(item: str) -> None:
     with pytest.raises(InvalidImage, match=r"^invalid base64: .*; send standard base64 \(RFC"):
-        item_bytes(item)
+        item_bytes(image(item))
 
 
 @pytest.mark.parametrize("item", ["QU JD", "QUJD\r\n", "QU\nJD", "DATA:image/png;BASE64,QUJD"])
 def test_line_breaks_and_spaces_are_allowed_and_the_data_uri_is_case_insensitive(
     item: str,
 ) -> None:
-    assert item_bytes(item) == b"ABC"
+    assert item_bytes(image(item)) == b"ABC"
 
 
 def test_url_safe_base64_is_refused_naming_the_alphabet() -> None:
     with pytest.raises(InvalidImage) as raised:
-        item_bytes("QUJD-_8=")
+        item_bytes(image("QUJD-_8="))
     assert raised.value.reason.startswith(
         "base64 with - or _ (the URL-safe alphabet) is not accepted; send standard base64"
     )
@@ -129,7 +139,7 @@ def test_url_safe_base64_is_refused_naming_the_alphabet() -> None:
 
 
 def test_every_item_lands_in_its_row(harness: Harness) -> None:
-    items: list[ImageItem] = [
+    items: list[bytes | str] = [
         JPEG,
         base64.b64encode(PNG).decode(),
         "data:image/jpeg;base64," + base64.b64encode(samples.compact(2)).decode(),
@@ -170,7 +180,7 @@ def test_each_error_keeps_its_own_type(harness: Harness) -> None:
 
 def test_skip_invalid_keeps_the_good_rows_and_reports_the_bad_ones(harness: Harness) -> None:
     oversized = ImageOptions(size=224, max_pixels=40_000_000, max_bytes=len(JPEG) + 10)
-    items: list[ImageItem] = [b"", JPEG, "@@@", PNG, samples.png(2)]
+    items: list[bytes | str] = [b"", JPEG, "@@@", PNG, samples.png(2)]
     batch = harness.decode(items, skip=True, options=oversized)
     assert batch.indices == (1,)
     assert batch.pixels.shape == (1, 224, 224, 3)
@@ -200,7 +210,7 @@ def test_skip_invalid_with_nothing_good(harness: Harness) -> None:
 
 def test_a_failure_outside_the_image_errors_is_still_the_images_fault(harness: Harness) -> None:
     """Whatever a decoder raises becomes a 422 for that item, never a 500 for the request."""
-    bad = bytearray(JPEG)  # not bytes: item_bytes trips over it with a TypeError
+    bad = ImageItem(b64=bytearray(JPEG))  # type: ignore[arg-type]  # item_bytes: a TypeError
     batch = harness.decode([JPEG, bad], skip=True)
     (error,) = batch.errors
     assert isinstance(error, InvalidImage) and isinstance(error, EmbeddingError)
@@ -275,7 +285,9 @@ def test_decodes_into_the_array_it_is_given(harness: Harness) -> None:
     """A backend may lend the memory it sends from (a shared-memory region): every row is
     written there and, when all decoded, that very array is the batch."""
     out = np.zeros((2, 224, 224, 3), np.uint8)
-    batch = asyncio.run(harness.decoder.decode([JPEG, PNG], OPTIONS, skip_invalid=False, out=out))
+    batch = asyncio.run(
+        harness.decoder.decode([image(JPEG), image(PNG)], OPTIONS, skip_invalid=False, out=out)
+    )
     assert batch.pixels is out
     np.testing.assert_array_equal(out[0], expected(JPEG)[0])
     np.testing.assert_array_equal(out[1], expected(PNG)[0])
@@ -304,8 +316,8 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
     out = np.zeros((3, 224, 224, 3), np.uint8)
 
     async def scenario() -> bool:
-        task = asyncio.ensure_future(h.decoder.decode([JPEG] * 3, OPTIONS, skip_invalid=False,
-                                                      out=out))  # fmt: skip
+        jpegs = [image(JPEG)] * 3
+        task = asyncio.ensure_future(h.decoder.decode(jpegs, OPTIONS, skip_invalid=False, out=out))
         while not started.is_set():  # noqa: ASYNC110 - a worker thread's event
             await asyncio.sleep(0.005)
         task.cancel()

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.errors import BodyTooSlow, InvalidFields, LimitExceeded, MalformedRequest, Overloaded
 from gateway.http import parsing
-from gateway.pipeline.items import TextItem
+from gateway.pipeline.items import ImageItem, TextItem
 
 BOUNDARY = "b0undary"
 
@@ -52,7 +52,7 @@ def test_multipart_keeps_arrival_order_and_reads_options(chunk: int) -> None:
         ("model", b"ViT-B-32", None),
     ])  # fmt: skip
     parsed = parse(raw, chunk)
-    assert parsed.items == [b"first", b"second", b"third"]
+    assert parsed.items == [ImageItem(b"first"), ImageItem(b"second"), ImageItem(b"third")]
     assert (parsed.normalize, parsed.encoding_format, parsed.model) == (False, "base64", "ViT-B-32")
 
 
@@ -66,8 +66,8 @@ def test_multipart_text_fields_are_texts_in_arrival_order(chunk: int) -> None:
         ("image", b"second", "2.jpg"),
     ])  # fmt: skip
     assert parse(raw, chunk).items == [
-        TextItem("a photo of a café"), b"first", TextItem("  spaces kept  "),
-        TextItem("from a file"), b"second",
+        TextItem("a photo of a café"), ImageItem(b"first"), TextItem("  spaces kept  "),
+        TextItem("from a file"), ImageItem(b"second"),
     ]  # fmt: skip
 
 
@@ -93,7 +93,7 @@ def test_multipart_reports_each_item_as_it_completes() -> None:
             chunked(raw, 5), BOUNDARY, max_images=8, max_image_bytes=100, on_item=seen.append
         )
     )
-    assert seen == [b"x", TextItem("a cat")]  # options are not items
+    assert seen == [ImageItem(b"x"), TextItem("a cat")]  # options are not items
 
 
 def test_multipart_limits() -> None:
@@ -141,8 +141,10 @@ def items_of(input_json: str, modality: str | None = None) -> list[object]:
 
 
 def test_json_strings_are_texts_unless_image_data_uris_or_the_modality_says_so() -> None:
-    assert items_of(f'["a cat", "{DATA_URI}"]') == [TextItem("a cat"), DATA_URI]
-    assert items_of(f'["{JPEG_B64}", "{DATA_URI}"]', "image") == [JPEG_B64, DATA_URI]
+    assert items_of(f'["a cat", "{DATA_URI}"]') == [TextItem("a cat"), ImageItem.encoded(DATA_URI)]
+    assert items_of(f'["{JPEG_B64}", "{DATA_URI}"]', "image") == [
+        ImageItem.encoded(JPEG_B64), ImageItem.encoded(DATA_URI),
+    ]  # fmt: skip
     # modality text: every string is a text, even one that looks like an image
     assert items_of(f'["{DATA_URI}", "{JPEG_B64}"]', "text") == [
         TextItem(DATA_URI), TextItem(JPEG_B64),
@@ -153,8 +155,8 @@ def test_json_strings_are_texts_unless_image_data_uris_or_the_modality_says_so()
 
 def test_json_objects_say_what_they_are() -> None:
     found = items_of(f'[{{"text": "a dog"}}, {{"image": "{JPEG_B64}"}}, "a bird"]')
-    assert found == [TextItem("a dog"), JPEG_B64, TextItem("a bird")]
-    assert items_of(f'[{{"image": "{JPEG_B64}"}}]', "image") == [JPEG_B64]
+    assert found == [TextItem("a dog"), ImageItem.encoded(JPEG_B64), TextItem("a bird")]
+    assert items_of(f'[{{"image": "{JPEG_B64}"}}]', "image") == [ImageItem.encoded(JPEG_B64)]
 
 
 @pytest.mark.parametrize(
@@ -187,7 +189,7 @@ def test_a_bare_base64_image_is_refused_as_ambiguous_naming_the_item(start: byte
     assert raised.value.index == 1
     assert "looks like a base64-encoded image" in raised.value.reason
     assert '"modality": "image"' in raised.value.reason
-    assert items_of(f'["{encoded}"]', "image") == [encoded]
+    assert items_of(f'["{encoded}"]', "image") == [ImageItem.encoded(encoded)]
     # not base64 after the start (a sentence): a text
     assert items_of('["/9j/ is how a base64 JPEG starts"]') == [
         TextItem("/9j/ is how a base64 JPEG starts")
@@ -219,13 +221,13 @@ def test_multipart_option_fields_and_images_are_told_apart_by_filename() -> None
     ])  # fmt: skip
     parsed = parse(raw)
     assert parsed == parsing.ParsedRequest(
-        [b"no filename", b"a file called model"], None, "float", True, True
+        [ImageItem(b"no filename"), ImageItem(b"a file called model")], None, "float", True, True
     )
 
 
 def test_multipart_defaults_when_no_option_is_sent() -> None:
     parsed = parse(body([("image", b"x", "a")]))
-    assert parsed == parsing.ParsedRequest([b"x"], None, None, None, None)
+    assert parsed == parsing.ParsedRequest([ImageItem(b"x")], None, None, None, None)
 
 
 @pytest.mark.parametrize(
@@ -282,7 +284,9 @@ def test_multipart_part_size_limit_names_the_part() -> None:
         parse(body([("image", b"ok", "a"), ("image", b"x" * 1001, "b")]), max_bytes=1000)
     assert raised.value.index == 1
     assert raised.value.reason.startswith("multipart limit reached at part 1: ")
-    assert parse(body([("image", b"x" * 1000, "b")]), max_bytes=1000).items == [b"x" * 1000]
+    assert parse(body([("image", b"x" * 1000, "b")]), max_bytes=1000).items == [
+        ImageItem(b"x" * 1000)
+    ]
 
 
 def header_part(headers: int) -> bytes:
@@ -294,7 +298,7 @@ def header_part(headers: int) -> bytes:
 
 
 def test_multipart_header_count_limit() -> None:
-    assert parse(header_part(16)).items == [b"image"]
+    assert parse(header_part(16)).items == [ImageItem(b"image")]
     with pytest.raises(LimitExceeded, match="Maximum segment header count exceeded"):
         parse(header_part(17))
 

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.errors import InvalidImage
 from gateway.http import encoding as responses
-from gateway.pipeline.batching import item_bytes
+from gateway.pipeline.items import ImageItem, item_bytes
 
 VECTORS = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
 
@@ -38,9 +38,10 @@ def test_binary(dtype: str, numpy_dtype: str) -> None:
 
 
 def test_item_bytes() -> None:
-    assert item_bytes(b"raw") == b"raw"
-    assert item_bytes(base64.b64encode(b"abc").decode()) == b"abc"
-    assert item_bytes("data:image/png;base64," + base64.b64encode(b"xyz").decode()) == b"xyz"
+    assert item_bytes(ImageItem(b"raw")) == b"raw"
+    assert item_bytes(ImageItem.encoded(base64.b64encode(b"abc").decode())) == b"abc"
+    uri = "data:image/png;base64," + base64.b64encode(b"xyz").decode()
+    assert item_bytes(ImageItem.encoded(uri)) == b"xyz"
     for bad in ("@@@", "data:image/png,abc", "data:image/png;base64"):
         with pytest.raises(InvalidImage):
-            item_bytes(bad)
+            item_bytes(ImageItem.encoded(bad))

@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+from litestar.testing import TestClient
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -13,6 +14,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.http.app import create_app
+from gateway.http.context import app_context
 from gateway.observability import tracing as telemetry
 from gateway.observability.logs import logging_config
 from gateway.observability.metrics import Metrics
@@ -42,7 +44,8 @@ def test_off_means_no_tracing_middleware_at_all(monkeypatch: pytest.MonkeyPatch)
     app = create_app(ServerSettings(), lambda *_: FakeBackend())
     names = [type(m).__name__ + getattr(m, "middleware", type(m)).__name__ for m in app.middleware]
     assert not any("OpenTelemetry" in n for n in names)
-    assert app.state.telemetry.enabled is False
+    with TestClient(app):
+        assert app_context(app.state).telemetry.enabled is False
 
 
 def test_traceparent_is_propagated_only_when_sampled() -> None:

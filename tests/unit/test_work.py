@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from gateway.imaging import work
-from gateway.pipeline.items import price
+from gateway.pipeline.items import ImageItem, price
 from tests import hostile, samples
 
 
@@ -70,19 +70,19 @@ def test_what_the_decoder_refuses_at_once_costs_nothing_beyond_the_item(data: by
 def test_a_base64_item_is_priced_from_its_header_like_its_bytes() -> None:
     data = samples.encode(flat((640, 480)), "PNG")
     encoded = base64.b64encode(data).decode()
-    assert price(data) == work.estimate(data)
-    assert price(encoded).coding == "png"
-    assert price("DATA:IMAGE/PNG;BASE64," + encoded).coding == "png"
+    assert price(ImageItem(data)) == work.estimate(data)
+    assert price(ImageItem.encoded(encoded)).coding == "png"
+    assert price(ImageItem.encoded("DATA:IMAGE/PNG;BASE64," + encoded)).coding == "png"
     wrapped = base64.encodebytes(data).decode()  # MIME line breaks
-    assert price(wrapped).coding == "png"
-    assert price("%%% not base64") == work.REFUSED
+    assert price(ImageItem.encoded(wrapped)).coding == "png"
+    assert price(ImageItem.encoded("%%% not base64")) == work.REFUSED
 
 
 def test_a_large_base64_item_is_priced_from_its_first_mebibyte() -> None:
     """Its bytes beyond the prefix still count at the per-byte factor (the whole length)."""
     data = samples.encode(flat((640, 480)), "JPEG") + b"\x00" * (3 << 20)  # trailing junk
     encoded = base64.b64encode(data).decode()
-    priced = price(encoded)
+    priced = price(ImageItem.encoded(encoded))
     per_pixel, per_byte = work.FACTORS["jpeg-baseline"]
     assert priced.seconds == pytest.approx(
         per_pixel * 640 * 480 + per_byte * (len(encoded) * 3 // 4)
@@ -95,7 +95,7 @@ def test_a_base64_jpeg_whose_frame_is_beyond_the_prefix_is_priced_at_the_worst()
     jpeg = samples.encode(flat((64, 64)), "JPEG")
     comment = b"\xff\xfe\xff\xf0" + b"x" * 0xFFEE  # a 64 KiB COM segment
     padded = jpeg[:2] + comment * 20 + jpeg[2:]
-    priced = price(base64.b64encode(padded).decode())
+    priced = price(ImageItem.encoded(base64.b64encode(padded).decode()))
     assert priced.coding == "jpeg-progressive"
     assert priced.seconds >= work.FACTORS["jpeg-progressive"][0] * work.WORST_PIXELS
     assert work.estimate(padded).coding == "jpeg-baseline"  # the whole bytes: its real price
