@@ -1,6 +1,6 @@
 # clip-gateway: one container per GPU — Triton (onnxruntime backend: CUDA and TensorRT EPs, and
 # its CPU EP when no GPU is found) and the gateway, started and supervised by
-# gateway/runtime/supervisor.py under tini. Only the gateway port is published.
+# clip_gateway/launcher/supervisor.py under tini. Only the gateway port is published.
 #
 #   docker build -t clip-gateway:0.1.0 .                                   # pretrained weights
 #   docker build -t clip-gateway:0.1.0 --build-arg CLIP_WEIGHTS=random .   # tests/benchmarks
@@ -40,18 +40,18 @@ COPY pyproject.toml ./
 COPY requirements/lock.txt requirements/
 RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["export"]))' > /tmp/export.txt \
  && pip install --extra-index-url "$TORCH_INDEX_URL" -c requirements/lock.txt -r /tmp/export.txt
-# exactly what `python -m export` imports (gateway/model/spec.py lists what decides its output;
-# the `export` import contract in pyproject.toml keeps it to gateway.model and gateway.text)
-COPY export/ export/
-COPY gateway/__init__.py gateway/
-COPY gateway/model/ gateway/model/
-COPY gateway/text/ gateway/text/
+# exactly what `python -m clip_gateway.export` imports (clip_gateway/model/spec.py lists what decides its output;
+# the `export` import contract in pyproject.toml keeps it to clip_gateway.model and clip_gateway.text)
+COPY clip_gateway/export/ clip_gateway/export/
+COPY clip_gateway/__init__.py clip_gateway/
+COPY clip_gateway/model/ clip_gateway/model/
+COPY clip_gateway/text/ clip_gateway/text/
 ARG CLIP_MODEL=ViT-B-32
 ARG CLIP_WEIGHTS=laion2b_s34b_b79k
 # /build exists before the shell opens the redirect into it; the export is made private (0700,
 # mkdtemp) and `cp`/`COPY --from` keep modes: the runtime's user (10001) must be able to read it.
 RUN mkdir -p /build /models \
- && python -m export --model "$CLIP_MODEL" --weights "$CLIP_WEIGHTS" --cache-dir /build/cache \
+ && python -m clip_gateway.export --model "$CLIP_MODEL" --weights "$CLIP_WEIGHTS" --cache-dir /build/cache \
       --print-dir > /build/dir \
  && cp -r "$(cat /build/dir)" /models/export \
  && chmod -R u=rwX,go=rX /models/export
@@ -76,8 +76,7 @@ RUN python3 -m venv /opt/venv \
  && CC="cc -mavx2" /opt/venv/bin/pip install --no-deps --no-binary pillow-simd pillow-simd==12.1.1.post0
 # pillow-simd: Pillow's API with SIMD resampling (AVX2 is on every GPU server this targets).
 COPY README.md ./
-COPY gateway/ gateway/
-COPY export/ export/
+COPY clip_gateway/ clip_gateway/
 COPY triton/ triton/
 RUN /opt/venv/bin/pip install --no-deps .
 
@@ -100,7 +99,7 @@ COPY --from=export /models/export /models/export
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin clip \
  && mkdir -p /var/cache/clip-gateway/trt && chown -R clip:clip /var/cache/clip-gateway
 # GATEWAY_WORKERS=0: the worker plan comes from the CPUs the container may use (cgroup quota,
-# gateway/runtime/plan.py). CPU_BACKEND: without a GPU, `auto` chooses the cpu profile, which
+# clip_gateway/config/plan.py). CPU_BACKEND: without a GPU, `auto` chooses the cpu profile, which
 # in the NGC image runs on Triton's onnxruntime backend (its Python backend has no ONNX Runtime);
 # a base without that backend but with ONNX Runtime in the Python backend's interpreter passes
 # `python`.
@@ -118,7 +117,7 @@ USER 10001:10001
 EXPOSE 8000
 # /healthz answers once the supervisor has started the gateway, i.e. after Triton is READY (TensorRT
 # engines built). start-period: GATEWAY_STARTUP_TIMEOUT_S (1800) + headroom, from
-# gateway/runtime/timings.py, so a first start's engine build never reads as unhealthy.
+# clip_gateway/config/timings.py, so a first start's engine build never reads as unhealthy.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=1810s --retries=3 \
   CMD ["/opt/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
 # NGC's entrypoint script runs first, as in every NGC image: it sets up CUDA forward

@@ -48,7 +48,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 	@touch $@
 
 # Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see
-# gateway/runtime/local.py.
+# clip_gateway/launcher/local.py.
 triton-env: $(TRITON_ENV)/.installed
 $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt
 	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"

@@ -36,8 +36,8 @@ import httpx
 
 from bench.output import figure, write_results
 from bench.photos import CAMERA_SIZES, jpeg, photo
-from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess
+from clip_gateway.config.processes import GatewayProcess
+from clip_gateway.launcher.local import LocalTriton
 from tests import hostile, samples
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -264,7 +264,7 @@ def mixed(url: str, hostile_loop: Callable[[], object], seconds: float) -> dict[
 
 
 def run(out: Path, gateway_path: str | None, mixed_s: float) -> dict[str, Any]:
-    from export.tokenizer import write_clip_bpe
+    from clip_gateway.export.tokenizer import write_clip_bpe
     from tests.controlled import render_control_repository
 
     report: dict[str, Any] = {"classes": {}, "mixed": {}}

@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from bench.load import Reply
-from gateway.client.core import multipart
+from clip_gateway.client.core import multipart
 
 SYSTEMS = ("gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http")
 _TIMING = re.compile(r"(\w+);dur=([\d.]+)")

@@ -35,8 +35,8 @@ from bench.clients import Batches, GatewayClient
 from bench.output import write_results
 from bench.photos import compact_jpeg
 from bench.stack import camera_photos
-from gateway.imaging import jpeg, paths
-from gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging import jpeg, paths
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 
 #: A regression the CI smoke fails on: the gateway's images per CPU-second on compact JPEGs at
 #: batch 32 below this fraction of decode-only's in the same run (0.39 when it was written, the
@@ -196,10 +196,10 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
 def run(out: Path, smoke: bool = False) -> dict[str, Any]:
     from bench import models
     from bench.runner import machine
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
-    from gateway.runtime.local import LocalTriton
-    from gateway.runtime.processes import GatewayProcess
+    from clip_gateway.config.processes import GatewayProcess
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.launcher.local import LocalTriton
+    from clip_gateway.model.spec import Weights
 
     out.mkdir(parents=True, exist_ok=True)
     pools = {

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from bench.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
-from gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 
 Pipeline = Callable[[bytes], object]
 

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from bench.photos import photo
-from gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 from tests import samples
 
 OPTIONS = ImageOptions(

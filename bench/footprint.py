@@ -19,7 +19,7 @@ import httpx
 
 from bench.output import write_results
 from bench.photos import compact_jpeg
-from gateway.runtime.processes import reserve_port
+from clip_gateway.config.processes import reserve_port
 
 #: The per-worker target (issue: warm-start serving process <= 250 MB RSS).
 TARGET_MB = 250
@@ -50,7 +50,7 @@ def describe(pid: int) -> dict[str, Any]:
     role = "supervisor"
     if "resource_tracker" in command:
         role = "shared-memory resource tracker (of the gateway)"
-    elif "gateway.http" in command:
+    elif "clip_gateway.http" in command:
         role = "gateway (serving process)"
     elif "backend_stub" in command:
         role = "triton python-backend stub (ONNX Runtime)"
@@ -70,7 +70,7 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
     port = reserved.port
     with tempfile.TemporaryDirectory(prefix="bench-footprint-") as work:
         reserved.release()  # the supervisor binds it now
-        command = [sys.executable, "-m", "gateway", "serve", "--weights", "random",
+        command = [sys.executable, "-m", "clip_gateway", "serve", "--weights", "random",
                    "--port", str(port), "--log-file", str(Path(work) / "serve.log")]  # fmt: skip
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:

@@ -1,10 +1,12 @@
 """``python -m bench gpu``: the exported graphs on a GPU, as the ``cuda`` profile runs them.
 
-For each model: export it (``python -m export``'s own code, random weights, seeded), then run
+For each model: export it (``python -m clip_gateway.export``'s own code, random weights, seeded),
+then run
 both towers' FP32 and FP16 graphs in ONNX Runtime's CUDA execution provider with the options
 ``triton/profiles/cuda.pbtxt`` passes (HEURISTIC cuDNN search, no CUDA graph), and record
 
-- **parity** against open_clip's own torch pipeline in FP32 on the CPU (``export/parity.py``'s
+- **parity** against open_clip's own torch pipeline in FP32 on the CPU
+(``clip_gateway/export/parity.py``'s
   references): the lowest and mean cosine, and the largest absolute difference for FP32;
 - **throughput** per batch size, inputs and outputs in host memory (Triton's backend copies them
   in and out the same way), and open_clip in torch FP16 on the same GPU as the engine-side
@@ -40,7 +42,8 @@ def _session(path: Path, provider: str) -> Any:
     options = ort.SessionOptions()
     if provider == "CUDAExecutionProvider":
         providers: list[Any] = [(provider, CUDA_OPTIONS)]
-    else:  # ORT_ENABLE_ALL's CPU layout transforms crash on the FP16 graph (export/parity.py)
+    else:  # ORT_ENABLE_ALL's CPU layout transforms crash on the FP16 graph
+        # (clip_gateway/export/parity.py)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         providers = [provider]
     session = ort.InferenceSession(str(path), options, providers=providers)
@@ -68,7 +71,7 @@ def _rate(run: Any, batch: int, min_seconds: float) -> dict[str, float]:
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    from export.parity import cosine
+    from clip_gateway.export.parity import cosine
 
     return cosine(a, b)
 
@@ -104,12 +107,12 @@ def _torch_fp16(loaded: Any, size: int, batches: tuple[int, ...], seconds: float
 
 
 def measure_model(model_name: str, cache_dir: Path, seconds: float) -> dict[str, Any]:
-    from export.build import ensure_exported
-    from export.model import load
-    from export.parity import reference, reference_text
-    from export.text import vocab_size
-    from gateway.model.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
-    from gateway.model.spec import Weights
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.export.model import load
+    from clip_gateway.export.parity import reference, reference_text
+    from clip_gateway.export.text import vocab_size
+    from clip_gateway.model.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
+    from clip_gateway.model.spec import Weights
 
     weights = Weights.random(0)
     started = time.perf_counter()
@@ -244,7 +247,11 @@ def markdown(results: dict[str, Any]) -> str:
                 rates = found[precision]["text_rates"]
                 cells = " | ".join(f"{rates[str(b)]['items_per_s']:,.0f}" for b in TEXT_BATCHES)
                 lines.append(f"| {model} | ORT CUDA {precision} | {cells} |")
-    lines += ["", "ONNX Runtime's fused ops in the FP16 image graph (export/onnx_export.py):", ""]
+    lines += [
+        "",
+        "ONNX Runtime's fused ops in the FP16 image graph (clip_gateway/export/onnx_export.py):",
+        "",
+    ]
     for model, found in results["models"].items():
         lines.append(
             f"- {model}: {found.get('fp16_fused_ops') or 'none (an export before the fusions)'}"

@@ -16,9 +16,9 @@ import onnx
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.model.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.runtime.repository import render
-from gateway.runtime.settings import RepositorySettings
+from clip_gateway.config.settings import RepositorySettings
+from clip_gateway.launcher.repository import render
+from clip_gateway.model.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
 
 RAW_MODEL = "clip_raw"
 RAW_INPUT = "input"

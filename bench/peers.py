@@ -37,7 +37,7 @@ from bench.clients import Batches, GatewayClient
 from bench.load import Reply
 from bench.photos import compact_jpeg
 from bench.supervisor import Supervisor
-from gateway.runtime.processes import reserve_port
+from clip_gateway.config.processes import reserve_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_ENV = ROOT / ".peer-env"
@@ -251,8 +251,8 @@ def system(name: str, export_dir: Path, work: Path, limits: Limits,
 
 def run(out: Path, limits: Limits, systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
     from bench.peers_report import write
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
 
     exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
     results: dict[str, Any] = {

@@ -22,8 +22,8 @@ def measure() -> dict[str, object]:
 
     from bench.cost import per_cpu_second
     from bench.photos import compact_jpeg
-    from gateway.imaging import paths
-    from gateway.imaging.preprocess import ImageOptions, preprocess
+    from clip_gateway.imaging import paths
+    from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 
     pool = [compact_jpeg(1000 + i) for i in range(64)]
     out = np.empty((224, 224, 3), np.uint8)
@@ -37,7 +37,7 @@ def main() -> int:
         print(json.dumps(measure()))
         return 0
     from bench.runner import stock_pillow
-    from gateway.model.spec import default_cache_dir
+    from clip_gateway.model.spec import default_cache_dir
 
     stock = stock_pillow(default_cache_dir())
     rows = []

@@ -1,10 +1,10 @@
 """``python -m bench plans``: core plans for the CPU profiles, measured through the container
 entrypoint: how ORT's threads (and their spin-waiting), Triton's instances and the gateway's
-decode threads share this machine's cores (gateway/runtime/plan.py chose from these figures).
+decode threads share this machine's cores (clip_gateway/config/plan.py chose from these figures).
 
 Every plan is a set of settings the operator could give; the first is what the launcher did
 before the core plan existed (ORT's own thread count with spinning, one decode thread per CPU),
-the last what the core plan now chooses on 2 CPUs (``gateway/runtime/plan.py``). Every plan
+the last what the core plan now chooses on 2 CPUs (``clip_gateway/config/plan.py``). Every plan
 names its instance count: the core plan's default changed from 1 to 2 after this run.
 """
 
@@ -49,8 +49,8 @@ LIMITS = replace(FULL, seconds=15.0, requests=200)
 def run(
     out: Path, limits: Limits = LIMITS, profiles: tuple[str, ...] = ("cpu-int8",)
 ) -> dict[str, Any]:
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
 
     exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
     results: dict[str, Any] = {"machine": machine(), "command": "python -m bench plans",

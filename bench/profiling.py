@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.runtime.processes import ServerProcess
+from clip_gateway.config.processes import ServerProcess
 
 
 def start(
@@ -91,21 +91,21 @@ def finish(
 #: (stage, needles) matched from the innermost frame out, the first frame that names a stage
 #: owning the sample. A needle is a fragment of the frame's file path, or ``function@fragment``.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("JPEG decode (libjpeg-turbo)", ("_decode@gateway/imaging/jpeg.py",)),
-    ("JPEG header walk", ("gateway/imaging/jpeg.py",)),
-    ("RGBX->RGB pack", ("_rgb@gateway/imaging/preprocess.py",)),
-    ("resize", ("_resize_box@gateway/imaging/preprocess.py",)),
-    ("orientation", ("gateway/imaging/orientation.py",)),
-    ("preprocess: the rest (copy into the batch)", ("gateway/imaging/",)),
-    ("batching + shared memory", ("gateway/pipeline/batching.py", "gateway/backend/shm")),
-    ("gRPC + Triton client", ("grpc", "tritonclient", "gateway/backend/")),
-    ("body parsing (multipart)", ("multipart", "gateway/http/parsing.py")),
+    ("JPEG decode (libjpeg-turbo)", ("_decode@clip_gateway/imaging/jpeg.py",)),
+    ("JPEG header walk", ("clip_gateway/imaging/jpeg.py",)),
+    ("RGBX->RGB pack", ("_rgb@clip_gateway/imaging/preprocess.py",)),
+    ("resize", ("_resize_box@clip_gateway/imaging/preprocess.py",)),
+    ("orientation", ("clip_gateway/imaging/orientation.py",)),
+    ("preprocess: the rest (copy into the batch)", ("clip_gateway/imaging/",)),
+    ("batching + shared memory", ("clip_gateway/pipeline/batching.py", "clip_gateway/backend/shm")),
+    ("gRPC + Triton client", ("grpc", "tritonclient", "clip_gateway/backend/")),
+    ("body parsing (multipart)", ("multipart", "clip_gateway/http/parsing.py")),
     ("access log + metrics + middleware",
-     ("gateway/observability/", "/logging/", "pythonjsonlogger", "prometheus_client",
+     ("clip_gateway/observability/", "/logging/", "pythonjsonlogger", "prometheus_client",
       "opentelemetry")),
-    ("pipeline (admission, service)", ("gateway/pipeline/",)),
-    ("response encoding", ("gateway/http/encoding.py", "msgspec", "orjson")),
-    ("HTTP server + framework", ("uvicorn", "httptools", "h11", "litestar", "gateway/http/")),
+    ("pipeline (admission, service)", ("clip_gateway/pipeline/",)),
+    ("response encoding", ("clip_gateway/http/encoding.py", "msgspec", "orjson")),
+    ("HTTP server + framework", ("uvicorn", "httptools", "h11", "litestar", "clip_gateway/http/")),
     ("event loop + threads", ("asyncio", "uvloop", "concurrent/futures", "threading.py")),
 )  # fmt: skip
 

@@ -1,7 +1,8 @@
 """``python -m bench quantization``: the INT8 methods ONNX Runtime offers, measured on this
 machine for both towers: dynamic (``quantize_dynamic``) and static QDQ with calibration
 (``quantize_static`` + a CalibrationDataReader over generated photos and captions), each per
-channel and per tensor (export/quantize.py). Per variant: images (texts) per second at batch 32
+channel and per tensor (clip_gateway/export/quantize.py). Per variant: images (texts) per second at
+batch 32
 and milliseconds at batch 1 with 2 threads, and cosine vs FP32 on the gate's calibration set.
 
 The static variants calibrate on a different draw (seed 1) than the one they are judged on
@@ -23,9 +24,9 @@ from PIL import Image
 from bench.ceilings import session
 from bench.output import write_results
 from bench.peers import machine, wait_quiet
-from export.parity import cosine
-from export.quantize import Method, quantize
-from gateway.model import calibration
+from clip_gateway.export.parity import cosine
+from clip_gateway.export.quantize import Method, quantize
+from clip_gateway.model import calibration
 
 VARIANTS: dict[str, tuple[Method, bool]] = {
     "dynamic, per channel": ("dynamic", True),
@@ -87,9 +88,9 @@ def tower(fp32: Path, name: str, judged: np.ndarray, fitted: np.ndarray, work: P
 
 
 def run(out: Path, reps: int = 5) -> dict[str, Any]:
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
-    from gateway.text.tokenizer import Tokenizer
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
+    from clip_gateway.text.tokenizer import Tokenizer
 
     exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
     directory = exported.directory

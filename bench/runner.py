@@ -22,10 +22,10 @@ from typing import Any
 from bench import models, profiling, shm
 from bench.clients import tensor_json_bytes
 from bench.suites import SUITES, Suite
-from export.build import ensure_exported
-from gateway.model.spec import ExportedModel, Weights, default_cache_dir
-from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess, ReservedPort, ServerProcess, reserve_port
+from clip_gateway.config.processes import GatewayProcess, ReservedPort, ServerProcess, reserve_port
+from clip_gateway.export.build import ensure_exported
+from clip_gateway.launcher.local import LocalTriton
+from clip_gateway.model.spec import ExportedModel, Weights, default_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 STOCK_PILLOW = "pillow==12.1.1"

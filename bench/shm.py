@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from gateway.model.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
-from gateway.runtime.local import LocalTriton
+from clip_gateway.launcher.local import LocalTriton
+from clip_gateway.model.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NAME
 
 
 def compare(

@@ -13,12 +13,12 @@ import numpy as np
 
 from bench.clients import Batches, GatewayClient
 from bench.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
-from export.build import ensure_exported
-from gateway.model.spec import Weights
-from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess
-from gateway.runtime.repository import render
-from gateway.runtime.settings import RepositorySettings
+from clip_gateway.config.processes import GatewayProcess
+from clip_gateway.config.settings import RepositorySettings
+from clip_gateway.export.build import ensure_exported
+from clip_gateway.launcher.local import LocalTriton
+from clip_gateway.launcher.repository import render
+from clip_gateway.model.spec import Weights
 
 
 @dataclass

@@ -179,8 +179,8 @@ PHASES: dict[str, Callable[[Path, Path], float]] = {
 
 
 def run(rounds: int, out: Path) -> dict[str, Any]:
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
 
     model_dir = ensure_exported("ViT-B-32", Weights.random(0)).directory
     results: dict[str, Any] = {"rounds": rounds, "machine": f"{os.cpu_count()} CPUs", "phases": {}}

@@ -18,11 +18,11 @@ from typing import Self
 
 import httpx
 
-from gateway.runtime.processes import reserve_port
+from clip_gateway.config.processes import reserve_port
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The container entrypoint: settings from the environment only.
-ENTRYPOINT = (sys.executable, "-m", "gateway.runtime.supervisor")
+ENTRYPOINT = (sys.executable, "-m", "clip_gateway.launcher.supervisor")
 HOST = "127.0.0.1"
 
 
@@ -63,7 +63,7 @@ class Supervisor:
 
     def serve(self, *args: str, env: dict[str, str] | None = None) -> Self:
         """``clip-gateway serve ARGS --port PORT``, Triton's ports from the environment."""
-        command = [sys.executable, "-m", "gateway", "serve", *args, "--port", str(self.port)]
+        command = [sys.executable, "-m", "clip_gateway", "serve", *args, "--port", str(self.port)]
         return self.start(command, self.triton_ports() | (env or {}))
 
     def start(self, command: list[str], env: dict[str, str]) -> Self:

@@ -17,10 +17,10 @@ from bench import load, models
 from bench.clients import Batches, GatewayClient
 from bench.output import write_results
 from bench.photos import compact_jpeg
-from export.build import ensure_exported
-from gateway.model.spec import Weights
-from gateway.runtime.local import LocalTriton, otel_trace_args
-from gateway.runtime.processes import GatewayProcess
+from clip_gateway.config.processes import GatewayProcess
+from clip_gateway.export.build import ensure_exported
+from clip_gateway.launcher.local import LocalTriton, otel_trace_args
+from clip_gateway.model.spec import Weights
 
 MODES = {
     "off": {"GATEWAY_TRACING": "off"},

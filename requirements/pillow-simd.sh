@@ -55,4 +55,4 @@ fi
 "$py" -m pip uninstall --quiet --yes pillow pillow-simd
 CC="cc $cflags" "$py" -m pip install --quiet --quiet --force-reinstall --no-deps --no-cache-dir \
   --no-binary pillow-simd "pillow-simd==$version"
-"$py" -m gateway imaging --require-simd >/dev/null
+"$py" -m clip_gateway imaging --require-simd >/dev/null

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime.repository import render
-from gateway.runtime.settings import RepositorySettings
+from clip_gateway.config.settings import RepositorySettings
+from clip_gateway.launcher.repository import render
 
 TESTS = Path(__file__).parent
 #: The client suite runs in a client-only virtualenv (tests/integration/test_client_install.py);
@@ -38,28 +38,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def exported():  # -> export.build.ExportedModel (torch is imported lazily, only when needed)
+def exported():  # -> clip_gateway.export.build.ExportedModel (torch imported lazily, when needed)
     """ViT-B/32 with random weights (seed 0), FP32 + FP16, from the export cache when present."""
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
 
     return ensure_exported("ViT-B-32", Weights.random(0))
 
 
 @pytest.fixture(scope="session")
-def exported_int8(exported):  # -> export.build.ExportedModel
+def exported_int8(exported):  # -> clip_gateway.export.build.ExportedModel
     """The same export with its INT8 files and gate figures (``--int8``): only the tests that
     need INT8 ask for it, so CI quantizes (about a minute) only when they run."""
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
 
     return ensure_exported("ViT-B-32", Weights.random(0), int8=True)
 
 
 @pytest.fixture(scope="session")
 def clip_tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """open_clip's CLIP BPE as the exporter writes it (export/tokenizer.py), without a model."""
-    from export.tokenizer import write_clip_bpe
+    """open_clip's CLIP BPE as the exporter writes it (clip_gateway/export/tokenizer.py), without a
+    model."""
+    from clip_gateway.export.tokenizer import write_clip_bpe
 
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     write_clip_bpe(path)
@@ -75,7 +76,7 @@ def cpu_repository(exported, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def triton(cpu_repository: Path) -> Iterator[object]:
     """A real tritonserver (cpu profile) on free loopback ports, shared by the session."""
-    from gateway.runtime.local import LocalTriton
+    from clip_gateway.launcher.local import LocalTriton
 
     with LocalTriton(cpu_repository) as server:
         yield server

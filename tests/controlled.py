@@ -16,13 +16,13 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from gateway.model.contract import (
+from clip_gateway.config.settings import RepositorySettings
+from clip_gateway.launcher.repository import render_config, render_text_config
+from clip_gateway.model.contract import (
     CLIP_BPE,
     TOKENIZER_FILE_PARAMETER,
     TOKENIZER_PARAMETER,
 )
-from gateway.runtime.repository import render_config, render_text_config
-from gateway.runtime.settings import RepositorySettings
 
 MODEL_SOURCE = Path(__file__).parent / "models" / "control.py"
 IMAGE_SIZE, EMBED_DIM, MAX_BATCH, CONTEXT_LENGTH = 224, 512, 32, 77

@@ -12,8 +12,8 @@ import threading
 
 import numpy as np
 
-from gateway.backend.protocol import ImageBatch, ModelInfo, TextModel
-from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
+from clip_gateway.backend.protocol import ImageBatch, ModelInfo, TextModel
+from clip_gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
 
 CONTEXT_LENGTH = 77
 

@@ -18,8 +18,8 @@ from fastapi import FastAPI
 from PIL import Image
 from pydantic import BaseModel
 
-from export.model import load
-from gateway.model.spec import DEFAULT_MODEL, Weights
+from clip_gateway.export.model import load
+from clip_gateway.model.spec import DEFAULT_MODEL, Weights
 
 
 class EmbedRequest(BaseModel):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from litestar.testing import TestClient
 
-from gateway.http.app import create_app
-from gateway.runtime.settings import ServerSettings
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.app import create_app
 from tests.fakes import FakeBackend
 
 

@@ -14,9 +14,9 @@ from litestar.testing import TestClient
 from pydantic import SecretStr
 
 from bench.photos import immich_preview, jpeg, photo
-from gateway.http.app import create_app
-from gateway.http.context import app_context
-from gateway.runtime.settings import ServerSettings
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.app import create_app
+from clip_gateway.http.context import app_context
 from tests import immich_reference, samples
 from tests.api.test_bad_input import problem
 from tests.fakes import FakeBackend, embed, embed_tokens, projection

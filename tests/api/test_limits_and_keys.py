@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from gateway.http.app import create_app
-from gateway.runtime.settings import ServerSettings
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.app import create_app
 from tests import samples
 from tests.controlled import wait_until
 from tests.fakes import FakeBackend

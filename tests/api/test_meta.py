@@ -63,7 +63,7 @@ def test_openapi_documents_both_request_forms_and_all_routes(client: TestClient)
 
 
 def test_shutdown_closes_the_backend(settings, fake: FakeBackend) -> None:
-    from gateway.http.app import create_app
+    from clip_gateway.http.app import create_app
 
     with TestClient(create_app(settings, lambda *_: fake)) as client:
         assert client.get("/healthz").status_code == 200
@@ -82,7 +82,7 @@ def test_our_handlers_and_guards_never_hop_to_a_thread(client: TestClient) -> No
         handler
         for route in client.app.routes
         for handler in getattr(route, "route_handlers", ())
-        if handler.fn.__module__.startswith("gateway.")
+        if handler.fn.__module__.startswith("clip_gateway.")
     ]
     assert {h.fn.__name__ for h in ours} >= {"create_embeddings", "healthz", "readyz", "metrics"}
     for handler in ours:

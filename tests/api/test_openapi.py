@@ -13,8 +13,8 @@ import msgspec
 from litestar.testing import TestClient
 from openapi_spec_validator import validate
 
-from gateway.http.problems import PROBLEMS
-from gateway.http.schemas import EmbeddingRequest, EmbeddingResponse, ModelList, Problem
+from clip_gateway.http.problems import PROBLEMS
+from clip_gateway.http.schemas import EmbeddingRequest, EmbeddingResponse, ModelList, Problem
 from tests import samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_docs_need_no_internet(client: TestClient) -> None:
 
 def test_serving_the_docs_assets_never_imports_flask() -> None:
     # flask-swagger-ui ships Swagger UI's files; its module imports Flask, never run here
-    code = "import sys, gateway.http.docs as d; d.assets(); print('flask' in sys.modules)"
+    code = "import sys, clip_gateway.http.docs as d; d.assets(); print('flask' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from gateway.http.app import create_app
-from gateway.runtime.settings import ServerSettings
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.app import create_app
 from tests import reference, samples
 from tests.api.test_bad_input import problem
 from tests.api.test_embeddings import embed_one, vectors

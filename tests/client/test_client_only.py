@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.client import AsyncClient, Client, ClientError, compact
+from clip_gateway.client import AsyncClient, Client, ClientError, compact
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,17 @@ def test_the_cli_embeds_a_folder(url: str, jpegs: list[bytes], tmp_path: Path) -
         (folder / f"{i}.jpg").write_bytes(data)
     out = tmp_path / "library.npz"
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "embed", str(folder), "--out", str(out), "--url", url],
+        [
+            sys.executable,
+            "-m",
+            "clip_gateway",
+            "embed",
+            str(folder),
+            "--out",
+            str(out),
+            "--url",
+            url,
+        ],
         capture_output=True,
         text=True,
         check=False,

@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 import pytest
 
-from gateway.runtime import timings
-from gateway.runtime.settings import Settings
+from clip_gateway.config import timings
+from clip_gateway.config.settings import Settings
 from tests import reference, samples
 from tests.image.containers import (
     IMAGE,

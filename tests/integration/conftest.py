@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess
+from clip_gateway.config.processes import GatewayProcess
+from clip_gateway.launcher.local import LocalTriton
 from tests.controlled import Control, render_control_repository
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
-from gateway.runtime.processes import GatewayProcess
+from clip_gateway.config.processes import GatewayProcess
 from tests import hostile, samples
 from tests.controlled import wait_until
 from tests.integration.test_hostile import files, rss_mb

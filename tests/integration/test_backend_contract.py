@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.backend.protocol import ImageBatch, InferenceBackend
-from gateway.backend.triton import TritonBackend
-from gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
-from gateway.runtime.processes import reserve_port
+from clip_gateway.backend.protocol import ImageBatch, InferenceBackend
+from clip_gateway.backend.triton import TritonBackend
+from clip_gateway.config.processes import reserve_port
+from clip_gateway.errors import BackendFailed, BackendTimeout, BackendUnavailable
 from tests.controlled import Control
 from tests.fakes import FakeBackend
 

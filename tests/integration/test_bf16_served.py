@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
-from gateway.runtime import bf16
+from clip_gateway.launcher import bf16
+from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
 from tests import reference, samples
 from tests.integration.test_int8 import launch, model_card, wait_ready  # noqa: F401
 
@@ -102,7 +102,7 @@ def test_without_bf16_units_an_explicit_cpu_bf16_is_refused(exported, launch) ->
 
 @needs_bf16
 def test_auto_without_a_gpu_serves_cpu_bf16_on_this_cpu(exported, launch) -> None:  # noqa: F811
-    from gateway.runtime import profiles
+    from clip_gateway.launcher import profiles
 
     if profiles.detect() is not None:
         pytest.skip("a GPU is present: auto picks a GPU profile")

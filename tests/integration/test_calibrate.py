@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from gateway.runtime import calibrate
-from gateway.runtime.processes import Interrupted
-from gateway.runtime.settings import Settings
+from clip_gateway.config.processes import Interrupted
+from clip_gateway.config.settings import Settings
+from clip_gateway.launcher import calibrate
 
 
 def small(exported) -> Settings:

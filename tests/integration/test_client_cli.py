@@ -18,9 +18,9 @@ import openai
 import pytest
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
-from gateway.client import AsyncClient, Client
-from gateway.client.library import Library
-from gateway.exits import Exit
+from clip_gateway.client import AsyncClient, Client
+from clip_gateway.exits import Exit
+from clip_gateway.photos.library import Library
 from tests import browser, samples
 from tests.client import messy
 
@@ -55,7 +55,7 @@ def interruptible() -> None:
 
 def cli(*args: str, **kwargs: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway", *args], cwd=ROOT, text=True,
+        [sys.executable, "-m", "clip_gateway", *args], cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=interruptible,
         **kwargs,  # type: ignore[call-overload]
     )  # fmt: skip
@@ -66,7 +66,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """The CLI to completion, stdout and stderr apart."""
     return subprocess.run(
-        [*wrapper, sys.executable, "-m", "gateway", *args], cwd=ROOT, text=True,
+        [*wrapper, sys.executable, "-m", "clip_gateway", *args], cwd=ROOT, text=True,
         capture_output=True, timeout=300, env={**os.environ, **env}, check=False,
     )  # fmt: skip
 

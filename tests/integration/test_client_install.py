@@ -30,8 +30,8 @@ def test_client_only_install_against_a_real_server(gateway, tmp_path: Path) -> N
     (wheel,) = (tmp_path / "dist").glob("clip_gateway-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.startswith("clip_gateway-")}
-    assert tops == {"gateway", "export"}, tops  # no tests, bench or deploy files
-    assert any(name.startswith("gateway/_triton/profiles/") for name in names)
+    assert tops == {"clip_gateway"}, tops  # no tests, bench or deploy files
+    assert any(name.startswith("clip_gateway/_triton/profiles/") for name in names)
 
     env_dir = tmp_path / "client-venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)

@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 import httpx
 import pytest
 
-from gateway.runtime.processes import GatewayProcess, reserve_port
+from clip_gateway.config.processes import GatewayProcess, reserve_port
 from tests import browser
 
 

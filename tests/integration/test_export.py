@@ -16,11 +16,13 @@ import torch
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from export import parity
-from export.build import ensure_exported
-from export.graph import tensorrt_blockers
-from export.model import load
-from gateway.model.contract import (
+from clip_gateway.config.settings import PROFILES, RepositorySettings
+from clip_gateway.export import parity
+from clip_gateway.export.build import ensure_exported
+from clip_gateway.export.graph import tensorrt_blockers
+from clip_gateway.export.model import load
+from clip_gateway.launcher.repository import render
+from clip_gateway.model.contract import (
     INPUT_NAME,
     OUTPUT_NAME,
     TEXT_CANARY,
@@ -30,10 +32,8 @@ from gateway.model.contract import (
     TRITON_MODEL_NAME,
     decode_reference,
 )
-from gateway.model.spec import ExportedModel, Weights
-from gateway.runtime.repository import render
-from gateway.runtime.settings import PROFILES, RepositorySettings
-from gateway.text.tokenizer import Tokenizer
+from clip_gateway.model.spec import ExportedModel, Weights
+from clip_gateway.text.tokenizer import Tokenizer
 from tests import reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_graph_contract(exported, variant: str) -> None:
 def test_tensorrt_can_take_the_whole_graph(exported) -> None:
     """The FP32 graph, which the tensorrt profile loads: no uint8 tensor but the input, which
     feeds only its Cast; every node an op TensorRT's ONNX parser takes, for the types it has
-    (export/graph.py walks the inferred graph)."""
+    (clip_gateway/export/graph.py walks the inferred graph)."""
     model = onnx.load(str(exported.fp32))
     assert [n.op_type for n in model.graph.node if INPUT_NAME in n.input] == ["Cast"]
     assert tensorrt_blockers(model) == []
@@ -302,7 +302,7 @@ def test_a_cache_hit_reuses_the_export_and_keys_on_weights(exported) -> None:
     assert again.directory == exported.directory
     assert [(f.stat().st_ino, f.stat().st_mtime_ns) for f in files] == before  # nothing rewritten
     assert exported.manifest["weights"]["id"] == "random:0"
-    from gateway.model.spec import cache_key
+    from clip_gateway.model.spec import cache_key
 
     assert cache_key("ViT-B-32", Weights.random(0), True) != cache_key(
         "ViT-B-32", Weights.random(1), True
@@ -332,7 +332,7 @@ def run_export_cli(
     *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "export", *args],
+        [sys.executable, "-m", "clip_gateway.export", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

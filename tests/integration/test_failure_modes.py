@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess
+from clip_gateway.config.processes import GatewayProcess
+from clip_gateway.launcher.local import LocalTriton
 from tests import samples
 from tests.controlled import wait_until
 
@@ -213,8 +213,8 @@ def test_idle_and_trickling_connections_cannot_hold_slots(triton, start_gateway)
             return refused[-1].status_code == 503
 
         wait_until(slots_taken, "the slots are taken")
-        # uvicorn's own refusal, replaced (gateway/http/protocol.py): problem+json, and when to
-        # retry computed from this worker's backlog (nothing admitted here: the 1 s floor)
+        # uvicorn's own refusal, replaced (clip_gateway/http/connections.py): problem+json, and
+        # when to retry computed from this worker's backlog (nothing admitted here: the 1 s floor)
         assert refused[-1].headers["content-type"] == "application/problem+json"
         assert refused[-1].headers["retry-after"] == "1"
         assert refused[-1].json()["status"] == 503

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.runtime.processes import reserve_port
+from clip_gateway.config.processes import reserve_port
 from tests import samples
 from tests.controlled import Control, wait_until
 from tests.metrics import sample, sample_or_zero

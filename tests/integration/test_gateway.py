@@ -237,7 +237,7 @@ def test_input_batches_travel_through_shared_memory(gateway, triton) -> None:
 
 
 def test_grpc_tensor_path_gives_the_same_embeddings(triton, tmp_path) -> None:
-    from gateway.runtime.processes import GatewayProcess
+    from clip_gateway.config.processes import GatewayProcess
 
     images = [samples.compact(i) for i in range(300, 305)]
     env = {"GATEWAY_TRITON_SHARED_MEMORY": "off", "GATEWAY_CANARY_INTERVAL_S": "0"}

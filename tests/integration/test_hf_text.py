@@ -17,12 +17,12 @@ import openai
 import pytest
 
 from bench.supervisor import Supervisor
-from export.build import ensure_exported
-from gateway.model.spec import Weights, default_cache_dir
-from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess
-from gateway.runtime.repository import render
-from gateway.runtime.settings import RepositorySettings
+from clip_gateway.config.processes import GatewayProcess
+from clip_gateway.config.settings import RepositorySettings
+from clip_gateway.export.build import ensure_exported
+from clip_gateway.launcher.local import LocalTriton
+from clip_gateway.launcher.repository import render
+from clip_gateway.model.spec import Weights, default_cache_dir
 from tests import reference
 from tests.hf_tokenizers import build
 from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, siglip_photos

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
-from gateway.runtime.processes import GatewayProcess
+from clip_gateway.config.processes import GatewayProcess
 from tests import hostile, samples
 
 #: Peak RSS growth allowed for one hostile request (8 items at most), and for a whole burst

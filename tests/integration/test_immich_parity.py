@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from bench.photos import immich_previews, jpeg, photo
-from gateway.runtime.local import LocalTriton
-from gateway.runtime.processes import GatewayProcess
-from gateway.runtime.repository import render
-from gateway.runtime.settings import RepositorySettings
+from clip_gateway.config.processes import GatewayProcess
+from clip_gateway.config.settings import RepositorySettings
+from clip_gateway.launcher.local import LocalTriton
+from clip_gateway.launcher.repository import render
 from tests import hf_tokenizers, immich_reference, reference
 
 #: Measured on the 2-core machine (random weights, seed 0; the test prints 7 places): ViT-B-32
@@ -165,8 +165,8 @@ def siglip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPr
     locally built T5-style tokenizer directory (the kind its hub repository holds; the same one
     tests/integration/test_hf_text.py builds, so the export is shared). Yields the gateway and
     that directory: the files Immich's server would load."""
-    from export.build import ensure_exported
-    from gateway.model.spec import Weights
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
 
     work = tmp_path_factory.mktemp("siglip")
     source = hf_tokenizers.build("t5", work / "tokenizer")

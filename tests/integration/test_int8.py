@@ -1,4 +1,5 @@
-"""The cpu-int8 profile end to end: the INT8 graphs ``python -m export --int8`` writes, the
+"""The cpu-int8 profile end to end: the INT8 graphs ``python -m clip_gateway.export --int8`` writes,
+the
 quality gate's figures, and the launch path serving them (a real Triton, a real gateway, real
 HTTP) within the gate of the FP32 gateway's answers; a refused export does not start unless the
 operator asked for the FP32 fallback, which then says so."""
@@ -16,9 +17,9 @@ import onnxruntime as ort
 import pytest
 
 from bench.supervisor import Supervisor
-from export.parity import cosine
-from gateway.model.contract import INPUT_NAME
-from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
+from clip_gateway.export.parity import cosine
+from clip_gateway.model.contract import INPUT_NAME
+from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
 from tests import samples
 
 TEXTS = ["a photo of a cat", "a diagram of the solar system", "東京の夜景 at night", "x" * 300]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from gateway.model.contract import (
+from clip_gateway.launcher.local import LocalTriton
+from clip_gateway.model.contract import (
     CANARY_PARAMETER,
     INPUT_NAME,
     OUTPUT_NAME,
@@ -20,8 +21,7 @@ from gateway.model.contract import (
     TRITON_MODEL_NAME,
     decode_reference,
 )
-from gateway.runtime.local import LocalTriton
-from gateway.text.tokenizer import Tokenizer
+from clip_gateway.text.tokenizer import Tokenizer
 from tests import reference
 
 #: Triton's answer vs open_clip's model on the same uint8 pixels (tests/reference.py); the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.runtime.processes import reserve_port
+from clip_gateway.config.processes import reserve_port
 from tests import samples
 from tests.controlled import wait_until
 
@@ -43,7 +43,8 @@ def test_serve_takes_its_port_model_and_weights_from_the_environment(
     log = tmp_path / "serve.log"
     url = f"http://127.0.0.1:{port}"
     with open(log, "wb") as output:
-        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], env=env, cwd=ROOT,
+        process = subprocess.Popen([sys.executable, "-m", "clip_gateway", "serve"], env=env,
+                                   cwd=ROOT,
                                    stdout=output, stderr=subprocess.STDOUT)  # fmt: skip
 
     def ready() -> bool:

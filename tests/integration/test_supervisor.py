@@ -25,8 +25,8 @@ import pytest
 
 from bench.stops import slow_templates
 from bench.supervisor import Supervisor
-from gateway.imaging import paths
-from gateway.runtime.processes import ReservedPort, reserve_port
+from clip_gateway.config.processes import ReservedPort, reserve_port
+from clip_gateway.imaging import paths
 from tests import reference, samples
 from tests.controlled import wait_until
 from tests.metrics import sample
@@ -142,7 +142,7 @@ def test_the_ready_line_and_models_name_the_image_path_that_runs(launched: Launc
 def test_sigterm_drains_an_in_flight_request_then_stops_everything(launched: Launched) -> None:
     tree = launched.tree()
     names = " | ".join(cmdline(p) for p in tree)
-    assert "tritonserver" in names and "gateway.http" in names and "backend_stub" in names
+    assert "tritonserver" in names and "clip_gateway.http" in names and "backend_stub" in names
     assert embed(launched.url).status_code == 200
     triton = launched.find("tritonserver")
     answer: dict[str, httpx.Response] = {}
@@ -281,7 +281,7 @@ def test_a_profile_whose_backend_triton_lacks_is_refused_with_the_reason(
             "GATEWAY_HOST": "127.0.0.1",
             "GATEWAY_PORT": str(port.port),
         }
-        process = launch([sys.executable, "-m", "gateway.runtime.supervisor"], env, tmp_path,
+        process = launch([sys.executable, "-m", "clip_gateway.launcher.supervisor"], env, tmp_path,
                          port.port)  # fmt: skip
         assert process.wait(120) == 2
         log = (tmp_path / "launch.log").read_text()
@@ -307,7 +307,7 @@ def test_the_container_refuses_to_serve_the_network_without_a_key(
     if keys_file is not None:
         (tmp_path / "keys").write_text("# no keys yet\n\n")
         env["GATEWAY_API_KEYS_FILE"] = str(tmp_path / "keys")
-    process = launch([sys.executable, "-m", "gateway.runtime.supervisor"], env, tmp_path, 0)
+    process = launch([sys.executable, "-m", "clip_gateway.launcher.supervisor"], env, tmp_path, 0)
     assert process.wait(60) == 2
     log = (tmp_path / "launch.log").read_text()
     assert "no API key configured" in log and "GATEWAY_ANONYMOUS=true" in log

@@ -21,8 +21,8 @@ import pytest
 from oteltest.sink import HttpSink
 from oteltest.sink.handler import RequestHandler
 
-from gateway.runtime.local import LocalTriton, otel_trace_args
-from gateway.runtime.processes import GatewayProcess, reserve_port
+from clip_gateway.config.processes import GatewayProcess, reserve_port
+from clip_gateway.launcher.local import LocalTriton, otel_trace_args
 from tests import samples
 from tests.metrics import sample, sample_or_zero
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from gateway.errors import LimitExceeded, Overloaded
-from gateway.imaging.work import Work
-from gateway.observability.metrics import Metrics
-from gateway.pipeline.admission import MAX_STEP, RATE_BOUNDS, Admission
+from clip_gateway.errors import LimitExceeded, Overloaded
+from clip_gateway.imaging.work import Work
+from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline.admission import MAX_STEP, RATE_BOUNDS, Admission
 
 #: An image whose decode costs nothing beyond the per-item overhead.
 FREE = Work("jpeg", "jpeg-baseline", 0.0)
@@ -305,7 +305,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     from types import SimpleNamespace
 
-    import gateway.pipeline.admission as module
+    import clip_gateway.pipeline.admission as module
 
     fake = Clock()
     monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=fake.monotonic))
@@ -407,8 +407,8 @@ def test_a_request_over_one_keys_share_is_too_large_for_that_key() -> None:
 
 
 def test_every_429_and_503_says_when_to_retry_computed_from_the_state() -> None:
-    from gateway.errors import BackendFailed, BackendUnavailable
-    from gateway.http.problems import headers_of
+    from clip_gateway.errors import BackendFailed, BackendUnavailable
+    from clip_gateway.http.problems import headers_of
 
     assert headers_of(Overloaded("full", retry_after=3.2))["Retry-After"] == "4"
     # Triton unavailable or shedding: the worker's backlog must drain, at least the reconnect

@@ -27,9 +27,9 @@ def test_cpu_seconds_counts_the_children_of_the_process() -> None:
 
 def test_each_sample_goes_to_the_innermost_stage_it_names() -> None:
     root = "run (/x/threading.py:1)"
-    decode = "_decode (/w/gateway/imaging/jpeg.py:321)"
-    walk = "walk (/w/gateway/imaging/jpeg.py:118)"
-    pre = "preprocess (/w/gateway/imaging/preprocess.py:120)"
+    decode = "_decode (/w/clip_gateway/imaging/jpeg.py:321)"
+    walk = "walk (/w/clip_gateway/imaging/jpeg.py:118)"
+    pre = "preprocess (/w/clip_gateway/imaging/preprocess.py:120)"
     assert profiling.stage([root, pre, walk, decode]) == "JPEG decode (libjpeg-turbo)"
     assert profiling.stage([root, pre, walk]) == "JPEG header walk"
     assert profiling.stage([root, pre]) == "preprocess: the rest (copy into the batch)"

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
-from gateway.model.gate import Thresholds, refusal
-from gateway.runtime import bf16, plan, profiles
-from gateway.runtime.repository import render
-from gateway.runtime.settings import PROFILES, RepositorySettings
+from clip_gateway.config import plan
+from clip_gateway.config.settings import PROFILES, RepositorySettings
+from clip_gateway.launcher import bf16, profiles
+from clip_gateway.launcher.repository import render
+from clip_gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
+from clip_gateway.model.gate import Thresholds, refusal
 from tests.unit.test_repository import as_triton_json, int8_export, read
 
 SAPPHIRE_RAPIDS = "fpu vme sse sse2 avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
@@ -123,7 +124,7 @@ def test_cpu_bf16_renders_the_fp32_files_on_openvino_with_the_gates_figures(
 
 
 def test_cpu_bf16_refused_renders_the_cpu_profile_saying_why(tmp_path: Path) -> None:
-    from gateway.backend.triton import parse_model_config, parse_text_config
+    from clip_gateway.backend.triton import parse_model_config, parse_text_config
 
     why = "BF16 refused by the quality gate: text tower cosine vs FP32 min 0.98000 < 0.99"
     section = bf16.section("2026.4.1", FIGURES, Thresholds(), why)
@@ -170,8 +171,8 @@ class FakeInstall:
 
 def supervisor(monkeypatch: pytest.MonkeyPatch, profile: str, flags: str, **launch: object):
     """The launcher's gate step with this CPU's flags, and no Triton env to look at."""
-    from gateway.runtime import supervisor as module
-    from gateway.runtime.settings import Settings
+    from clip_gateway.config.settings import Settings
+    from clip_gateway.launcher import supervisor as module
 
     monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset(flags.split()))
     monkeypatch.setattr(module.TritonInstall, "discover", classmethod(lambda cls: FakeInstall()))
@@ -182,7 +183,7 @@ def supervisor(monkeypatch: pytest.MonkeyPatch, profile: str, flags: str, **laun
 def test_an_explicit_cpu_bf16_on_a_cpu_without_bf16_is_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from gateway.runtime.processes import LaunchError
+    from clip_gateway.config.processes import LaunchError
 
     launcher = supervisor(monkeypatch, "cpu-bf16", ICE_LAKE, bf16_fallback=False)
     with pytest.raises(LaunchError, match=r"no BF16 units .*amx_bf16, avx512_bf16"):
@@ -192,7 +193,7 @@ def test_an_explicit_cpu_bf16_on_a_cpu_without_bf16_is_refused(
 def test_figures_below_the_gate_refuse_or_fall_back_saying_why(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from gateway.runtime.processes import LaunchError
+    from clip_gateway.config.processes import LaunchError
 
     poor = {"image": {"vs_fp32": {"mean": 0.9, "min": 0.5, "count": 48}}}
     monkeypatch.setattr(bf16, "figures", lambda *args, **kwargs: ("2026.4.1", poor))

@@ -1,6 +1,7 @@
 """The INT8 calibration set is generated; its content decides the INT8 files and the quality
 gate's figures, so it is pinned here: a change to the photo generator (shared with the benches,
-gateway/model/calibration.py ``photo``) or the captions must be deliberate (then also expect the
+clip_gateway/model/calibration.py ``photo``) or the captions must be deliberate (then also expect
+the
 export's INT8 section to be quantized again: spec.py ``int8_code_version``)."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from __future__ import annotations
 import hashlib
 
 from bench import photos as bench_photos
-from export.int8 import PHOTOS, SEED, TEXTS
-from gateway.model import calibration
+from clip_gateway.export.int8 import PHOTOS, SEED, TEXTS
+from clip_gateway.model import calibration
 
 #: sha256 of the 48 calibration photos (size, then RGB bytes, in turn) for seed 0, as exported
 #: before the generator was shared with bench/photos.py.

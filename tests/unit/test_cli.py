@@ -17,11 +17,11 @@ import httpx
 import numpy as np
 import pytest
 
-from gateway.cli.main import cli, main
-from gateway.client import Client
-from gateway.client.embed_folder import Options, embed_folder, summary
-from gateway.client.library import Library
-from gateway.exits import Exit
+from clip_gateway.cli.main import cli, main
+from clip_gateway.client import Client
+from clip_gateway.exits import Exit
+from clip_gateway.photos.embed_folder import Options, embed_folder, summary
+from clip_gateway.photos.library import Library
 from tests import samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "clip_gateway", *args], capture_output=True,
                           text=True, timeout=120, env=env, check=False)  # fmt: skip
 
 

@@ -17,7 +17,7 @@ import simplejpeg
 from PIL import Image
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
-from gateway.client import AsyncClient, Client, ClientError, CompactOptions, compact
+from clip_gateway.client import AsyncClient, Client, ClientError, CompactOptions, compact
 from tests import samples
 
 BIG = jpeg(photo(*CAMERA_SIZES[8], seed=3))
@@ -186,8 +186,9 @@ def test_async_client_retries_too() -> None:
 
 def test_importing_the_client_pulls_in_no_server_dependency() -> None:
     code = (
-        "import sys, gateway.client, gateway.client.dupes, gateway.client.library,"
-        " gateway.client.cli, gateway.client.commands, gateway.client.report, gateway.cli.main;"
+        "import sys, clip_gateway.client, clip_gateway.photos.dupes, clip_gateway.photos.library,"
+        " clip_gateway.photos.cli, clip_gateway.photos.commands, clip_gateway.photos.report,"
+        " clip_gateway.cli.main;"
         "server = {'litestar', 'uvicorn', 'tritonclient', 'msgspec', 'grpc', 'opentelemetry',"
         " 'prometheus_client', 'torch', 'onnxruntime'};"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in server))"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway.errors import ImageTooLarge, InvalidImage
-from gateway.imaging import preprocess as images
+from clip_gateway.errors import ImageTooLarge, InvalidImage
+from clip_gateway.imaging import preprocess as images
 from tests import samples
 
 MiB = 1 << 20
@@ -71,7 +71,7 @@ def test_a_baseline_jpeg_costs_its_scaled_rgbx_output_and_no_coefficients(
 
 
 def test_an_unsupported_jpeg_is_refused_with_the_walkers_reason() -> None:
-    from gateway.errors import UnsupportedFormat
+    from clip_gateway.errors import UnsupportedFormat
 
     frame = BASELINE.index(b"\xff\xc0")
     twelve_bit = BASELINE[: frame + 4] + b"\x0c" + BASELINE[frame + 5 :]

@@ -6,7 +6,7 @@ assumed); one that is far too high refuses images that would fit.
 
 Each case runs in its own process: the peak is VmHWM after the kernel's peak counter was reset
 (/proc/self/clear_refs), minus the RSS before the decode, with glibc's mmap threshold at the
-gateway's (runtime/memory.py), so freed buffers leave the RSS as they do in the gateway.
+gateway's (config/memory.py), so freed buffers leave the RSS as they do in the gateway.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway.imaging import preprocess as images
+from clip_gateway.imaging import preprocess as images
 from tests import samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,8 +28,8 @@ W, H = 3000, 2000  # 6 MP: large enough that the decoder's buffers dwarf its fix
 CHILD = r"""
 import sys
 import numpy as np
-from gateway.imaging.preprocess import ImageOptions, preprocess
-from gateway.runtime import memory
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.config import memory
 
 memory.tune()
 data = open(sys.argv[1], "rb").read()

@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from gateway.errors import EmbeddingError, InvalidImage, LimitExceeded, UnsupportedFormat
-from gateway.imaging.preprocess import ImageOptions, preprocess
-from gateway.observability.metrics import Metrics
-from gateway.pipeline.batching import BatchDecoder, DecodedBatch
-from gateway.pipeline.items import ImageItem, item_bytes
+from clip_gateway.errors import EmbeddingError, InvalidImage, LimitExceeded, UnsupportedFormat
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline.batching import BatchDecoder, DecodedBatch
+from clip_gateway.pipeline.items import ImageItem, item_bytes
 from tests import samples
 
 T = TypeVar("T")
@@ -301,7 +301,7 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
     a thread still writes to it."""
     import threading
 
-    from gateway.pipeline import batching
+    from clip_gateway.pipeline import batching
 
     started, proceed = threading.Event(), threading.Event()
 

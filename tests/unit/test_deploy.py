@@ -1,7 +1,7 @@
 """deploy/ and the Dockerfile, checked offline with the tools that judge them and against the
 code: kustomize's output against strict Kubernetes schemas (oldest and newest supported
 versions), compose against the compose specification, ``nginx -t``, hadolint; then what the
-files mean: every timing consistent with runtime/timings.py, probes that can pass, the worker
+files mean: every timing consistent with config/timings.py, probes that can pass, the worker
 plan applied, restricted pods, an engine cache a non-root pod can write, a complete HPA path."""
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from gateway.http.routes import ROUTES
-from gateway.observability.metrics import Metrics
-from gateway.runtime import plan, timings
-from gateway.runtime.settings import (
+from clip_gateway.config import plan, timings
+from clip_gateway.config.settings import (
     LaunchSettings,
     RepositorySettings,
     ServerSettings,
     Settings,
     exposure_problem,
 )
+from clip_gateway.http.routes import ROUTES
+from clip_gateway.observability.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -344,7 +344,7 @@ def test_the_runtime_image(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert "clip-gateway-entrypoint" in entrypoint
-    assert scripts["clip-gateway-entrypoint"] == "gateway.runtime.supervisor:main"
+    assert scripts["clip-gateway-entrypoint"] == "clip_gateway.launcher.supervisor:main"
     assert any("/var/cache/clip-gateway" in v for v in values("VOLUME"))
     for name in image_env():
         assert name in KNOWN_ENV, name
@@ -393,11 +393,12 @@ def copied_before(stage: list[dict[str, Any]], marker: str) -> set[str]:
 def test_source_edits_do_not_rebuild_the_export_or_pillow_simd() -> None:
     """Each expensive layer sees only the files its result depends on, so a README or gateway
     edit reuses the cached export and pillow-simd build."""
-    from gateway.model.spec import _VERSIONED_SOURCES
+    from clip_gateway.model.spec import _VERSIONED_SOURCES
 
     export, venv, _runtime = stages()
-    for_export = copied_before(export, "python -m export")
-    assert for_export <= {"export/", "gateway/__init__.py", "gateway/model/", "gateway/text/",
+    for_export = copied_before(export, "python -m clip_gateway.export")
+    assert for_export <= {"clip_gateway/export/", "clip_gateway/__init__.py", "clip_gateway/model/",
+                          "clip_gateway/text/",
                           "pyproject.toml", "requirements/lock.txt"}, for_export  # fmt: skip
     # the dependencies come from pyproject.toml and the lock alone, before any source file
     assert copied_before(export, "pip install") <= {"pyproject.toml", "requirements/lock.txt"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.runtime.settings import LaunchSettings, RepositorySettings, ServerSettings
+from clip_gateway.config.settings import LaunchSettings, RepositorySettings, ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -7,7 +7,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from gateway.client.dupes import UnionFind, groups, similar_pairs
+from clip_gateway.photos.dupes import UnionFind, groups, similar_pairs
 
 
 def library(seed: int = 0) -> tuple[np.ndarray, list[set[int]]]:

@@ -1,4 +1,4 @@
-"""The engine cache (gateway/runtime/engines.py): keyed by GPU model and model identity, one
+"""The engine cache (clip_gateway/launcher/engines.py): keyed by GPU model and model identity, one
 builder at a time, and nothing half-built left behind by a start-up that did not finish."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.model.spec import model_identity
-from gateway.runtime import engines
-from gateway.runtime.processes import Interrupted
+from clip_gateway.config.processes import Interrupted
+from clip_gateway.launcher import engines
+from clip_gateway.model.spec import model_identity
 from tests.unprivileged import as_unprivileged, open_directory
 
 

@@ -1,4 +1,4 @@
-"""The baked export (GATEWAY_MODEL_DIR, gateway/runtime/exports.py): one the launcher's user
+"""The baked export (GATEWAY_MODEL_DIR, clip_gateway/launcher/exports.py): one the launcher's user
 cannot read is a start-up error naming the path, its mode and owner, not a PermissionError."""
 
 from __future__ import annotations
@@ -7,14 +7,15 @@ import json
 import threading
 from pathlib import Path
 
-from gateway.runtime import exports
-from gateway.runtime.processes import LaunchError
-from gateway.runtime.settings import LaunchSettings
+from clip_gateway.config.processes import LaunchError
+from clip_gateway.config.settings import LaunchSettings
+from clip_gateway.launcher import exports
 from tests.unprivileged import as_unprivileged, open_directory
 
 
 def baked(parent: Path, mode: int) -> Path:
-    """An export directory as `python -m export` leaves it (mkdtemp: 0700), then ``mode``."""
+    """An export directory as `python -m clip_gateway.export` leaves it (mkdtemp: 0700), then
+    ``mode``."""
     export = parent / "export"
     export.mkdir()
     (export / "manifest.json").write_text(json.dumps({"model": "ViT-B-32"}))

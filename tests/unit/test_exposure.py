@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime.settings import ServerSettings, exposure_problem, is_loopback
+from clip_gateway.config.settings import ServerSettings, exposure_problem, is_loopback
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "::1", "[::1]", "localhost"])
@@ -43,8 +43,9 @@ def test_an_unreadable_keys_file_is_named(tmp_path: Path) -> None:
 def test_the_http_process_run_by_hand_refuses_an_open_address_without_keys(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`python -m gateway.http` holds the same rule as the launcher, before binding anything."""
-    from gateway.http import __main__ as http_main
+    """`python -m clip_gateway.http` holds the same rule as the launcher, before binding
+    anything."""
+    from clip_gateway.http import __main__ as http_main
 
     for name in ("GATEWAY_API_KEYS", "GATEWAY_API_KEYS_FILE", "GATEWAY_ANONYMOUS"):
         monkeypatch.delenv(name, raising=False)

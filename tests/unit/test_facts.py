@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from gateway.client.facts import Facts, best, facts, human_size
+from clip_gateway.photos.facts import Facts, best, facts, human_size
 from tests import samples
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime.processes import ProcessStartError
-from gateway.runtime.settings import RepositorySettings, Settings
-from gateway.runtime.supervisor import Supervisor
+from clip_gateway.config.processes import ProcessStartError
+from clip_gateway.config.settings import RepositorySettings, Settings
+from clip_gateway.launcher.supervisor import Supervisor
 
 
 class Starts(Supervisor):

@@ -7,9 +7,9 @@ import io
 import pytest
 from PIL import Image
 
-from gateway.client import CompactOptions, compact
-from gateway.client.formats import HEAD_BYTES, UnreadableImage, identify, open_image
-from gateway.imaging.preprocess import sniff
+from clip_gateway.client import CompactOptions, compact
+from clip_gateway.client.formats import HEAD_BYTES, UnreadableImage, identify, open_image
+from clip_gateway.imaging.preprocess import sniff
 from tests import samples
 
 

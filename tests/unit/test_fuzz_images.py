@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.photos import jpeg, photo
-from gateway.errors import EmbeddingError
-from gateway.http.problems import problem_of
-from gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.errors import EmbeddingError
+from clip_gateway.http.problems import problem_of
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 from tests import samples
 
 OPTIONS = ImageOptions(size=224, max_pixels=20_000_000, max_bytes=8 << 20)

@@ -11,9 +11,9 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import LimitExceeded, MalformedRequest
-from gateway.http.parsing import _scan_input
-from gateway.imaging import containers, orientation
+from clip_gateway.errors import LimitExceeded, MalformedRequest
+from clip_gateway.http.parsing import _scan_input
+from clip_gateway.imaging import containers, orientation
 from tests import hostile, samples
 
 SEEDS = {

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime import calibrate, engines
-from gateway.runtime import profiles as gpu
-from gateway.runtime.plan import WorkerPlan, worker_plan
-from gateway.runtime.settings import LaunchSettings, RepositorySettings
+from clip_gateway.config.plan import WorkerPlan, worker_plan
+from clip_gateway.config.settings import LaunchSettings, RepositorySettings
+from clip_gateway.launcher import calibrate, engines
+from clip_gateway.launcher import profiles as gpu
 
 
 def card(name: str, cc: tuple[int, int] = (8, 6)) -> gpu.GpuInfo:
@@ -219,7 +219,7 @@ def test_one_profile_setting_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_auto_is_resolved_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The launcher resolves `auto` and renders with a concrete profile; rendering `auto`
     is refused rather than guessed."""
-    from gateway.runtime.repository import render_config
+    from clip_gateway.launcher.repository import render_config
 
     monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "auto")
     chosen = RepositorySettings().model_copy(update={"profile": "tensorrt"})
@@ -237,7 +237,7 @@ def test_a_memory_limit_caps_the_decode_threads(memory_gib: int | None, threads:
 
 
 def test_the_container_limits_are_read_from_cgroup_files(tmp_path: Path) -> None:
-    from gateway.runtime.plan import cgroup_cpu_quota, cgroup_memory_limit, plan_for
+    from clip_gateway.config.plan import cgroup_cpu_quota, cgroup_memory_limit, plan_for
 
     (tmp_path / "cpu.max").write_text("250000 100000\n")  # 2.5 CPUs
     (tmp_path / "memory.max").write_text(str(3 << 30))
@@ -260,13 +260,13 @@ def test_the_model_gets_the_usable_cpus_between_its_instances(
     profile: str, cpus: int, instances: int, threads: int, expected: tuple[int, int]
 ) -> None:
     """ORT's own default counts the host's cores; the plan counts what the cgroup allows."""
-    from gateway.runtime.plan import ModelPlan, model_plan
+    from clip_gateway.config.plan import ModelPlan, model_plan
 
     assert model_plan(profile, cpus, instances, threads) == ModelPlan(*expected)
 
 
 def test_a_cpu_quota_sets_the_model_plan(tmp_path: Path) -> None:
-    from gateway.runtime.plan import ModelPlan, model_plan, usable_cpus
+    from clip_gateway.config.plan import ModelPlan, model_plan, usable_cpus
 
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: one whole CPU
     assert model_plan("cpu-int8", usable_cpus(tmp_path)) == ModelPlan(1, 1)

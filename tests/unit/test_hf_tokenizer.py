@@ -1,4 +1,4 @@
-"""gateway/text/hf.py against open_clip's own ``HFTokenizer`` (transformers underneath), both
+"""clip_gateway/text/hf.py against open_clip's own ``HFTokenizer`` (transformers underneath), both
 pointed at the same locally built tokenizer directory of each real kind (tests/hf_tokenizers.py:
 Gemma-style BPE for SigLIP2, T5-style Unigram for SigLIP, XLM-R-style Unigram): identical ids
 over a generated corpus; negative controls that must fail; torch-free; missing files."""
@@ -15,11 +15,11 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from export import hf_tokenizer
-from export.tokenizer import describe
-from gateway.text import load_tokenizer
-from gateway.text.hf import HfTokenizer
-from gateway.text.tokenizer import canonicalize
+from clip_gateway.export import hf_tokenizer
+from clip_gateway.export.tokenizer import describe
+from clip_gateway.text import load_tokenizer
+from clip_gateway.text.hf import HfTokenizer
+from clip_gateway.text.tokenizer import canonicalize
 from tests.hf_tokenizers import build
 from tests.unit.test_tokenizer import corpus
 
@@ -193,7 +193,7 @@ def test_every_hf_family_is_described_as_served(
 
 def test_the_serving_modules_import_neither_torch_nor_transformers() -> None:
     code = (
-        "import sys, gateway.text.hf, gateway.text, gateway.pipeline.texts\n"
+        "import sys, clip_gateway.text.hf, clip_gateway.text, clip_gateway.pipeline.texts\n"
         "bad = [m for m in ('torch', 'transformers', 'open_clip') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

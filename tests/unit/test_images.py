@@ -10,9 +10,9 @@ import pytest
 from PIL import Image, ImageOps
 
 from bench.photos import jpeg as jpeg_bytes
-from gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
-from gateway.imaging import jpeg, orientation
-from gateway.imaging import preprocess as images
+from clip_gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
+from clip_gateway.imaging import jpeg, orientation
+from clip_gateway.imaging import preprocess as images
 from tests import samples
 
 OPTIONS = images.ImageOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
@@ -164,7 +164,8 @@ def test_heif_and_avif_are_415(brand: bytes) -> None:
 
 
 def test_heif_told_by_a_compatible_brand_is_415_as_the_client_tells_it() -> None:
-    """The client's signatures (gateway/imaging/formats.py): ``mif1`` major, ``heic`` compatible."""
+    """The client's signatures (clip_gateway/imaging/formats.py): ``mif1`` major, ``heic``
+    compatible."""
     with pytest.raises(UnsupportedFormat, match="HEIF/AVIF"):
         images.sniff(b"\x00\x00\x00\x18ftypmif1\x00\x00\x00\x00heic" + b"\x00" * 20)
     with pytest.raises(UnsupportedFormat, match="HEIF/AVIF"):

@@ -1,4 +1,5 @@
-"""The image path the gateway reports (gateway/imaging/paths.py) and how the install gets the fast
+"""The image path the gateway reports (clip_gateway/imaging/paths.py) and how the install gets the
+fast
 one (requirements/pillow-simd.sh): packages installed where it may, a clear refusal otherwise."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import PIL
 import pytest
 
-from gateway.imaging import paths
+from clip_gateway.imaging import paths
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "requirements" / "pillow-simd.sh"
@@ -47,7 +48,7 @@ def test_the_check_names_the_pil_that_shadows_the_venvs_and_requires_simd(
     _fake_pil(tmp_path, distribution, version)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "imaging", "--require-simd"],
+        [sys.executable, "-m", "clip_gateway", "imaging", "--require-simd"],
         env=env,
         capture_output=True,
         text=True,
@@ -108,7 +109,7 @@ def test_as_root_the_install_gets_the_packages_then_builds_and_checks(tmp_path: 
     assert lines[0].startswith("apt-get install -y")
     assert lines[0].endswith("libwebp-dev zlib1g-dev libjpeg-dev")
     assert "pillow-simd==12.1.1.post0" in lines[2]
-    assert lines[-1] == "python -m gateway imaging --require-simd"
+    assert lines[-1] == "python -m clip_gateway imaging --require-simd"
 
 
 def test_packages_still_missing_after_apt_stop_the_install(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from gateway.model.spec import immich_name
-from gateway.runtime.settings import ServerSettings, immich_protection
+from clip_gateway.config.settings import ServerSettings, immich_protection
+from clip_gateway.model.spec import immich_name
 
 
 def manifest(kind: str, value: str, model: str = "ViT-B-32") -> dict:

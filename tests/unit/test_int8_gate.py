@@ -1,4 +1,5 @@
-"""The INT8 quality gate (gateway/model/gate.py): which figures pass, and what a refusal says."""
+"""The INT8 quality gate (clip_gateway/model/gate.py): which figures pass, and what a refusal
+says."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE, Thresholds, refusal
-from gateway.runtime.settings import LaunchSettings, ServerSettings
+from clip_gateway.config.settings import LaunchSettings, ServerSettings
+from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE, Thresholds, refusal
 
 
 def figures(image: tuple[float, float], text: tuple[float, float] | None = None) -> dict[str, Any]:

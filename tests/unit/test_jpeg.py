@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bench.photos import jpeg as encode_jpeg
 from bench.photos import photo
-from gateway.imaging import jpeg
+from clip_gateway.imaging import jpeg
 from tests import samples
 
 

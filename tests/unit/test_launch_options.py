@@ -1,4 +1,4 @@
-"""Every launch option declared once (gateway/cli/options.py): for each flag of ``clip-gateway
+"""Every launch option declared once (clip_gateway/cli/options.py): for each flag of ``clip-gateway
 serve``, its environment variable alone takes effect, the flag beats the variable, and with
 neither the settings' default holds. Run through the real ``clip-gateway`` root command; the
 one seam is what receives the resolved settings (``obj``) instead of starting the supervisor."""
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli.main import cli, main
-from gateway.cli.options import SECTIONS, Flag
-from gateway.cli.reference import page
-from gateway.cli.serve import SERVE_FLAGS
-from gateway.cli.tools import COMMAND_FLAGS
-from gateway.runtime.settings import Settings
+from clip_gateway.cli.main import cli, main
+from clip_gateway.cli.options import SECTIONS, Flag
+from clip_gateway.cli.reference import page
+from clip_gateway.cli.serve import SERVE_FLAGS
+from clip_gateway.cli.tools import COMMAND_FLAGS
+from clip_gateway.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,7 @@ def test_without_the_server_extra_the_client_commands_run_and_serve_says_what_it
         "import sys\n"
         "for name in ('pydantic', 'pydantic_settings', 'litestar', 'uvicorn', 'tritonclient'):\n"
         "    sys.modules[name] = None  # import fails, as where it is not installed\n"
-        "from gateway.cli.main import main\n"
+        "from clip_gateway.cli.main import main\n"
         "assert main(['--help']) == 0 and main(['embed', '--help']) == 0\n"
         "sys.exit(main(['serve', '--port', '9000']))\n"
     )

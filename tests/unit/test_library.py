@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.client.library import Failure, Library, Stamp, sha256
+from clip_gateway.photos.library import Failure, Library, Stamp, sha256
 
 A, B = Stamp(10, 1_000), Stamp(20, 2_000)
 

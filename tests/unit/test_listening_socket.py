@@ -1,4 +1,4 @@
-"""The listening socket the launcher hands the HTTP process (runtime/processes.py)."""
+"""The listening socket the launcher hands the HTTP process (config/processes.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from gateway.runtime.processes import listening_socket
+from clip_gateway.config.processes import listening_socket
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from export import tokenizer
-from export.preprocessing import image_preprocessing
-from gateway.model.spec import UnsupportedModelError
+from clip_gateway.export import tokenizer
+from clip_gateway.export.preprocessing import image_preprocessing
+from clip_gateway.model.spec import UnsupportedModelError
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.http.routes import ROUTES
+from clip_gateway.http.routes import ROUTES
 
 STACK = Path(__file__).resolve().parents[2] / "deploy" / "observability"
 

@@ -8,7 +8,7 @@ from io import BytesIO
 import pytest
 from PIL import Image
 
-from gateway.imaging import orientation
+from clip_gateway.imaging import orientation
 from tests import samples
 
 

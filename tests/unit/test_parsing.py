@@ -8,9 +8,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.errors import BodyTooSlow, InvalidFields, LimitExceeded, MalformedRequest, Overloaded
-from gateway.http import parsing
-from gateway.pipeline.items import ImageItem, TextItem
+from clip_gateway.errors import (
+    BodyTooSlow,
+    InvalidFields,
+    LimitExceeded,
+    MalformedRequest,
+    Overloaded,
+)
+from clip_gateway.http import parsing
+from clip_gateway.pipeline.items import ImageItem, TextItem
 
 BOUNDARY = "b0undary"
 
@@ -427,7 +433,7 @@ def test_body_chunks_allow_exactly_the_limit_and_refuse_one_byte_more() -> None:
 
 
 def test_a_client_that_disconnects_mid_body_is_gone() -> None:
-    from gateway.errors import ClientGone
+    from clip_gateway.errors import ClientGone
 
     receive = channel({"type": "http.request", "body": b"ab", "more_body": True},
                       {"type": "http.disconnect"})  # fmt: skip

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.imaging.preprocess import ImageOptions, preprocess
-from gateway.pipeline.items import ImageItem, TextItem
-from gateway.pipeline.service import EmbeddingService, PipelineOptions
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.pipeline.items import ImageItem, TextItem
+from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
 from tests import samples
 from tests.fakes import FakeBackend, embed
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.client.facts import BEST_RULE, facts
-from gateway.client.report import CSP, thumbnail, write_dupes, write_search
-from gateway.client.search import Hit
+from clip_gateway.photos.facts import BEST_RULE, facts
+from clip_gateway.photos.report import CSP, thumbnail, write_dupes, write_search
+from clip_gateway.photos.search import Hit
 from tests import samples
 
 

@@ -10,7 +10,9 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.model.contract import (
+from clip_gateway.config.settings import PROFILES, RepositorySettings
+from clip_gateway.launcher.repository import render, render_config, render_text_config
+from clip_gateway.model.contract import (
     CANARY_PARAMETER,
     INPUT_NAME,
     OUTPUT_NAME,
@@ -21,8 +23,6 @@ from gateway.model.contract import (
     TEXT_OUTPUT_NAME,
     TRITON_MODEL_NAME,
 )
-from gateway.runtime.repository import render, render_config, render_text_config
-from gateway.runtime.settings import PROFILES, RepositorySettings
 
 # The TensorRT-accelerator keys the onnxruntime backend understands (README "Parameter mapping"
 # table and the key checks in src/onnxruntime.cc of triton-inference-server/onnxruntime_backend).
@@ -242,7 +242,8 @@ def test_tensorrt_text_profile_spans_every_batch_of_token_rows() -> None:
 
 
 def fake_export(directory: Path, tokenizer: dict[str, object], towers: bool = True) -> Path:
-    """An export directory as `python -m export` lays it out (empty ONNX files: only rendered)."""
+    """An export directory as `python -m clip_gateway.export` lays it out (empty ONNX files: only
+    rendered)."""
     directory.mkdir()
     for name in ("model.onnx", "model_fp16.onnx", "text.onnx", "text_fp16.onnx", "tokenizer.json"):
         (directory / name).write_bytes(b"")
@@ -287,8 +288,8 @@ def test_render_places_the_tokenizer_beside_clip_text_and_names_it(
 def test_render_passes_a_hf_tokenizers_framing_to_the_gateway(tmp_path: Path) -> None:
     """SigLIP's: open_clip's cleaning, the separator strip and the graph's pooling, read back by
     the gateway's parser (backend/triton.py) into the text model it tokenises for."""
-    from gateway.backend.protocol import ModelInfo
-    from gateway.backend.triton import parse_text_config
+    from clip_gateway.backend.protocol import ModelInfo
+    from clip_gateway.backend.triton import parse_text_config
 
     tokenizer = {"kind": "hf", "available": True, "file": "tokenizer.json",
                  "clean": "canonicalize", "strip_sep_id": 2, "pooling": "last",
@@ -421,7 +422,7 @@ def as_triton_json(config: mc.ModelConfig) -> dict[str, object]:
 def test_the_gateway_reads_each_towers_quantization_from_the_rendered_configs(
     tmp_path: Path,
 ) -> None:
-    from gateway.backend.triton import parse_model_config, parse_text_config
+    from clip_gateway.backend.triton import parse_model_config, parse_text_config
 
     repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
                   tmp_path / "repo")  # fmt: skip
@@ -437,8 +438,8 @@ def test_the_gateway_reads_each_towers_quantization_from_the_rendered_configs(
 
 
 def test_an_unreadable_quantization_parameter_is_a_backend_failure(tmp_path: Path) -> None:
-    from gateway.backend.triton import parse_model_config
-    from gateway.errors import BackendFailed
+    from clip_gateway.backend.triton import parse_model_config
+    from clip_gateway.errors import BackendFailed
 
     repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
                   tmp_path / "repo")  # fmt: skip
@@ -484,7 +485,7 @@ def test_the_gateway_reads_how_many_instances_serve_each_tower(
     tmp_path: Path, count: int, instances: int
 ) -> None:
     """What the service splits a request by: the rendered instance count (0 renders 1)."""
-    from gateway.backend.triton import parse_model_config, parse_text_config
+    from clip_gateway.backend.triton import parse_model_config, parse_text_config
 
     settings = RepositorySettings(profile="cpu", instance_count=count)
     repo = render(settings, int8_export(tmp_path / "export"), tmp_path / "repo")

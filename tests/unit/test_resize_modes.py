@@ -17,7 +17,7 @@ import pytest
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image, ImageOps
 
-from gateway.imaging.preprocess import ImageOptions, Interpolation, ResizeMode, preprocess
+from clip_gateway.imaging.preprocess import ImageOptions, Interpolation, ResizeMode, preprocess
 from tests import samples
 from tests.reference import unit
 
@@ -127,7 +127,7 @@ def test_interpolations_differ_enough_to_be_told_apart() -> None:
 def test_source_box_is_where_upright_takes_a_box_from(orientation: int) -> None:
     """Every box on the upright image of a 7x5 stored image, cut from the stored image with
     ``source_box`` and turned upright, is the same pixels."""
-    from gateway.imaging.orientation import source_box, upright
+    from clip_gateway.imaging.orientation import source_box, upright
 
     stored = np.arange(5 * 7 * 3).reshape(5, 7, 3)
     turned = upright(stored, orientation)

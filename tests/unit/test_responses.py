@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.errors import InvalidImage
-from gateway.http import encoding as responses
-from gateway.pipeline.items import ImageItem, item_bytes
+from clip_gateway.errors import InvalidImage
+from clip_gateway.http import encoding as responses
+from clip_gateway.pipeline.items import ImageItem, item_bytes
 
 VECTORS = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
 

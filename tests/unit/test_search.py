@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.client.search import Hit, rank
+from clip_gateway.photos.search import Hit, rank
 
 
 def test_ranks_by_cosine_whatever_the_norms() -> None:

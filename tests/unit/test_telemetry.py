@@ -13,13 +13,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.http.app import create_app
-from gateway.http.context import app_context
-from gateway.observability import tracing as telemetry
-from gateway.observability.logs import logging_config
-from gateway.observability.metrics import Metrics
-from gateway.runtime.local import otel_trace_args, otlp_traces_url
-from gateway.runtime.settings import ServerSettings
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.app import create_app
+from clip_gateway.http.context import app_context
+from clip_gateway.launcher.local import otel_trace_args, otlp_traces_url
+from clip_gateway.observability import tracing as telemetry
+from clip_gateway.observability.logs import logging_config
+from clip_gateway.observability.metrics import Metrics
 from tests.fakes import FakeBackend
 
 
@@ -192,20 +192,20 @@ def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
     import subprocess
     import sys
 
-    from gateway.backend.shm import alive
-    from gateway.observability.metrics import Metrics, forget_dead_workers
+    from clip_gateway.backend.shm import alive
+    from clip_gateway.observability.metrics import Metrics, forget_dead_workers
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     # a worker that counted a request and held 7 images in flight, then died without stopping
     script = (
-        "from gateway.observability.metrics import Metrics; m = Metrics(); "
+        "from clip_gateway.observability.metrics import Metrics; m = Metrics(); "
         "m.inflight.inc(7); m.images.labels('jpeg').inc(3); import os; print(os.getpid())"
     )
     dead = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
     dead_pid = int(dead.stdout)
     # a live worker holding 2 images: it says so, then waits for its stdin to close
     live = subprocess.Popen(
-        [sys.executable, "-c", "from gateway.observability.metrics import Metrics; "
+        [sys.executable, "-c", "from clip_gateway.observability.metrics import Metrics; "
          "Metrics().inflight.inc(2); print('held', flush=True); input()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

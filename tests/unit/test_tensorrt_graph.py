@@ -1,4 +1,5 @@
-"""export/graph.py on hand-built graphs: what keeps TensorRT from taking a graph whole is found,
+"""clip_gateway/export/graph.py on hand-built graphs: what keeps TensorRT from taking a graph whole
+is found,
 and the uint8 input is rewired to feed only its Cast (the exported graph: test_export.py)."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from export.graph import tensorrt_blockers, uint8_only_into_cast
-from gateway.model.contract import INPUT_NAME
+from clip_gateway.export.graph import tensorrt_blockers, uint8_only_into_cast
+from clip_gateway.model.contract import INPUT_NAME
 
 
 def graph(*nodes: onnx.NodeProto) -> onnx.ModelProto:
@@ -22,7 +23,7 @@ def graph(*nodes: onnx.NodeProto) -> onnx.ModelProto:
 
 
 def permute_then_cast() -> onnx.ModelProto:
-    """What export/model.py produced before: Shape and Transpose on the uint8 input."""
+    """What clip_gateway/export/model.py produced before: Shape and Transpose on the uint8 input."""
     return graph(
         helper.make_node("Shape", [INPUT_NAME], ["batch"], start=0, end=1),
         helper.make_node("Transpose", [INPUT_NAME], ["nchw_u8"], perm=[0, 3, 1, 2]),

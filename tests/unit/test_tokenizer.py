@@ -1,4 +1,5 @@
-"""gateway/text/tokenizer.py against open_clip's own tokenizer: identical token ids over a corpus
+"""clip_gateway/text/tokenizer.py against open_clip's own tokenizer: identical token ids over a
+corpus
 generated here (thousands of texts) and hypothesis-generated text; torch-free; framing."""
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from export.tokenizer import write_clip_bpe
-from gateway.text.tokenizer import Tokenizer, clean
+from clip_gateway.export.tokenizer import write_clip_bpe
+from clip_gateway.text.tokenizer import Tokenizer, clean
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = 77
@@ -168,7 +169,7 @@ def test_a_file_without_clip_specials_is_refused(tmp_path: Path) -> None:
 
 
 def test_importing_the_tokenizer_never_imports_torch() -> None:
-    code = "import sys, gateway.text.tokenizer; print('torch' in sys.modules)"
+    code = "import sys, clip_gateway.text.tokenizer; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.runtime import memory
+from clip_gateway.config import memory
 
 pytestmark = pytest.mark.skipif(memory._libc() is None, reason="glibc only")
 

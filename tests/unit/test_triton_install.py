@@ -1,4 +1,4 @@
-"""Which tritonserver the launcher runs (gateway/runtime/local.py, TritonInstall.discover)."""
+"""Which tritonserver the launcher runs (clip_gateway/launcher/local.py, TritonInstall.discover)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime import local
+from clip_gateway.launcher import local
 
 
 def test_in_an_ngc_image_python_models_run_the_bases_python(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.client.walk import Counts, Photo, Problem, walk
+from clip_gateway.photos.walk import Counts, Photo, Unreadable, walk
 from tests import samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ def found(root: Path, *, hidden: bool = False) -> tuple[list[str], dict[str, str
         if isinstance(item, Photo):
             photos.append(name)
         else:
-            assert isinstance(item, Problem)
+            assert isinstance(item, Unreadable)
             problems[name] = item.reason.split(":")[0] + ("" if item.failed else " (noted)")
     return photos, problems, counts
 
@@ -98,7 +98,7 @@ def test_a_folder_that_cannot_be_listed_is_a_failure(tmp_path: Path) -> None:
             pytest.skip("root without setpriv (util-linux): chmod 000 cannot bite")
         prefix = [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
     code = (
-        "import sys; from pathlib import Path; from gateway.client.walk import Counts, walk\n"
+        "import sys; from pathlib import Path; from clip_gateway.photos.walk import Counts, walk\n"
         "for item in walk(Path(sys.argv[1]), Counts()):\n"
         "    print(item.path.name, getattr(item, 'reason', 'photo'), sep='|')"
     )

@@ -11,8 +11,8 @@ import zlib
 import pytest
 from PIL import Image
 
-from gateway.imaging import work
-from gateway.pipeline.items import ImageItem, price
+from clip_gateway.imaging import work
+from clip_gateway.pipeline.items import ImageItem, price
 from tests import hostile, samples
 
 

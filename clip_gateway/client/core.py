@@ -1,0 +1,224 @@
+"""What both clients share: request bodies, response parsing, errors, the retry policy."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+
+from clip_gateway.client.compact import CompactOptions, ImageLike, compact
+from clip_gateway.client.formats import UnreadableImage
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+T = TypeVar("T")
+
+
+class ClientError(Exception):
+    """The gateway refused a request; ``problem`` is its RFC 9457 document."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        self.index: int | None = problem.get("index")
+        detail = problem.get("detail") or problem.get("title") or ""
+        where = f" (image {self.index})" if self.index is not None else ""
+        super().__init__(f"{status}: {detail}{where}")
+
+
+@dataclass(frozen=True)
+class ItemError:
+    """One input that could not be embedded: refused by the gateway (``status`` set, ``title``
+    the problem's title) or not readable on the client (``status`` is None)."""
+
+    index: int
+    title: str
+    detail: str
+    status: int | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.title.lower()}: {self.detail}" if self.detail else self.title.lower()
+        return " ".join(text.split())  # one line, whatever the decoder's message held
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """``embed_valid``'s answer: a row per input that could be embedded, and the others."""
+
+    vectors: np.ndarray  # float32 [len(indices), D]
+    indices: list[int]  # the input position of each row
+    errors: list[ItemError]  # by input position
+
+    def at(self, positions: Sequence[int]) -> Embedded:
+        """The same answer for a request whose position ``i`` was input ``positions[i]``."""
+        return Embedded(
+            self.vectors,
+            [positions[i] for i in self.indices],
+            [ItemError(positions[e.index], e.title, e.detail, e.status) for e in self.errors],
+        )
+
+
+def merge(parts: Sequence[Embedded]) -> Embedded:
+    rows = [part.vectors for part in parts if len(part.indices)]
+    return Embedded(
+        np.concatenate(rows) if rows else np.empty((0, 0), np.float32),
+        [i for part in parts for i in part.indices],
+        sorted((e for part in parts for e in part.errors), key=lambda e: e.index),
+    )
+
+
+def prepare(index: int, image: ImageLike, options: CompactOptions) -> bytes | ItemError:
+    """The bytes to upload for input ``index``, or why it cannot be read here."""
+    try:
+        return compact(image, options)
+    except OSError as exc:
+        return ItemError(index, "cannot read", exc.strerror or str(exc))
+    except UnreadableImage as exc:
+        return ItemError(index, "unreadable image", str(exc))
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    url: str
+    api_key: str | None = None
+    #: Images per request (the gateway splits further for Triton).
+    batch_size: int = 32
+    #: Requests in flight at once.
+    concurrency: int = 4
+    timeout: float = 120.0
+    #: Retries of 429/5xx answers and connection errors, with exponential backoff and jitter.
+    retries: int = 6
+    backoff: float = 0.5
+    max_backoff: float = 20.0
+    dtype: str = "float32"
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def request_headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/octet-stream", **self.headers}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+
+def multipart(
+    images: Sequence[bytes],
+    content_type: str = "application/octet-stream",
+    fields: dict[str, str] | None = None,
+) -> tuple[bytes, str]:
+    """One multipart body (httpx's encoder), built once per batch so retries reuse it."""
+    files = [("image", (f"{i}.jpg", data, content_type)) for i, data in enumerate(images)]
+    request = httpx.Request("POST", "/", files=files, data=fields)
+    return request.read(), request.headers["Content-Type"]
+
+
+def embed_request(batch: Sequence[bytes], settings: ClientSettings) -> dict[str, Any]:
+    """``httpx`` keyword arguments of one ``POST /v1/embeddings`` for ``batch``."""
+    body, content_type = multipart(batch)
+    return {
+        "content": body,
+        "headers": {**settings.request_headers(), "Content-Type": content_type},
+        "params": {"dtype": settings.dtype},
+    }
+
+
+def skip_invalid_request(batch: Sequence[bytes], settings: ClientSettings) -> dict[str, Any]:
+    """``embed_request`` with ``skip_invalid``: the answer is JSON, as only JSON carries each
+    refused image's reason (base64 rows: a third of the size of float lists)."""
+    fields = {"skip_invalid": "true", "encoding_format": "base64"}
+    body, content_type = multipart(batch, fields=fields)
+    headers = {**settings.request_headers(), "Accept": "application/json"}
+    return {"content": body, "headers": {**headers, "Content-Type": content_type}}
+
+
+def text_request(texts: Sequence[str], settings: ClientSettings) -> dict[str, Any]:
+    """``httpx`` keyword arguments of one ``POST /v1/embeddings`` embedding ``texts``."""
+    body = {"input": list(texts), "modality": "text", "encoding_format": "base64"}
+    headers = {**settings.request_headers(), "Accept": "application/json"}
+    return {"json": body, "headers": headers}
+
+
+def outcome(
+    response: httpx.Response | None,
+    attempt: int,
+    settings: ClientSettings,
+    read: Callable[[httpx.Response], T],
+) -> T | float:
+    """After attempt ``attempt`` (``None``: a connection error worth retrying): the answer
+    ``read`` from the response, or the seconds to wait before trying again; raises
+    ClientError when no retry is left."""
+    if response is not None and response.status_code == 200:
+        return read(response)
+    if not should_retry(response, attempt, settings):
+        assert response is not None
+        raise ClientError(response.status_code, problem(response))
+    retry_after = response.headers.get("retry-after") if response is not None else None
+    return delay(attempt, settings, retry_after)
+
+
+def parse(response: httpx.Response, dtype: str) -> np.ndarray:
+    """float32 ``[n, D]`` from a binary answer, or raise ClientError with the problem."""
+    if response.status_code != 200:
+        raise ClientError(response.status_code, problem(response))
+    rows, dim = map(int, response.headers["x-embedding-shape"].split(","))
+    raw = np.frombuffer(response.content, "<f2" if dtype == "float16" else "<f4")
+    return raw.reshape(rows, dim).astype(np.float32)
+
+
+def parse_json(response: httpx.Response) -> Embedded:
+    """An OpenAI-shaped answer (rows as float lists or base64), with ``skip_invalid``'s errors."""
+    if response.status_code != 200:
+        raise ClientError(response.status_code, problem(response))
+    body = response.json()
+    rows = sorted(body["data"], key=lambda row: int(row["index"]))
+    vectors = [_vector(row["embedding"]) for row in rows]
+    errors = [
+        ItemError(int(e["index"]), str(e.get("title", "")), str(e.get("detail", "")), e["status"])
+        for e in body.get("errors", [])
+    ]
+    return Embedded(
+        np.stack(vectors) if vectors else np.empty((0, 0), np.float32),
+        [int(row["index"]) for row in rows],
+        sorted(errors, key=lambda e: e.index),
+    )
+
+
+def _vector(embedding: str | list[float]) -> np.ndarray:
+    if isinstance(embedding, str):
+        return np.frombuffer(base64.b64decode(embedding), "<f4").astype(np.float32)
+    return np.asarray(embedding, dtype=np.float32)
+
+
+def problem(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        return body
+    return {"status": response.status_code, "detail": response.text[:500]}
+
+
+def delay(attempt: int, settings: ClientSettings, retry_after: str | None) -> float:
+    """Seconds before retry ``attempt`` (1-based): full-jitter exponential backoff, never
+    shorter than the server's Retry-After."""
+    ceiling = min(settings.max_backoff, settings.backoff * 2 ** (attempt - 1))
+    wait = random.uniform(0, ceiling)  # jitter, not cryptography
+    try:
+        return max(wait, float(retry_after)) if retry_after else wait
+    except ValueError:
+        return wait
+
+
+def should_retry(response: httpx.Response | None, attempt: int, settings: ClientSettings) -> bool:
+    if attempt > settings.retries:
+        return False
+    return response is None or response.status_code in RETRY_STATUSES
+
+
+def chunks(items: list[T], size: int) -> list[list[T]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,1 @@
+"""Configuration: settings, timings, the core plan, memory and process limits (the bottom layer)."""

@@ -1,0 +1,159 @@
+"""App factory and lifespan: the settings turned into the pipeline's own options, the decode
+pool, backend and pipeline built per worker, and the one ``AppContext`` on app.state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from litestar import Litestar
+from litestar.exceptions import HTTPException
+from litestar.plugins.opentelemetry import OpenTelemetryConfig
+from opentelemetry.trace import Tracer
+
+from clip_gateway.backend import shm
+from clip_gateway.backend.protocol import InferenceBackend
+from clip_gateway.config import memory
+from clip_gateway.config.plan import plan_for
+from clip_gateway.config.processes import exit_with_parent
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.errors import EmbeddingError
+from clip_gateway.http import docs, head, immich, problems
+from clip_gateway.http.auth import load_api_keys, require_api_key
+from clip_gateway.http.connections import DeadlineProtocol
+from clip_gateway.http.context import KEY, AppContext
+from clip_gateway.http.routes import ROUTES
+from clip_gateway.imaging.paths import current as imaging_path
+from clip_gateway.observability.access import ObserveMiddleware
+from clip_gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
+from clip_gateway.observability.tracing import Telemetry, create_telemetry
+from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
+
+BackendFactory = Callable[[ServerSettings, Tracer], InferenceBackend]
+
+
+def triton_backend(settings: ServerSettings, tracer: Tracer) -> InferenceBackend:
+    from clip_gateway.backend.triton import TritonBackend
+
+    return TritonBackend(
+        settings.triton_url,
+        settings.triton_model,
+        text_model_name=settings.triton_text_model,
+        tracer=tracer,
+        shared_memory_regions=settings.shared_memory_regions,
+    )
+
+
+def pipeline_options(settings: ServerSettings, decode_threads: int) -> PipelineOptions:
+    """The pipeline's own options, from this process's settings: the pipeline never sees them."""
+    return PipelineOptions(
+        request_timeout_s=settings.request_timeout_s,
+        decode_threads=decode_threads,
+        horizon_s=settings.horizon_s,
+        max_batch_size=settings.max_batch_size,
+        max_image_pixels=settings.max_image_pixels,
+        max_image_bytes=settings.max_image_bytes,
+        max_decode_bytes=settings.max_decode_mib << 20,
+        progressive_dc_only=settings.progressive_dc_only,
+        max_text_chars=settings.max_text_chars,
+        infer_s_per_image=settings.admission_infer_s_per_image,
+        max_body_bytes_in_flight=settings.max_body_mib_in_flight << 20,
+        body_timeout_s=settings.body_timeout_s,
+        key_share=settings.admission_key_share,
+    )
+
+
+def create_app(
+    settings: ServerSettings | None = None, backend_factory: BackendFactory = triton_backend
+) -> Litestar:
+    settings = settings or ServerSettings()
+    DeadlineProtocol.header_timeout_s = settings.header_timeout_s  # this worker's connections
+    telemetry = create_telemetry(
+        settings.tracing, settings.trace_sample_ratio, settings.trace_trust_upstream
+    )
+    metrics = Metrics()
+    api_keys = load_api_keys(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        exit_with_parent()  # a uvicorn worker whose manager is killed stops too
+        memory.tune()  # before the decode threads allocate anything
+        if directory := multiprocess_dir():
+            forget_dead_workers(directory, shm.alive)  # this worker may replace a dead one
+        # Decoding is CPU-bound and releases the GIL: one thread per usable CPU uses them all
+        # without oversubscribing; admission control keeps this pool's queue bounded.
+        threads = settings.decode_threads or plan_for(0, 0, settings.max_decode_mib).decode_threads
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
+        backend = backend_factory(settings, telemetry.tracer)
+        pipeline = EmbeddingService(
+            backend,
+            pool,
+            pipeline_options(settings, threads),
+            tracer=telemetry.tracer,
+            metrics=metrics,
+        )
+        DeadlineProtocol.retry_after_s = lambda: pipeline.admission.backlog_s
+        canary = pipeline.canary(
+            settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
+        )
+        http = httpx.AsyncClient(timeout=5.0)
+        app.state[KEY] = AppContext(
+            settings=settings,
+            pipeline=pipeline,
+            canary=canary,
+            telemetry=telemetry,
+            metrics=metrics,
+            api_keys=api_keys,
+            http=http,
+            imaging=imaging_path(),
+        )
+        canary_task = asyncio.create_task(canary.run()) if canary.enabled else None
+        try:
+            yield
+        finally:
+            if canary_task is not None:
+                canary_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await canary_task
+            await http.aclose()
+            await backend.close()
+            pool.shutdown(wait=True, cancel_futures=True)
+            telemetry.shutdown()
+
+    app = Litestar(
+        route_handlers=[*ROUTES, *(immich.ROUTES if settings.immich else ()), docs.assets()],
+        lifespan=[lifespan],
+        middleware=_middleware(telemetry, metrics),
+        guards=[require_api_key],
+        exception_handlers={
+            EmbeddingError: problems.respond,
+            HTTPException: problems.respond,
+            Exception: problems.internal_error,
+        },
+        request_max_body_size=settings.max_body_bytes,
+        # The process entry point configures logging (observability/logs.py); Litestar's
+        # default would replace the root handlers with its own text format.
+        logging_config=None,
+        openapi_config=docs.openapi_config(bool(api_keys)),
+    )
+    app.asgi_handler = head.as_get(app.asgi_handler)
+    return app
+
+
+def _middleware(telemetry: Telemetry, metrics: Metrics) -> list[Any]:
+    """Tracing (only when on) outermost, so the observation middleware sees the server span."""
+    stack: list[Any] = []
+    if telemetry.enabled:
+        config = OpenTelemetryConfig(
+            tracer_provider=telemetry.provider,
+            exclude_spans=["receive", "send"],  # one span per body chunk is noise
+            exclude=["/healthz", "/readyz", "/metrics"],
+        )
+        stack.append(config.middleware)
+    stack.append(ObserveMiddleware(metrics))
+    return stack

@@ -1,0 +1,230 @@
+"""Immich's machine-learning protocol (``GATEWAY_IMMICH``; docs/IMMICH.md): ``GET /ping``,
+``GET /`` and ``POST /predict`` as Immich's server calls them (``immich_ml/main.py``,
+``machine-learning.repository.ts``), on the same admission, pipeline, batching, metrics and
+error map as ``/v1/embeddings``. Answers keep Immich's shapes; statuses come from the map:
+malformed ``entries`` 422, neither image nor text 400, faces/OCR/several tasks 501, a model
+name not served 409, so Immich's server tries the next URL in its list and never stores
+another model's vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import MediaType, Request, Response, get, post
+from litestar.datastructures import State
+from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
+
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.errors import (
+    InvalidFields,
+    LimitExceeded,
+    MalformedRequest,
+    OtherModel,
+    UnsupportedTask,
+)
+from clip_gateway.http.auth import PUBLIC
+from clip_gateway.http.context import app_context
+from clip_gateway.http.routes import JSON, admitted, body_of, in_time, unless_disconnected
+from clip_gateway.pipeline.admission import Reservation
+from clip_gateway.pipeline.items import ImageItem, Item, TextItem
+
+#: Immich's ``entries`` for one CLIP call is under 100 bytes; anything near this is not Immich.
+#: The same bound holds any other form field (an ``assetId``), read and dropped.
+MAX_ENTRIES_BYTES = 16 << 10
+#: Parts in one /predict body: entries, image or text, and a few Immich may add (``assetId``).
+MAX_PARTS = 8
+#: What each CLIP model type needs from the form.
+NEEDS = {"visual": "image", "textual": "text"}
+
+
+@get("/", include_in_schema=False, opt={PUBLIC: True}, security=[{}])
+async def immich_root() -> dict[str, str]:
+    """What Immich's ML server answers at its root."""
+    return {"message": "Immich ML"}
+
+
+@get("/ping", media_type=MediaType.TEXT, include_in_schema=False, opt={PUBLIC: True},
+     security=[{}])  # fmt: skip
+async def immich_ping() -> str:
+    """Immich's availability probe (2 s timeout): the process answers; never calls Triton, so a
+    busy GPU does not make Immich mark this URL unhealthy."""
+    return "pong"
+
+
+@post("/predict", include_in_schema=False, status_code=200)
+async def immich_predict(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    """One CLIP encoding, Immich's way: an ``entries`` form field naming the task, and an
+    ``image`` part (a preview, JPEG or WebP, found by content) or a ``text`` field."""
+    context = app_context(state)
+    settings, pipeline = context.settings, context.pipeline
+    # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
+    # decode work their headers promise, each API key within its share
+    with admitted(request, context) as reservation:
+        with context.telemetry.tracer.start_as_current_span("receive"):
+            form = await read_form(request, settings, reservation)
+        kind, item = check_form(form, settings)
+        is_text = isinstance(item, TextItem)
+        request.state.images, request.state.texts = int(not is_text), int(is_text)
+        result = await unless_disconnected(
+            request, pipeline.embed(reservation, [item], immich=True)
+        )
+    body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
+    if kind == "visual":
+        decoded = result.decoded[0]
+        body["imageHeight"], body["imageWidth"] = decoded.height, decoded.width
+    return Response(msgspec.json.encode(body), media_type=JSON)
+
+
+class Form(msgspec.Struct):
+    entries: bytes | None = None
+    image: ImageItem | None = None
+    text: TextItem | None = None
+
+
+async def read_form(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> Form:
+    """The form, read within the body deadline; then the body no longer counts as being
+    received."""
+    form = await in_time(settings, _read_form(request, settings, reservation))
+    reservation.body_read()
+    return form
+
+
+async def _read_form(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> Form:
+    media_type, options = request.content_type
+    if media_type != "multipart/form-data" or not options.get("boundary"):
+        raise InvalidFields(
+            "Immich's /predict takes multipart/form-data with an `entries` field, "
+            f"not {media_type or '(no Content-Type)'}"
+        )
+    chunks = body_of(request, settings, reservation)
+    return await parse_form(chunks, options["boundary"], settings, reservation)
+
+
+async def parse_form(
+    chunks: AsyncIterator[bytes],
+    boundary: str,
+    settings: ServerSettings,
+    reservation: Reservation,
+) -> Form:
+    """The form's ``entries``, ``image`` and ``text``, each bounded while it streams in (other
+    fields are read and dropped); the image or text is admitted as soon as it is complete."""
+    # the image up to the image limit; the text to what max_text_chars can take in UTF-8;
+    # anything else (entries, an assetId) is small
+    limits = {"image": settings.max_image_bytes, "text": settings.max_text_chars * 4}
+    form = Form()
+    parser = PushMultipartParser(
+        boundary,
+        max_segment_count=MAX_PARTS,
+        max_segment_size=max(settings.max_image_bytes, MAX_ENTRIES_BYTES),
+        max_header_count=16,
+    )
+    segment: MultipartSegment | None = None
+    buffer = bytearray()
+    try:
+        async for chunk in chunks:
+            for event in parser.parse(chunk):
+                if isinstance(event, MultipartSegment):
+                    segment, buffer = event, bytearray()
+                elif event is not None:
+                    buffer += event
+                    assert segment is not None
+                    limit = limits.get(segment.name, MAX_ENTRIES_BYTES)
+                    if len(buffer) > limit:
+                        raise LimitExceeded(
+                            f"form field {segment.name!r} is over its {limit} bytes", limit=limit
+                        )
+                elif segment is not None:
+                    _complete(form, segment, buffer, reservation)
+            if not chunk:
+                break
+        parser.close()
+    except ParserLimitReached as exc:
+        raise LimitExceeded(f"multipart limit reached: {exc}") from exc
+    except ParserError as exc:
+        raise MalformedRequest(f"malformed multipart body: {exc}") from exc
+    return form
+
+
+def _complete(
+    form: Form, segment: MultipartSegment, buffer: bytearray, reservation: Reservation
+) -> None:
+    name = segment.name
+    if name in ("entries", "image", "text") and getattr(form, name) is not None:
+        raise MalformedRequest(f"form field {name!r} given twice")
+    if name == "entries":
+        form.entries = bytes(buffer)
+    elif name == "image":
+        form.image = ImageItem(bytes(buffer))
+        reservation.add(form.image)
+    elif name == "text":
+        form.text = TextItem(_decode_text(buffer, segment))
+        reservation.add(form.text)
+
+
+def _decode_text(buffer: bytearray, segment: MultipartSegment) -> str:
+    try:
+        return buffer.decode(segment.charset or "utf-8")
+    except (LookupError, UnicodeDecodeError) as exc:
+        raise MalformedRequest(f"form field {segment.name!r} is not valid text") from exc
+
+
+def check_form(form: Form, settings: ServerSettings) -> tuple[str, Item]:
+    """The model type asked for (``visual``/``textual``) and its item, or the reason why not,
+    in the order Immich's own server checks: entries (422), an input at all (400), then the
+    task (501) and the model name (409)."""
+    if form.entries is None:
+        raise InvalidFields("the `entries` form field is missing (Immich's task description)")
+    tasks = parse_entries(form.entries)
+    if form.image is None and form.text is None:
+        raise MalformedRequest("Either image or text must be provided")
+    if len(tasks) != 1 or tasks[0][:2] not in (("clip", "visual"), ("clip", "textual")):
+        asked = ", ".join(f"{task}.{kind}" for task, kind, _ in tasks)
+        raise UnsupportedTask(
+            f"this gateway serves one CLIP encoding per request (clip.visual or clip.textual), "
+            f"not {asked}: Immich's next machine-learning URL serves it"
+        )
+    _, kind, name = tasks[0]
+    if name not in settings.immich_names:
+        served = ", ".join(settings.immich_names) or "no Immich name (GATEWAY_IMMICH_ALIASES)"
+        raise OtherModel(f"model {name!r} is not served here; served: {served}")
+    if kind == "visual":
+        if form.image is None:
+            raise MalformedRequest("clip.visual needs an `image` part")
+        return kind, form.image
+    if form.text is None:
+        raise MalformedRequest("clip.textual needs a `text` field")
+    return kind, form.text
+
+
+def parse_entries(raw: bytes) -> list[tuple[str, str, str]]:
+    """``{task: {type: {"modelName": ..., "options": {...}}}}`` as (task, type, modelName)
+    triples; anything else is 422, as Immich's ``get_entries`` answers."""
+    try:
+        request = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidFields(f"`entries` is not JSON: {exc}") from exc
+    except RecursionError as exc:  # 16 KiB of brackets nest deeper than the decoder recurses
+        raise InvalidFields("`entries` nests too deeply") from exc
+    if not isinstance(request, dict) or not request:
+        raise InvalidFields('`entries` must be an object such as {"clip": {"visual": {...}}}')
+    out = []
+    for task, types in request.items():
+        if not isinstance(types, dict) or not types:
+            raise InvalidFields(f"`entries.{task}` must be an object of model types")
+        for kind, entry in types.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("modelName"), str):
+                raise InvalidFields(f"`entries.{task}.{kind}` needs a `modelName` string")
+            if not isinstance(entry.get("options", {}), dict):
+                raise InvalidFields(f"`entries.{task}.{kind}.options` must be an object")
+            out.append((task, kind, entry["modelName"]))
+    return out
+
+
+ROUTES = [immich_root, immich_ping, immich_predict]

@@ -1,0 +1,390 @@
+"""HTTP routes: parse, call the pipeline, serialise. No try/except: errors raised anywhere
+below go to the one error map (http/problems.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable
+from typing import Annotated, Any, TypeVar
+
+import httpx
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.datastructures import State
+from litestar.exceptions import NotFoundException
+from litestar.params import QueryParameter
+from opentelemetry.trace import Tracer
+
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.errors import (
+    BackendUnavailable,
+    BodyTooSlow,
+    ClientGone,
+    LimitExceeded,
+    MalformedRequest,
+    UnknownModel,
+    UnsupportedFormat,
+)
+from clip_gateway.http import encoding, parsing
+from clip_gateway.http.auth import PUBLIC, key_of
+from clip_gateway.http.context import AppContext, app_context
+from clip_gateway.http.docs import PROTECTED, EmbeddingsOperation
+from clip_gateway.http.schemas import (
+    BinaryDtype,
+    Health,
+    ImagePreprocessing,
+    ImagingPath,
+    ModelCard,
+    ModelList,
+    TextTokenizer,
+)
+from clip_gateway.pipeline.admission import Reservation
+from clip_gateway.pipeline.items import TextItem
+from clip_gateway.pipeline.service import Embeddings, EmbeddingService
+
+JSON = "application/json"
+T = TypeVar("T")
+
+
+def admitted(request: Request[Any, Any, Any], context: AppContext) -> Reservation:
+    """The pipeline's admission before the first byte is read, for every route that takes a
+    body: a declared length over the limit is refused at once, and the declared size already
+    costs its cheapest decode, charged to the request's API key."""
+    limit, declared = context.settings.max_body_bytes, request.content_length
+    if declared is not None and declared > limit:
+        raise LimitExceeded(
+            f"request body of {declared} bytes; the limit is {limit}",
+            limit=limit,
+        )
+    return context.pipeline.admit(declared, key_of(request))
+
+
+async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
+    """``reading`` (a body being received and parsed) within the body deadline, else 408."""
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            return await reading
+    except TimeoutError as exc:
+        raise BodyTooSlow(
+            f"request body not received within {settings.body_timeout_s:g} s"
+        ) from exc
+
+
+def body_of(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> AsyncIterator[bytes]:
+    """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
+    its size, the minimum upload rate (408), and the bodies in flight, counted on the
+    reservation by the bytes as they arrive (429). Every route that reads a body reads it
+    through this."""
+    coding = request.headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedFormat(
+            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
+            "are compressed already)"
+        )
+    return parsing.body_chunks(
+        request.receive,
+        settings.max_body_bytes,
+        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
+        on_bytes=reservation.received,
+    )
+
+
+async def read_request(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> parsing.ParsedRequest:
+    """The body, read and parsed under its limits and within the body deadline, each item
+    added to the reservation as soon as it is in; then the body no longer counts as being
+    received."""
+    parsed = await in_time(settings, _parse(request, settings, reservation))
+    reservation.body_read()
+    return parsed
+
+
+async def _parse(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> parsing.ParsedRequest:
+    media_type, options = request.content_type
+    chunks = body_of(request, settings, reservation)
+    if media_type == "multipart/form-data":
+        if not options.get("boundary"):
+            raise MalformedRequest("multipart/form-data without a boundary parameter")
+        return await parsing.parse_multipart(
+            chunks,
+            options["boundary"],
+            max_images=settings.max_images_per_request,
+            max_image_bytes=settings.max_image_bytes,
+            on_item=reservation.add,
+        )
+    if media_type == JSON:
+        body = await parsing.read_all(chunks)
+        parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
+        for item in parsed.items:
+            reservation.add(item)
+        return parsed
+    raise UnsupportedFormat(
+        f"Content-Type {media_type or '(none)'} is not accepted; send multipart/form-data "
+        "with image parts, or application/json in the OpenAI embeddings shape"
+    )
+
+
+@post(
+    "/v1/embeddings",
+    operation_class=EmbeddingsOperation,
+    summary="Embed images and texts",
+    tags=["embeddings"],
+    status_code=200,
+    responses=PROTECTED,
+)
+async def create_embeddings(
+    request: Request[Any, Any, Any],
+    state: State,
+    dtype: Annotated[
+        BinaryDtype,
+        QueryParameter(description="Element type of the binary (octet-stream) response."),
+    ] = "float32",
+    normalize: Annotated[
+        bool | None, QueryParameter(description="false: raw, not unit-length, embeddings.")
+    ] = None,
+    skip_invalid: Annotated[
+        bool | None,
+        QueryParameter(description="true: embed the good images, list the bad in `errors`."),
+    ] = None,
+) -> Response[bytes]:
+    """Embed a batch of images and texts, into one space, answered in request order: multipart
+    (image files, ``text`` fields) or OpenAI's JSON shape (texts as strings, images as
+    ``data:image/...;base64,`` URIs, or either as ``{"text": ...}`` / ``{"image": ...}``).
+
+    Query parameters apply to both forms; a body or form field of the same name wins.
+    """
+    context = app_context(state)
+    settings, pipeline, tracer = context.settings, context.pipeline, context.telemetry.tracer
+    declared = request.content_length
+    with admitted(request, context) as reservation:
+        with tracer.start_as_current_span("receive") as span:
+            parsed = await read_request(request, settings, reservation)
+            texts = sum(isinstance(item, TextItem) for item in parsed.items)
+            span.set_attributes(
+                {
+                    "images": len(parsed.items) - texts,
+                    "texts": texts,
+                    "http.request.body.size": declared or 0,
+                }
+            )
+        request.state.images, request.state.texts = len(parsed.items) - texts, texts
+        if not settings.accepts_model(parsed.model):
+            raise UnknownModel(
+                f"model {parsed.model!r} is not served here; use {settings.model_id!r}"
+            )
+        if parsed.dimensions is not None:
+            await check_dimensions(pipeline, settings.model_id, parsed.dimensions)
+        unit = _first(parsed.normalize, normalize, True)
+        skip = _first(parsed.skip_invalid, skip_invalid, False)
+        embedding = pipeline.embed(reservation, parsed.items, normalize=unit, skip_invalid=skip)
+        result = await unless_disconnected(request, embedding)
+        return encode(request, tracer, settings, result, parsed, dtype, skip)
+
+
+async def check_dimensions(pipeline: EmbeddingService, model_id: str, asked: int) -> None:
+    """OpenAI's ``dimensions``: only the model's own (no CLIP model declares a truncated
+    embedding meaningful); anything else is refused, naming the parameter and the model."""
+    info = await pipeline.capabilities()
+    if asked != info.embed_dim:
+        raise MalformedRequest(
+            f"dimensions={asked} is not supported by model {model_id!r}: its embeddings have "
+            f"{info.embed_dim} dimensions and it does not declare truncated ones meaningful; "
+            f"omit dimensions or send {info.embed_dim}"
+        )
+
+
+def encode(
+    request: Request[Any, Any, Any],
+    tracer: Tracer,
+    settings: ServerSettings,
+    result: Embeddings,
+    parsed: parsing.ParsedRequest,
+    dtype: BinaryDtype,
+    skip: bool,
+) -> Response[bytes]:
+    timing = {"Server-Timing": encoding.server_timing(result)}
+    binary = request.accept.best_match([JSON, encoding.BINARY_MEDIA_TYPE], JSON) != JSON
+    with tracer.start_as_current_span("encode", attributes={"binary": binary}):
+        if not binary:
+            body = encoding.openai_json(
+                result.vectors,
+                settings.model_id,
+                parsed.encoding_format or "float",
+                indices=result.indices,
+                errors=result.errors if skip else None,
+                usage=encoding.usage(result),
+            )
+            return Response(body, media_type=JSON, headers=timing)
+        raw, headers = encoding.binary(
+            result.vectors,
+            dtype,
+            indices=result.indices if skip else None,
+            failed=[int(e.index or 0) for e in result.errors] if skip else None,
+        )
+        return Response(raw, media_type=encoding.BINARY_MEDIA_TYPE, headers=headers | timing)
+
+
+def _first(*values: bool | None) -> bool:
+    return next(v for v in values if v is not None)
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # let it unwind: admission budget released, gRPC call cancelled
+    raise ClientGone("client disconnected; its pending work was cancelled")
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    # The body has been read: the next ASGI message is the disconnect (or never comes).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@get(
+    "/healthz",
+    tags=["health"],
+    summary="Liveness: the process answers (never calls Triton)",
+    opt={PUBLIC: True},
+    security=[{}],
+)
+async def healthz() -> Health:
+    return Health("ok")
+
+
+@get(
+    "/readyz",
+    tags=["health"],
+    summary="Readiness: model READY in Triton and the canary passes",
+    opt={PUBLIC: True},
+    security=[{}],
+    responses={503: PROTECTED[503]},
+)
+async def readyz(state: State) -> Health:
+    context = app_context(state)
+    canary = context.canary
+    if not await context.pipeline.ready():
+        raise BackendUnavailable("model is not ready")
+    if not canary.healthy():
+        detail = canary.last.detail if canary.last else "canary has not run yet"
+        raise BackendUnavailable(f"canary check failing: {detail}")
+    return Health("ready", canary.last.detail if canary.last else "disabled")
+
+
+@get(
+    "/v1/models",
+    tags=["models"],
+    summary="The served model: modalities, dimension, context length, preprocessing",
+    responses={401: PROTECTED[401]},
+)
+async def list_models(state: State) -> ModelList:
+    context = app_context(state)
+    settings = context.settings
+    card = ModelCard(
+        id=settings.model_id,
+        object="model",
+        created=0,
+        owned_by="clip-gateway",
+        aliases=list(settings.model_aliases),
+        ready=False,
+        imaging=ImagingPath(**dataclasses.asdict(context.imaging)),
+        immich_names=list(settings.immich_names) if settings.immich else msgspec.UNSET,
+    )
+    try:
+        can = await context.pipeline.capabilities()
+    except BackendUnavailable:
+        return ModelList("list", [card])
+    pre = can.preprocessing
+    preprocessing = ImagePreprocessing(
+        size=pre.size,
+        resize_mode=pre.resize_mode,
+        interpolation=pre.interpolation,
+        center_crop=pre.resize_mode != "squash",
+        fill_color=list(pre.fill_color) if pre.resize_mode == "longest" else msgspec.UNSET,
+        mean=list(pre.mean) if pre.mean else msgspec.UNSET,
+        std=list(pre.std) if pre.std else msgspec.UNSET,
+        from_tag=pre.from_tag or msgspec.UNSET,
+    )
+    tokenizer: TextTokenizer | msgspec.UnsetType = msgspec.UNSET
+    text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
+    if can.text_unavailable is not None:
+        text_unavailable = can.text_unavailable
+    if can.text is not None:
+        tokenizer = TextTokenizer(
+            kind=can.text.tokenizer_kind,
+            context_length=can.text.context_length,
+            clean=can.text.clean,
+            pooling=can.text.pooling or msgspec.UNSET,
+        )
+    ready = msgspec.structs.replace(
+        card,
+        ready=True,
+        modalities=list(can.modalities),
+        embed_dim=can.embed_dim,
+        dimensions=[can.embed_dim],
+        image_size=can.image_size,
+        context_length=msgspec.UNSET if can.context_length is None else can.context_length,
+        tokenizer=tokenizer,
+        preprocessing=preprocessing,
+        text_unavailable=text_unavailable,
+        quantization=can.quantization if can.quantization is not None else msgspec.UNSET,
+    )
+    return ModelList("list", [ready])
+
+
+@get(
+    "/metrics",
+    tags=["observability"],
+    summary="Prometheus metrics (OpenMetrics with trace exemplars when asked for)",
+    media_type="text/plain",
+    responses={401: PROTECTED[401]},
+)
+async def metrics(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    openmetrics = "application/openmetrics-text" in (request.headers.get("accept") or "")
+    body, content_type = app_context(state).metrics.render(openmetrics)
+    return Response(body, headers={"Content-Type": content_type})
+
+
+@get(
+    "/metrics/triton",
+    tags=["observability"],
+    summary="Triton's own Prometheus metrics, re-exposed from its loopback port",
+    media_type="text/plain",
+    responses={401: PROTECTED[401], 404: PROTECTED[404], 503: PROTECTED[503]},
+)
+async def triton_metrics(state: State) -> Response[bytes]:
+    context = app_context(state)
+    settings = context.settings
+    if not settings.triton_metrics_url:
+        raise NotFoundException("GATEWAY_TRITON_METRICS_URL is not set")
+    try:
+        upstream = await context.http.get(settings.triton_metrics_url)
+    except httpx.HTTPError as exc:
+        raise BackendUnavailable(f"Triton metrics unreachable: {exc}") from exc
+    return Response(
+        upstream.content,
+        status_code=upstream.status_code,
+        headers={"Content-Type": upstream.headers.get("content-type", "text/plain")},
+    )
+
+
+ROUTES = [create_embeddings, healthz, readyz, list_models, metrics, triton_metrics]

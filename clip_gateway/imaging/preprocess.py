@@ -1,0 +1,314 @@
+"""One image's bytes to uint8 ``[S, S, 3]``: sniff, check its cost, decode small, resize, crop.
+
+Mirrors open_clip's inference transform for the model's resize mode (the model repository says
+which, clip_gateway/model/contract.py ``preprocess``), with its interpolation (bicubic or bilinear,
+antialiased as Pillow always is):
+
+- ``shortest``: the short side to S, centre crop (``Resize`` + ``CenterCrop``). The crop comes
+  first here (the resize reads only the centre square);
+- ``longest``: the long side to S, centred on an S x S canvas of ``fill_color``
+  (``ResizeKeepRatio(longest=1)`` + ``CenterCropOrPad``);
+- ``squash``: both sides to S, aspect ratio not kept.
+
+A large JPEG is never decoded at full size (imaging/jpeg.py): the DCT scale keeps the side the
+resize needs (short, or long for ``longest``) at or above S. EXIF orientation is applied to the
+resized result, where it is a cheap array view (a centred square crop and a squash commute with
+rotations and flips; ``longest`` pads after orienting, as open_clip does).
+
+Untrusted bytes: before any decoder runs, the container's own header (imaging/jpeg.py,
+imaging/containers.py) says what decoding will cost: the pixels, the decoder's peak memory
+(a progressive JPEG's whole-image coefficient buffer, a full-size PNG/WebP/GIF canvas and its RGB
+copy) and, for JPEG, the blocks times scans it will visit. Anything over the budget is refused
+with the item's dimensions and the limit it broke. EXIF orientation comes from our bounded reader
+(imaging/orientation.py), never from Pillow's IFD loader.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from clip_gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
+from clip_gateway.imaging import containers, formats, jpeg, orientation, work
+
+MiB = 1 << 20
+#: JPEG work cap: 8x8 blocks times the scans that decode them. A 24 MP progressive photo decoded
+#: in full visits ~6 M; a 100 MP file with 256 full-image scans would visit ~600 M.
+MAX_BLOCK_VISITS = 200_000_000
+#: libjpeg's and zlib's own working memory (tables, row buffers), on top of the image buffers.
+DECODER_OVERHEAD = 1 * MiB
+
+
+ResizeMode = Literal["shortest", "longest", "squash"]
+Interpolation = Literal["bicubic", "bilinear"]
+_RESAMPLING = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    size: int
+    max_pixels: int
+    max_bytes: int
+    resize_mode: ResizeMode = "shortest"
+    interpolation: Interpolation = "bicubic"
+    #: ``longest``: the colour around the resized image.
+    fill_color: tuple[int, int, int] = (0, 0, 0)
+    #: Decoder peak memory allowed per image, estimated from the header before decoding.
+    max_decode_bytes: int = 256 * MiB
+    #: Progressive JPEGs with more scans than this are refused (CPU bombs).
+    max_scans: int = 256
+    progressive_dc_only: bool = True
+    #: Immich's own ML server's transform instead of open_clip's (its /predict, docs/IMMICH.md):
+    #: the short side to S with the long side truncated, a centre crop at truncated offsets,
+    #: bicubic, no EXIF orientation (its previews are stored upright), whatever the model's
+    #: resize mode and interpolation say.
+    immich: bool = False
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What was decoded, for spans and metrics."""
+
+    format: str
+    width: int
+    height: int
+    decoded_pixels: int
+    encoded_bytes: int
+    #: The decode price admission charged for it (imaging/work.py): what it learns against.
+    work: work.Work = field(default=work.REFUSED, compare=False)
+
+
+#: The formats decoded here (the client converts the others before upload).
+SERVED = frozenset({"jpeg", "png", "webp", "gif"})
+ACCEPTED = "JPEG, PNG, WebP or GIF"
+
+
+def sniff(data: bytes) -> str:
+    """``jpeg`` / ``png`` / ``webp`` / ``gif``, or raise 415 (known, unsupported) / 422."""
+    kind = formats.identify(data)
+    if kind is not None and kind in SERVED:
+        return kind
+    if name := formats.unsupported(data):
+        raise UnsupportedFormat(f"{name} images are not supported; send {ACCEPTED}")
+    if kind is not None:  # HEIF or AVIF: the client converts them (clip_gateway/client/compact.py)
+        raise UnsupportedFormat(f"HEIF/AVIF images are not supported; send {ACCEPTED}")
+    raise InvalidImage(f"not an image: no {ACCEPTED} signature in the first bytes")
+
+
+def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
+    """Decode ``data`` and write the model's input into ``out`` (``[S, S, 3]`` uint8)."""
+    if not data:
+        raise InvalidImage("empty image (0 bytes)")
+    if len(data) > options.max_bytes:
+        raise LimitExceeded(
+            f"image is {len(data)} bytes; the limit is {options.max_bytes}",
+            limit=options.max_bytes,
+        )
+    kind = sniff(data)
+    image, turn, info = _jpeg(data, options) if kind == "jpeg" else _pillow(data, kind, options)
+    if options.immich:
+        turn = 1  # Immich's decode_pil never reads EXIF orientation
+    # the geometry of open_clip's transform on the full-size upright image...
+    transposed = turn >= 5
+    width, height = (info.height, info.width) if transposed else (info.width, info.height)
+    box, (cols, rows) = _geometry(width, height, options)
+    # ...as a box on the stored image, scaled to what was decoded (DCT scaling)
+    left, top, right, bottom = orientation.source_box(box, info.width, info.height, turn)
+    sx, sy = image.size[0] / info.width, image.size[1] / info.height
+    scaled = (cols, rows) if not transposed else (rows, cols)
+    resized = _resize_box(
+        image,
+        scaled,
+        (left * sx, top * sy, right * sx, bottom * sy),
+        "bicubic" if options.immich else options.interpolation,
+        reduce=not options.immich,
+    )
+    pixels = orientation.upright(_rgb(resized), turn)
+    if (rows, cols) == (options.size, options.size):
+        out[...] = pixels
+    else:  # longest: centred on the fill colour, as CenterCropOrPad pads
+        out[...] = options.fill_color
+        top_pad, left_pad = (options.size - rows) // 2, (options.size - cols) // 2
+        out[top_pad : top_pad + rows, left_pad : left_pad + cols] = pixels
+    return info
+
+
+def _geometry(
+    width: int, height: int, options: ImageOptions
+) -> tuple[orientation.Box, tuple[int, int]]:
+    """The source box (on the full-size upright image) and the (width, height) it becomes, as
+    open_clip's inference transform computes them, its rounding included."""
+    size, full = options.size, (0.0, 0.0, float(width), float(height))
+    if options.immich:
+        return _immich_geometry(width, height, size), (size, size)
+    if options.resize_mode == "squash":
+        return full, (size, size)
+    if options.resize_mode == "longest":  # ResizeKeepRatio(longest=1), then padded
+        ratio = max(width, height) / size
+        return full, (round(width / ratio), round(height / ratio))
+    # Resize(size) on the short side (torchvision truncates the long one), then CenterCrop
+    if width <= height:
+        new_w, new_h = size, int(size * height / width)
+    else:
+        new_w, new_h = int(size * width / height), size
+    left, top = round((new_w - size) / 2), round((new_h - size) / 2)
+    sx, sy = width / new_w, height / new_h
+    return (left * sx, top * sy, (left + size) * sx, (top + size) * sy), (size, size)
+
+
+def _immich_geometry(width: int, height: int, size: int) -> orientation.Box:
+    """Immich's ``resize_pil`` (short side to ``size``, the other ``int(ratio * size)``) then
+    ``crop_pil`` (offsets ``int(side / 2 - size / 2)``), as a box on the source image."""
+    if width < height:
+        new_w, new_h = size, int((height / width) * size)
+    else:
+        new_w, new_h = int((width / height) * size), size
+    left, top = int(new_w / 2 - size / 2), int(new_h / 2 - size / 2)
+    sx, sy = width / new_w, height / new_h
+    return left * sx, top * sy, (left + size) * sx, (top + size) * sy
+
+
+def _rgb(image: Image.Image) -> np.ndarray:
+    """RGBX or RGB in, packed RGB ``[h, w, 3]`` out, in one copy."""
+    width, height = image.size
+    return np.frombuffer(image.tobytes("raw", "RGB"), np.uint8).reshape(height, width, 3)
+
+
+def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions) -> None:
+    """Refuse before decoding: too many pixels, or more decoder memory than the budget."""
+    if width * height > options.max_pixels:
+        raise ImageTooLarge(
+            f"image is {width}x{height} ({width * height} pixels); the limit is "
+            f"{options.max_pixels} pixels",
+            limit=options.max_pixels,
+            width=width,
+            height=height,
+        )
+    if peak_bytes > options.max_decode_bytes:
+        raise ImageTooLarge(
+            f"image is {width}x{height}: decoding it needs about "
+            f"{math.ceil(peak_bytes / MiB)} MiB, over the {options.max_decode_bytes // MiB} MiB "
+            "budget per image",
+            limit=options.max_decode_bytes,
+            width=width,
+            height=height,
+        )
+
+
+def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
+    # Immich's server decodes every pixel: so does its mode here, or its embeddings would not
+    # be Immich's (a DCT-scaled decode moved pixels by up to 42/255, cosine 0.99991)
+    dc_only = options.progressive_dc_only and not options.immich
+    try:
+        layout = jpeg.walk(
+            data,
+            max_scans=options.max_scans,
+            dc_only_for=options.size if dc_only else None,
+            long_side=options.resize_mode == "longest",
+        )
+    except jpeg.UnsupportedJpeg as exc:
+        raise UnsupportedFormat(str(exc)) from exc
+    except jpeg.JpegError as exc:
+        raise InvalidImage(str(exc)) from exc
+    width, height = layout.width, layout.height
+    long_side = options.resize_mode == "longest"
+    divisor = 1 if options.immich else jpeg.scale_divisor(width, height, options.size,
+                                                          long_side=long_side)  # fmt: skip
+    scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
+    # the coefficient buffer and the decoded RGBX array (Pillow maps it without a copy)
+    _check_cost(width, height, layout.coefficient_bytes + scaled * 4 + DECODER_OVERHEAD, options)
+    decoded_scans = layout.dc_scans if layout.dc_only is not None else layout.scans
+    # one scan visits each block once: within the pixel limit that is always far below the cap
+    if decoded_scans > 1 and layout.blocks * decoded_scans > MAX_BLOCK_VISITS:
+        raise ImageTooLarge(
+            f"image is {width}x{height} with {layout.scans} scans: decoding it would visit "
+            f"{layout.blocks * decoded_scans} blocks, over the limit of {MAX_BLOCK_VISITS}",
+            width=width,
+            height=height,
+        )
+    try:
+        rgbx = jpeg.decode(
+            data, layout, options.size, rgbx=True, long_side=long_side, full_size=options.immich
+        )
+    except jpeg.JpegError as exc:
+        raise InvalidImage(str(exc)) from exc
+    turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
+    height, width = rgbx.shape[:2]
+    coding = work.jpeg_coding(layout.progressive, layout.arithmetic)
+    price = work.price(coding, layout.width * layout.height, len(data))
+    info = Decoded("jpeg", layout.width, layout.height, width * height, len(data), price)
+    # RGBX is Pillow's own layout for RGB: the image maps the decoded array, no copy
+    return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1), turn, info
+
+
+_CONTAINERS = {"png": containers.png, "webp": containers.webp, "gif": containers.gif}
+
+
+def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
+    try:
+        header = _CONTAINERS[kind](data)
+    except containers.ContainerError as exc:
+        raise InvalidImage(f"unreadable {kind} header: {exc}") from exc
+    width, height = header.width, header.height
+    peak = width * height * header.bytes_per_pixel + DECODER_OVERHEAD
+    _check_cost(width, height, peak, options)
+    try:
+        image = Image.open(io.BytesIO(data), formats=[kind.upper()])
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageTooLarge(str(exc)) from exc
+    except UnidentifiedImageError as exc:  # its message names a BytesIO object, not the file
+        raise InvalidImage(f"cannot read {kind} header: damaged or not a {kind} file") from exc
+    except Exception as exc:  # Pillow raises many types for hostile headers
+        raise InvalidImage(f"cannot read {kind} header: {exc}") from exc
+    with image:
+        if image.size != (width, height):  # our budget was computed for the size we read
+            raise InvalidImage(
+                f"{kind} header says {width}x{height} but the image is "
+                f"{image.size[0]}x{image.size[1]}"
+            )
+        try:
+            image.load()  # GIF and animated WebP: the first frame
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise InvalidImage(f"corrupt or truncated {kind} image: {exc}") from exc
+    turn = orientation.from_tiff(data, *header.exif) if header.exif else 1
+    price = work.price(header.coding, width * height, len(data))
+    return rgb, turn, Decoded(kind, width, height, width * height, len(data), price)
+
+
+def _resize_box(
+    image: Image.Image,
+    size: tuple[int, int],
+    box: orientation.Box,
+    interpolation: Interpolation,
+    *,
+    reduce: bool = True,
+) -> Image.Image:
+    """Antialiased resize of ``box`` to ``size``, as a resize of the whole image followed by a
+    crop would compute it (Pillow's box maps coordinates; its filters read past the box). A box
+    pre-reduction when the source is over 3x the target (PNG/WebP/GIF: no DCT scaling), unless
+    ``reduce`` is off (Immich resizes in one step)."""
+    width, height = image.size
+    if size == (width, height) and box == (0.0, 0.0, float(width), float(height)):
+        return image  # nothing to do (RGBX stays RGBX: _rgb packs it)
+    if (
+        box[2] - box[0] == size[0]
+        and box[3] - box[1] == size[1]
+        and all(float(edge).is_integer() for edge in box)
+    ):
+        left, top, right, bottom = (int(edge) for edge in box)
+        return image.crop((left, top, right, bottom))
+    source = min(box[2] - box[0], box[3] - box[1])
+    return image.resize(
+        size,
+        _RESAMPLING[interpolation],
+        box=box,
+        reducing_gap=3.0 if reduce and source > 3 * min(size) else None,
+    )

@@ -1,0 +1,439 @@
+"""The one launch path: ``make serve``, ``clip-gateway serve`` and the container entrypoint.
+
+1. the model: a baked export directory, or the export cache (built by ``python -m
+clip_gateway.export`` in a
+   child process on first use: torch never enters this process or the server's);
+2. the Triton profile: named, or chosen for the GPU found (launcher/profiles.py);
+3. the model repository, rendered into a private scratch directory;
+4. tritonserver on loopback, READY (TensorRT engine builds included) within the start-up budget;
+   an automatically chosen profile that does not load falls back (tensorrt → cuda);
+5. the gateway's HTTP process on the public socket, bound here, with the worker plan;
+6. supervision: SIGTERM, SIGINT or SIGHUP, or either child dying, ends it: after the stop delay
+   (still serving, while endpoints and load balancers let go) the gateway stops accepting and
+   drains, then Triton stops, then the scratch directory goes. A signal during start-up stops
+   at once: nothing is in flight, so a model load or engine build is abandoned (Triton gets a
+   short grace, then SIGKILL) and half-built engines are removed. A second signal skips the
+   stop delay. Children get SIGTERM by themselves if this process is killed.
+Every bound comes from config/timings.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from clip_gateway.config import plan, timings
+from clip_gateway.config.processes import (
+    GatewayProcess,
+    Interrupted,
+    LaunchError,
+    ProcessStartError,
+)
+from clip_gateway.config.settings import (
+    CPU_PROFILES,
+    Profile,
+    RepositorySettings,
+    Settings,
+    exposure_problem,
+    immich_protection,
+)
+from clip_gateway.imaging import paths
+from clip_gateway.launcher import bf16, calibrate, engines, exports, profiles
+from clip_gateway.launcher.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
+from clip_gateway.launcher.repository import default_templates, render, rendered_config
+from clip_gateway.model import gate
+from clip_gateway.model.spec import immich_name, model_identity
+from clip_gateway.observability.logs import configure
+
+log = logging.getLogger("gateway.supervisor")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Exit codes: stopped on request, a child failed, the configuration cannot work.
+OK, FAILED, MISCONFIGURED = 0, 1, 2
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, progress: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.progress = progress or (lambda line: log.info("%s", line))
+        self.timings = timings.derive(settings)
+        self.stop_requested = threading.Event()
+        #: a second stop signal: skip the stop delay
+        self.hurry = threading.Event()
+        self.stop_signal: int | None = None
+        self.triton: LocalTriton | None = None
+        self.triton_ready = False
+        self.gateway: GatewayProcess | None = None
+        self.scratch: Path | None = None
+        #: ``cpu-int8`` refused by the quality gate and served as FP32 (GATEWAY_INT8_FALLBACK): why
+        self.int8_fallback: str | None = None
+        #: ``cpu-bf16``: what its gate measured, and why FP32 serves instead where it refused
+        self.bf16: dict[str, Any] | None = None
+
+    def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
+        # only flags here: printing from a signal handler can re-enter a stream's write
+        if self.stop_requested.is_set():
+            self.hurry.set()
+        self.stop_signal = self.stop_signal or signum
+        self.stop_requested.set()
+
+    def run(self) -> int:
+        """Start everything, supervise until a stop, stop everything; the exit code."""
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.request_stop)
+        try:
+            self.start()
+            return self.supervise()
+        except Interrupted:
+            self._stopping("during start-up")
+            return OK
+        except LaunchError as exc:
+            log.error("%s", exc)
+            return MISCONFIGURED
+        except ProcessStartError as exc:
+            log.error("start-up failed: %s", exc)
+            return FAILED
+        finally:
+            self.shutdown()
+
+    def start(self) -> None:
+        launch = self.settings.launch
+        exposure = exposure_problem(self.settings.server)
+        if exposure is not None:
+            raise LaunchError(exposure)
+        if self.settings.server.anonymous:
+            log.warning("GATEWAY_ANONYMOUS: serving without API keys on %s",
+                        self.settings.server.host)  # fmt: skip
+        if self.settings.server.immich:
+            log.warning("GATEWAY_IMMICH: POST /predict serves Immich, which sends no API key: %s",
+                        immich_protection(self.settings.server))  # fmt: skip
+        deadline = time.monotonic() + launch.startup_timeout_s
+        for problem in self.timings.problems():
+            log.warning("%s", problem)
+        int8 = self.settings.repository.profile == "cpu-int8"
+        export_dir = exports.find_or_export(launch, self.progress, self.stop_requested, int8=int8)
+        if int8:
+            self.int8_fallback = self.int8_gate(export_dir)
+        identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
+        gpu = profiles.detect() if self.settings.repository.profile == "auto" else None
+        if gpu is not None:
+            memory = "memory unknown" if gpu.memory_gib is None else f"{gpu.memory_gib:.0f} GiB"
+            log.info("GPU: %s, compute capability %s, %s", gpu.name, gpu.compute_capability,
+                     memory)  # fmt: skip
+        base = self.settings.repository
+        # engines are built by a GPU profile only: no GPU, no versions to look for
+        tensorrt, onnxruntime = (
+            engines.runtime_versions(TritonInstall.discover().backend_dir)
+            if gpu is not None
+            else ("unknown", "unknown")
+        )
+        build = engines.build_key(base.max_batch_size, max(base.preferred),
+                                  base.trt_workspace_bytes, tensorrt=tensorrt,
+                                  onnxruntime=onnxruntime)  # fmt: skip
+        engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity,
+                                       build)  # fmt: skip
+        repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
+        profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
+        if profile == "cpu-bf16":
+            profile, reason = self.bf16_gate(export_dir, reason, deadline)
+        self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
+        profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
+        assert self.triton is not None
+        self.progress(
+            f"Triton {profile} profile ({reason}) READY in {self.triton.ready_seconds:.1f} s"
+        )
+        self.gateway = gateway = self.gateway_process(export_dir)
+        gateway.start(timeout=deadline - time.monotonic())
+        gateway.wait_ready(timeout=deadline - time.monotonic())
+        workers, threads = gateway.env["GATEWAY_WORKERS"], gateway.env["GATEWAY_DECODE_THREADS"]
+        imaging = paths.current()
+        self.progress(
+            f"ready on {gateway.url} ({workers} worker(s) x {threads} decode threads; resize: "
+            f"{imaging.resize}{'' if imaging.simd else ', NOT the SIMD fast path'}); "
+            "API docs at /docs"
+        )
+
+    def start_model(
+        self,
+        repository: RepositorySettings,
+        export_dir: Path,
+        profile: Profile,
+        reason: str,
+        deadline: float,
+    ) -> tuple[Profile, str]:
+        """Triton READY on ``profile``, or on its fallback when the profile was chosen
+        automatically and does not load; the profile that runs, and why."""
+        while True:
+            try:
+                self.start_triton(repository.model_copy(update={"profile": profile}),
+                                  export_dir, deadline)  # fmt: skip
+                return profile, reason
+            except ProcessStartError as exc:
+                automatic = self.settings.repository.profile == "auto"
+                fallback = profiles.FALLBACK.get(profile) if automatic else None
+                if fallback is None or time.monotonic() >= deadline:
+                    raise
+                why = str(exc).splitlines()[0]
+                log.error("the %s profile did not load (%s); falling back to %s; the Triton log "
+                          "above says why", profile, why, fallback)  # fmt: skip
+                profile, reason = fallback, f"{profile} did not load: {why}"
+
+    def start_triton(
+        self, repository: RepositorySettings, export_dir: Path, deadline: float
+    ) -> None:
+        """Render ``repository.profile`` and start Triton on it, READY before ``deadline``.
+        A TensorRT start holds the engine build lock while it may be building."""
+        assert self.scratch is not None
+        launch = self.settings.launch
+        install = TritonInstall.discover()
+        if repository.profile in CPU_PROFILES:
+            served = "cpu" if self.bf16 and self.bf16.get("fallback") else repository.profile
+            model = plan.model_plan(served, plan.usable_cpus(),
+                                    repository.instance_count,
+                                    repository.cpu_threads)  # fmt: skip
+            repository = repository.model_copy(
+                update={"instance_count": model.instances, "cpu_threads": model.threads}
+            )
+            log.info("core plan: %d model instance(s) x %d ORT thread(s) per tower",
+                     model.instances, model.threads)  # fmt: skip
+        rendered = render(repository, export_dir, self.scratch / "model_repository",
+                          int8_fallback=self.int8_fallback, bf16=self.bf16)  # fmt: skip
+        backend = rendered_config(rendered).backend
+        if not (install.backend_dir / backend).is_dir():
+            raise LaunchError(
+                f"the {repository.profile} profile needs Triton's {backend} backend, which "
+                f"{install.backend_dir} lacks (GATEWAY_TRITON_CPU_BACKEND chooses the cpu "
+                "profile's; GPU profiles need the NGC image)"
+            )
+        lock = None
+        if repository.profile == "tensorrt":
+            lock = engines.BuildLock(Path(repository.trt_cache_path), self.stop_requested)
+            try:
+                lock.acquire(timeout=deadline - time.monotonic())
+            except TimeoutError as exc:
+                raise ProcessStartError(str(exc)) from exc
+        traces = otlp_traces_url()
+        self.triton_ready = False
+        self.triton = LocalTriton(
+            rendered,
+            install=install,
+            grpc_port=launch.triton_grpc_port,
+            http_port=launch.triton_http_port,
+            metrics_port=launch.triton_metrics_port,
+            extra_args=otel_trace_args(traces) if traces else (),
+            inherit_output=launch.log_file is None,
+            log_path=launch.log_file,
+            stop_requested=self.stop_requested,
+        )
+        try:
+            self.triton.start(timeout=deadline - time.monotonic())
+            self.triton_ready = True
+        except BaseException:
+            self.stop_triton()  # before the lock goes: it may still be writing engines
+            raise
+        finally:
+            if lock is not None:
+                lock.release(completed=self.triton_ready)
+
+    def int8_gate(self, export_dir: Path) -> str | None:
+        """``cpu-int8``: the export's INT8 figures held to this launch's thresholds. Refused:
+        a LaunchError saying why, or with GATEWAY_INT8_FALLBACK the reason (FP32 is served)."""
+        launch = self.settings.launch
+        manifest = json.loads((export_dir / "manifest.json").read_text())
+        thresholds = gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
+        refused = gate.refusal((manifest.get("int8") or {}).get("figures", {}), thresholds)
+        if refused is None:
+            return None
+        if not launch.int8_fallback:
+            raise LaunchError(
+                f"{refused}. Serve FP32 with the cpu profile, or set GATEWAY_INT8_FALLBACK=true "
+                "to fall back to it"
+            )
+        log.warning("%s; serving the FP32 files instead (GATEWAY_INT8_FALLBACK)", refused)
+        self.progress(f"INT8 refused, serving FP32 (GATEWAY_INT8_FALLBACK): {refused}")
+        return refused
+
+    def bf16_gate(
+        self, export_dir: Path, reason: str, deadline: float = math.inf
+    ) -> tuple[Profile, str]:
+        """``cpu-bf16``: only on a CPU with BF16 units, and only if OpenVINO's BF16 embeddings
+        pass the INT8 gate's thresholds against FP32 (launcher/bf16.py). Refused: a LaunchError
+        when named explicitly (unless GATEWAY_BF16_FALLBACK), else the ``cpu`` profile's
+        FP32 graphs serve, the log and /v1/models saying why."""
+        launch = self.settings.launch
+        automatic = self.settings.repository.profile == "auto"
+        thresholds = gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
+        version: str | None = None
+        measured: dict[str, Any] = {}
+        refused: str | None = None
+        if (unit := bf16.bf16_flag(bf16.cpu_flags())) is None:
+            refused = ("this CPU has no BF16 units (neither of "
+                       f"{', '.join(bf16.BF16_FLAGS)} in /proc/cpuinfo's flags)")  # fmt: skip
+        else:
+            install = TritonInstall.discover()
+            python = (install.python_bin_dir or Path("/usr/bin")) / "python3"
+            script = default_templates() / "python" / "bf16_check.py"
+            self.progress(f"cpu-bf16: {unit}; checking OpenVINO BF16 against FP32")
+            try:
+                threads = plan.model_plan("cpu-bf16", plan.usable_cpus()).threads
+                version, measured = bf16.figures(
+                    export_dir, python, script, threads,
+                    timeout=max(1.0, min(bf16.CHECK_SECONDS, deadline - time.monotonic())),
+                    stop=self.stop_requested.is_set,
+                )  # fmt: skip
+                refused = bf16.refusal(measured, thresholds)
+            except bf16.Bf16Unavailable as exc:
+                refused = str(exc)
+        if refused is None:
+            self.bf16 = bf16.section(version, measured, thresholds, None)
+            return "cpu-bf16", reason
+        if not (automatic or launch.bf16_fallback):
+            raise LaunchError(
+                f"the cpu-bf16 profile is refused: {refused}. Serve the cpu or cpu-int8 "
+                "profile, or set GATEWAY_BF16_FALLBACK=true to fall back to cpu"
+            )
+        log.warning("cpu-bf16 refused (%s); serving the cpu profile's FP32 graphs", refused)
+        self.progress(f"BF16 refused, serving FP32 (cpu profile): {refused}")
+        self.bf16 = bf16.section(version, measured, thresholds, refused)
+        return "cpu-bf16", f"BF16 refused, FP32 serves: {refused}"
+
+    def choose_profile(
+        self,
+        export_dir: Path,
+        gpu: profiles.GpuInfo | None,
+        identity: str,
+        repository: RepositorySettings,
+        deadline: float,
+    ) -> tuple[Profile, str]:
+        """The profile to serve, and why; calibration (opt-in) measures within the start-up
+        budget with the engine cache serving will use, so its TensorRT build is not wasted."""
+        settings = Settings(self.settings.server, repository, self.settings.launch)
+        server = self.settings.server
+        workers = plan.worker_plan(plan.usable_cpus(), server.workers, server.decode_threads)
+        # several requests in flight per worker, as under load
+        callers = max(4, 4 * workers.workers)
+
+        def timer(profile: Profile, budget: float) -> list[float]:
+            return calibrate.measure(profile, export_dir, settings, self.stop_requested,
+                                     budget_s=budget, callers=callers)  # fmt: skip
+
+        return profiles.choose(
+            repository.profile,
+            gpu,
+            model=identity,
+            record=Path(repository.trt_cache_path) / engines.CALIBRATION_NAME,
+            calibrate_now=self.settings.launch.calibrate,
+            timer=timer,
+            deadline=deadline,
+            bf16_unit=(
+                bf16.auto_unit(repository.cpu_backend, bf16.cpu_flags()) if gpu is None else None
+            ),
+        )
+
+    def gateway_process(self, export_dir: Path) -> GatewayProcess:
+        assert self.triton is not None and self.scratch is not None
+        server, launch = self.settings.server, self.settings.launch
+        workers = plan.plan_for(server.workers, server.decode_threads, server.max_decode_mib)
+        env = {
+            "GATEWAY_WORKERS": str(workers.workers),
+            "GATEWAY_DECODE_THREADS": str(workers.decode_threads),
+            "GATEWAY_TRITON_METRICS_URL": self.triton.metrics_url,
+        }
+        manifest = json.loads((export_dir / "manifest.json").read_text())
+        if "model_id" not in server.model_fields_set:
+            # the public id names the model served (CLIP_MODEL), unless GATEWAY_MODEL_ID is set
+            env["GATEWAY_MODEL_ID"] = manifest["model"]
+        if server.immich:
+            env["GATEWAY_IMMICH"] = "true"  # --immich reaches the HTTP process too
+            if "immich_name" not in server.model_fields_set:
+                env["GATEWAY_IMMICH_NAME"] = immich_name(manifest) or ""
+        if workers.workers > 1:
+            # each worker counts for itself; prometheus-client sums them through files here
+            metrics_dir = self.scratch / "metrics"
+            metrics_dir.mkdir(mode=0o700)
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        return GatewayProcess(
+            self.triton.grpc_url,
+            env=env,
+            host=server.host,
+            port=server.port,
+            inherit_output=launch.log_file is None,
+            log_path=launch.log_file,
+            stop_requested=self.stop_requested,
+        )
+
+    def supervise(self) -> int:
+        """Wait for a stop signal (OK) or for either child to exit (FAILED)."""
+        while not self.stop_requested.wait(0.5):
+            if self._a_child_died():
+                return FAILED
+        delay = self.settings.launch.stop_delay_s
+        if delay > 0 and not self.hurry.is_set():
+            self._stopping(f"still serving for {delay:g} s while endpoints let go; again: now")
+            until = time.monotonic() + delay
+            while not self.hurry.wait(max(0.0, min(0.5, until - time.monotonic()))):
+                if self._a_child_died():
+                    return FAILED
+                if time.monotonic() >= until:
+                    break
+        self._stopping("draining in-flight requests, then stopping Triton")
+        return OK
+
+    def _a_child_died(self) -> bool:
+        for name, child in (("tritonserver", self.triton), ("gateway", self.gateway)):
+            process = child.process if child is not None else None
+            if process is None or process.poll() is not None:
+                code = None if process is None else process.returncode
+                log.error("%s exited (code %s); stopping the other", name, code)
+                return True
+        return False
+
+    def _stopping(self, what: str) -> None:
+        name = signal.Signals(self.stop_signal).name if self.stop_signal else "stop"
+        self.progress(f"{name}: stopping ({what})")
+
+    def stop_triton(self) -> None:
+        """READY: Triton gets its grace to finish and unload. Not READY: nothing is in flight
+        and a model load or engine build is not worth waiting for (timings.py)."""
+        if self.triton is None:
+            return
+        ready = self.triton_ready
+        self.triton.stop(
+            grace=self.settings.launch.triton_grace_s if ready else timings.TRITON_STARTUP_GRACE_S
+        )
+        self.triton.release_ports()
+        self.triton = None
+        self.triton_ready = False
+
+    def shutdown(self) -> None:
+        """Gateway first (it stops accepting and drains its in-flight requests, then removes
+        its shared-memory regions), then Triton (and its backend stubs), then scratch."""
+        if self.gateway is not None:
+            self.gateway.stop(grace=self.timings.gateway_stop_s)
+            self.gateway = None
+        self.stop_triton()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+
+def main() -> int:
+    """The container entrypoint: settings from the environment, logs to stdout/stderr."""
+    settings = Settings.from_env()
+    configure(settings.server.log_level, settings.server.log_format)
+    return Supervisor(settings).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Admission by cost: seconds of work, estimated before they are paid, refused at once when the
+backlog cannot absorb them in time. Nothing waits in a queue of ours.
+
+A request's cost is the decode work of its images plus the model work. Decode work is priced
+from each image's header before anything is decoded (imaging/work.py: source pixels and encoded
+bytes times a measured factor per format and coding, so a 300-byte file that decodes to 30 MP
+costs what its decode costs), times a rate learned per format from the decodes this process ran,
+spread over the decode threads. One sample moves a format's rate by at most ``MAX_STEP``, in
+proportion to the work it measured, and the rate stays within ``RATE_BOUNDS`` of the measured
+factors: one odd image cannot make every later photo look unaffordable. Model work is the backend
+busy seconds per image, learned from the backend calls (or pinned by the operator). A text costs
+its tokenisation (a small fixed estimate) plus the text model's busy seconds per text, learned
+the same way. The backlog is the cost of everything admitted and not finished. A request is
+admitted only if the backlog plus its cost stays within the horizon (by default half the request
+deadline, so admitted work finishes in time even when the estimates are off by 2x); otherwise it
+gets 429 with a Retry-After of the seconds the backlog needs to drain far enough.
+
+With several API keys, one key's admitted work is capped at ``key_share`` of the horizon (there is
+no queue to see who waits, so the cap always holds: the rest of the horizon stays free for the
+other keys); beyond it that key gets 429 with the seconds its own backlog needs to drain.
+
+The decision is made as early as the bytes allow: from ``Content-Length`` before the body is
+read (its bytes cost at least ``MIN_DECODE_S_PER_BYTE``), then item by item while it streams,
+so a body that can no longer be admitted stops being read. Request bodies being received are
+bounded in bytes too, counted as they arrive (never by what a header declares); a refusal says
+when the oldest body in flight must be complete. All access is from the event loop thread:
+plain numbers suffice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import TracebackType
+from typing import Self
+
+from clip_gateway.errors import LimitExceeded, Overloaded
+from clip_gateway.imaging.work import Work
+from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline.items import Item, TextItem, price
+
+#: Learning rate of the moving averages (a new measurement's weight).
+_ALPHA = 0.3
+#: Model seconds per image before anything was measured: a slow CPU's ViT-B/32 (20 img/s).
+_PRIOR_INFER_S = 0.05
+#: Text model seconds per text before anything was measured (ViT-B/32's text tower: ~0.6x the
+#: image tower's FLOPs at 77 tokens).
+_PRIOR_TEXT_INFER_S = 0.03
+#: Tokenisation CPU seconds per text and per character (ftfy + BPE; measured ~30 us for a query).
+_TOKENIZE_S_PER_TEXT = 5e-5
+_TOKENIZE_S_PER_CHAR = 2e-7
+#: Decode CPU seconds per item whatever its size (sniffing, headers, the pool hop).
+_DECODE_S_PER_ITEM = 3e-4
+#: A declared body costs at least this per byte (below every format's measured byte factor).
+MIN_DECODE_S_PER_BYTE = 4e-9
+#: Formats whose decode rate is learned (multipliers of imaging/work.py's measured factors).
+FORMATS = ("jpeg", "png", "webp", "gif")
+#: One sample moves a format's rate by at most this fraction...
+MAX_STEP = 0.25
+#: ...and only in proportion to the CPU seconds it measured, up to this much (full weight).
+FULL_WEIGHT_S = 0.1
+#: The learned rate stays within these multiples of the measured factors.
+RATE_BOUNDS = (0.25, 8.0)
+
+
+class Admission:
+    def __init__(
+        self,
+        horizon_s: float,
+        decode_threads: int,
+        metrics: Metrics,
+        *,
+        infer_s_per_image: float = 0.0,
+        max_body_bytes_in_flight: int = 256 << 20,
+        body_timeout_s: float = 30.0,
+        key_share: float = 1.0,
+    ) -> None:
+        self.horizon_s = horizon_s
+        self.decode_threads = max(1, decode_threads)
+        self.pinned = infer_s_per_image > 0
+        self.infer_s = infer_s_per_image if self.pinned else _PRIOR_INFER_S
+        self.text_infer_s = _PRIOR_TEXT_INFER_S
+        #: Per format: measured decode seconds per second of header price.
+        self.decode_rate = dict.fromkeys(FORMATS, 1.0)
+        self.backlog_s = 0.0
+        self.images_in_flight = 0
+        self.body_bytes = 0
+        self.max_body_bytes = max_body_bytes_in_flight
+        self.body_timeout_s = body_timeout_s
+        self.key_share = key_share
+        #: Backlog seconds held per API key (only keys with work in flight).
+        self.by_key: dict[str, float] = {}
+        #: Reservations whose body is being received, and when each started.
+        self._receiving: dict[Reservation, float] = {}
+        self._metrics = metrics
+        # backend busy-time accounting (the measured service rates), per model
+        self._image_calls = _BusyTime()
+        self._text_calls = _BusyTime()
+
+    # --- costs -------------------------------------------------------------------------------
+    def image_cost(self, work: Work) -> float:
+        """Seconds one image of header price ``work`` adds to the backlog."""
+        rate = self.decode_rate.get(work.format, 1.0)
+        decode = _DECODE_S_PER_ITEM + rate * work.seconds
+        return decode / self.decode_threads + self.infer_s
+
+    def text_cost(self, characters: int) -> float:
+        """Seconds one text of ``characters`` adds to the backlog."""
+        tokenize = _TOKENIZE_S_PER_TEXT + _TOKENIZE_S_PER_CHAR * characters
+        return tokenize / self.decode_threads + self.text_infer_s
+
+    def retry_after(self, cost: float) -> float:
+        """Seconds until the backlog has drained enough for ``cost`` to fit (backlog drains at
+        one second of work per second, the rate the costs are measured in)."""
+        return max(1.0, math.ceil(self.backlog_s + cost - self.horizon_s))
+
+    def check(
+        self, cost: float, request_total: float | None = None, key: str | None = None
+    ) -> None:
+        """Refuse now if ``cost`` more could not be admitted (nothing is reserved). A request
+        whose own total could never fit, even alone, is too large rather than too early."""
+        total = cost if request_total is None else request_total
+        if total > self.horizon_s:
+            raise LimitExceeded(
+                f"this request is about {total:.1f} s of work, more than the "
+                f"{self.horizon_s:g} s this gateway admits at once; split it",
+                cost_s=round(total, 3),
+                horizon_s=self.horizon_s,
+            )
+        if key is not None and self.key_share < 1.0:
+            self._check_share(cost, total, key)
+        if self.backlog_s + cost > self.horizon_s:
+            raise Overloaded(
+                f"{self.backlog_s:.1f} s of work in flight; {cost:.1f} s more would not finish "
+                "within the request deadline",
+                retry_after=self.retry_after(cost),
+                backlog_s=round(self.backlog_s, 3),
+                horizon_s=self.horizon_s,
+            )
+
+    def _check_share(self, cost: float, total: float, key: str) -> None:
+        share = self.key_share * self.horizon_s
+        if total > share:
+            raise LimitExceeded(
+                f"this request is about {total:.1f} s of work, more than the {share:g} s one "
+                "API key may hold at once; split it",
+                cost_s=round(total, 3),
+                key_share_s=share,
+            )
+        held = self.by_key.get(key, 0.0)
+        if held + cost > share:
+            raise Overloaded(
+                f"this API key has {held:.1f} s of work in flight; {cost:.1f} s more would "
+                f"pass its share of {share:g} s",
+                retry_after=max(1.0, math.ceil(held + cost - share)),
+                key_backlog_s=round(held, 3),
+                key_share_s=share,
+            )
+
+    def reserve(self, declared_bytes: int | None, key: str | None = None) -> Reservation:
+        """A reservation for one request whose body is declared ``declared_bytes`` long (its
+        Content-Length, if any). Refused at once when even those bytes' cheapest decode could
+        not be admitted; nothing is held for them until they arrive."""
+        floor = (declared_bytes or 0) * MIN_DECODE_S_PER_BYTE / self.decode_threads
+        self.check(floor, key=key)
+        return Reservation(self, key)
+
+    def body_retry_after(self) -> float:
+        """Seconds until the oldest body being received must be complete (or cut)."""
+        if not self._receiving:
+            return 1.0
+        oldest = min(self._receiving.values())
+        return max(1.0, math.ceil(oldest + self.body_timeout_s - time.monotonic()))
+
+    # --- measurements --------------------------------------------------------------------------
+    def observe_decode(self, format: str, cpu_seconds: float, priced_s: float, items: int) -> None:
+        """Decodes of ``items`` images of ``format`` took ``cpu_seconds``; their header price
+        was ``priced_s``. Moves that format's rate towards what they measured, weighted by the
+        work measured and by at most ``MAX_STEP``."""
+        work = cpu_seconds - _DECODE_S_PER_ITEM * items
+        rate = self.decode_rate.get(format)
+        if rate is None or priced_s <= 0 or work <= 0:
+            return
+        weight = _ALPHA * min(1.0, cpu_seconds / FULL_WEIGHT_S)
+        moved = rate + weight * (work / priced_s - rate)
+        moved = min(max(moved, rate * (1 - MAX_STEP)), rate * (1 + MAX_STEP))
+        low, high = RATE_BOUNDS
+        self.decode_rate[format] = min(max(moved, low), high)
+        self._metrics.decode_rate.labels(format).set(self.decode_rate[format])
+
+    def infer_started(self, text: bool = False) -> None:
+        (self._text_calls if text else self._image_calls).started()
+
+    def infer_finished(self, items: int, text: bool = False) -> None:
+        """A backend call ended with ``items`` embedded: one more sample of that model's busy
+        seconds per item, once enough work was seen."""
+        sample = (self._text_calls if text else self._image_calls).finished(items)
+        if sample is None:
+            return
+        if text:
+            self.text_infer_s += _ALPHA * (sample - self.text_infer_s)
+        elif not self.pinned:
+            self.infer_s += _ALPHA * (sample - self.infer_s)
+            self._metrics.infer_seconds_per_image.set(self.infer_s)
+
+
+class _BusyTime:
+    """Busy periods of one model's backend calls (overlapping calls count once): the busy time
+    so far divided by the items done is one sample of its service rate."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.since = 0.0
+        self.busy_s = 0.0
+        self.items = 0
+
+    def started(self) -> None:
+        if self.active == 0:
+            self.since = time.monotonic()
+        self.active += 1
+
+    def finished(self, items: int) -> float | None:
+        now = time.monotonic()
+        self.busy_s += now - self.since
+        self.since = now
+        self.active -= 1
+        self.items += items
+        if self.items < 8 and self.busy_s < 0.5:
+            return None
+        sample = self.busy_s / self.items if self.items else None
+        self.busy_s, self.items = 0.0, 0
+        return sample
+
+
+class Reservation:
+    """One request's share of the backlog, grown item by item, and the body bytes it has
+    received so far; released when it is answered."""
+
+    def __init__(self, admission: Admission, key: str | None = None) -> None:
+        self.admission = admission
+        self.key = key
+        self.body_bytes = 0
+        self.cost = 0.0
+        self.images = 0
+        admission._receiving[self] = time.monotonic()
+
+    def received(self, count: int) -> None:
+        """``count`` more body bytes arrived: refused (Overloaded) when the bodies being
+        received would hold more than the bound."""
+        admission = self.admission
+        if admission.body_bytes + count > admission.max_body_bytes:
+            raise Overloaded(
+                f"{admission.body_bytes >> 20} MiB of request bodies are being received; "
+                f"{count} bytes more do not fit",
+                retry_after=admission.body_retry_after(),
+            )
+        admission.body_bytes += count
+        self.body_bytes += count
+
+    def add(self, item: Item) -> None:
+        """One more item of the request, as soon as it is read: a text priced by its length,
+        an image by the decode work its header promises. Admitted, or refused (the request
+        stops being read)."""
+        if isinstance(item, TextItem):
+            self.add_text(len(item.text))
+        else:
+            self.add_image(price(item))
+
+    def add_image(self, work: Work) -> None:
+        """One more image: admitted, or Overloaded (the request stops being read)."""
+        self._add(self.admission.image_cost(work))
+
+    def add_text(self, characters: int) -> None:
+        """One more text: admitted, or Overloaded."""
+        self._add(self.admission.text_cost(characters))
+
+    def _add(self, cost: float) -> None:
+        self.admission.check(cost, request_total=self.cost + cost, key=self.key)
+        self._hold(cost, images=1)
+
+    def body_read(self) -> None:
+        """The body is in: its bytes no longer count against the bodies being received."""
+        self.admission.body_bytes -= self.body_bytes
+        self.body_bytes = 0
+        self.admission._receiving.pop(self, None)
+
+    def _hold(self, cost: float, images: int) -> None:
+        admission = self.admission
+        admission.backlog_s += cost
+        admission.images_in_flight += images
+        if self.key is not None:
+            admission.by_key[self.key] = admission.by_key.get(self.key, 0.0) + cost
+        admission._metrics.inflight.inc(images)
+        admission._metrics.backlog_seconds.set(admission.backlog_s)
+        self.cost += cost
+        self.images += images
+
+    def release(self) -> None:
+        admission = self.admission
+        self.body_read()
+        admission.backlog_s = max(0.0, admission.backlog_s - self.cost)
+        admission.images_in_flight -= self.images
+        if self.key is not None and self.cost:
+            left = admission.by_key.get(self.key, 0.0) - self.cost
+            if left > 1e-9:
+                admission.by_key[self.key] = left
+            else:
+                admission.by_key.pop(self.key, None)
+        admission._metrics.inflight.dec(self.images)
+        admission._metrics.backlog_seconds.set(admission.backlog_s)
+        self.cost, self.images = 0.0, 0
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()

@@ -1,0 +1,462 @@
+"""The pipeline as a library: items in, embeddings out. Knows nothing of HTTP.
+
+Its API: ``EmbeddingService(backend, pool, PipelineOptions, ...)`` (its own options, built at
+the edge from the settings), ``admit()`` for a ``Reservation``, ``embed(reservation, items)``
+which takes one (a call cannot skip admission), and ``capabilities()``: what the served model
+can embed, for the routes to describe.
+
+A request may mix images and texts: they go their own ways at once (images decoded in the thread
+pool, pipeline/batching.py, straight into an image batch the backend lends; texts checked and
+tokenised, pipeline/texts.py) to their own models, and the rows come back in request order, in
+one space. Admission (pipeline/admission.py) is decided while the request is read, item by item
+on the reservation; the service feeds it the decode and backend timings it learns the costs
+from. Batches larger than a model's max are split and sent concurrently, and Triton's dynamic
+batcher merges calls from concurrent requests. The whole request runs under one deadline, which
+also bounds each gRPC call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Protocol, Self, TypeVar
+
+import numpy as np
+from opentelemetry.trace import NoOpTracer, Tracer
+
+from clip_gateway.backend.protocol import (
+    ImageBatch,
+    InferenceBackend,
+    ModelInfo,
+    Preprocessing,
+    TextModel,
+)
+from clip_gateway.config import memory
+from clip_gateway.errors import (
+    BackendFailed,
+    BackendTimeout,
+    BackendUnavailable,
+    DeadlineExceeded,
+    EmbeddingError,
+    ModalityUnavailable,
+)
+from clip_gateway.imaging.preprocess import Decoded, ImageOptions
+from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline.admission import Admission, Reservation
+from clip_gateway.pipeline.batching import BatchDecoder, DecodeSample
+from clip_gateway.pipeline.canary import Canary
+from clip_gateway.pipeline.items import ImageItem, Item, TextItem
+from clip_gateway.pipeline.texts import TextEncoder
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What the pipeline is told: its limits, deadline and admission figures, built at the edge
+    from the process's settings (http/app.py), never those settings themselves."""
+
+    #: The whole request's deadline, which bounds each backend call too.
+    request_timeout_s: float
+    #: Decode threads in the pool: admission spreads decode work over them.
+    decode_threads: int
+    #: Admitted work at once, in seconds (pipeline/admission.py).
+    horizon_s: float
+    #: Largest image batch per backend call; 0: the model's own max.
+    max_batch_size: int = 0
+    max_image_pixels: int = 100_000_000
+    max_image_bytes: int = 32 << 20
+    max_decode_bytes: int = 256 << 20
+    progressive_dc_only: bool = True
+    max_text_chars: int = 4096
+    #: Backend seconds per image, pinned; 0: learned from the backend calls.
+    infer_s_per_image: float = 0.0
+    max_body_bytes_in_flight: int = 256 << 20
+    body_timeout_s: float = 30.0
+    #: One API key's share of the horizon.
+    key_share: float = 1.0
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the served model embeds, and how, as the routes describe it (/v1/models)."""
+
+    model: str
+    embed_dim: int
+    image_size: int
+    preprocessing: Preprocessing
+    #: The text model, when texts can be embedded (its tokenizer loads here).
+    text: TextModel | None
+    #: Why texts cannot be embedded, when ``text`` is None.
+    text_unavailable: str | None
+    #: The text model's context length, when the backend serves one (even if not usable here).
+    context_length: int | None
+    quantization: dict[str, Any] | None
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return ("image", "text") if self.text is not None else ("image",)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: np.ndarray  # float32 [n_ok, D], in request order
+    indices: tuple[int, ...]  # request index of each row
+    errors: tuple[EmbeddingError, ...]  # skipped items (skip_invalid), each with its index
+    model: ModelInfo
+    decoded: tuple[Decoded, ...]
+    decode_seconds: float
+    infer_seconds: float
+    images: int = 0
+    texts: int = 0
+    #: Text tokens the model read (start and end tokens included, padding not).
+    tokens: int = 0
+    tokenize_seconds: float = 0.0
+
+
+@dataclass
+class _Part:
+    """One modality's share of a request."""
+
+    kind: str  # "image" or "text"
+    vectors: np.ndarray
+    indices: tuple[int, ...]
+    errors: tuple[EmbeddingError, ...] = ()
+    decoded: tuple[Decoded, ...] = ()
+    prepare_seconds: float = 0.0  # decode or tokenise
+    infer_seconds: float = 0.0
+    tokens: int = 0
+
+
+class EmbeddingService:
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        pool: Executor,
+        options: PipelineOptions,
+        *,
+        tracer: Tracer | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._backend = backend
+        self._options = options
+        self._metrics = metrics or Metrics()
+        self.admission = Admission(
+            options.horizon_s,
+            options.decode_threads,
+            self._metrics,
+            infer_s_per_image=options.infer_s_per_image,
+            max_body_bytes_in_flight=options.max_body_bytes_in_flight,
+            body_timeout_s=options.body_timeout_s,
+            key_share=options.key_share,
+        )
+        self._trimmer = memory.Trimmer(pool.submit)
+        self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
+        self._texts = TextEncoder(pool, options.max_text_chars, self._metrics)
+
+    def _decoded(self, samples: Sequence[DecodeSample], encoded: int, pixels: int) -> None:
+        for sample in samples:
+            self.admission.observe_decode(
+                sample.format, sample.cpu_seconds, sample.priced_s, sample.items
+            )
+        # bodies, decoded images (RGBX) and their resize: what may stay in the allocator
+        if pixels < 0:  # failures: their churn is unknown, trim as soon as allowed
+            self._trimmer.worked(0, failed=True)
+        else:
+            self._trimmer.worked(encoded * 2 + pixels * 8)
+
+    def admit(self, declared_bytes: int | None, key: str | None = None) -> Reservation:
+        """A request's reservation, before its body is read: refused at once when even its
+        declared bytes could not be admitted (pipeline/admission.py). Its items are added to it
+        as they are read (``Reservation.add``), its body bytes as they arrive
+        (``Reservation.received``); ``embed`` takes it. Release it (``with``) once answered."""
+        return self.admission.reserve(declared_bytes, key)
+
+    async def capabilities(self) -> Capabilities:
+        """What the served model embeds; BackendUnavailable while the backend cannot say."""
+        info = await self._backend.model_info()
+        try:
+            self._texts.tokenizer(info)
+            unavailable = None
+        except ModalityUnavailable as exc:
+            unavailable = exc.reason
+        return Capabilities(
+            model=info.name,
+            embed_dim=info.embed_dim,
+            image_size=info.image_size,
+            preprocessing=info.image_preprocessing,
+            text=info.text if unavailable is None else None,
+            text_unavailable=unavailable,
+            context_length=info.text.context_length if info.text else None,
+            quantization=info.quantization,
+        )
+
+    async def ready(self) -> bool:
+        return await self._backend.ready()
+
+    def canary(self, interval_s: float, min_cosine: float, timeout_s: float) -> Canary:
+        """The readiness canary over this pipeline's backend and tokenizers."""
+        return Canary(self._backend, interval_s, min_cosine, timeout_s, texts=self._texts)
+
+    async def embed(
+        self,
+        reservation: Reservation,
+        items: Sequence[Item],
+        *,
+        normalize: bool = True,
+        skip_invalid: bool = False,
+        immich: bool = False,
+    ) -> Embeddings:
+        """Embed items admitted on ``reservation`` (each one added to it as it was read)
+        within the deadline. ``immich``: preprocess images and clean texts as Immich's own ML
+        server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
+        batching are the same."""
+        if reservation.admission is not self.admission or reservation.images < len(items):
+            raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
+        timeout = self._options.request_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._embed(items, normalize, skip_invalid, immich)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
+
+    async def _embed(
+        self, items: Sequence[Item], normalize: bool, skip_invalid: bool, immich: bool = False
+    ) -> Embeddings:
+        deadline = time.monotonic() + self._options.request_timeout_s
+        model = await self._backend.model_info()
+        images = [i for i, item in enumerate(items) if not isinstance(item, TextItem)]
+        texts = [i for i, item in enumerate(items) if isinstance(item, TextItem)]
+        work: list[Callable[[], Coroutine[Any, Any, _Part]]] = []
+        refused: list[EmbeddingError] = []
+        if texts:
+            # checked before any work is spent, on texts or images: they cost nothing to check
+            good, refused = self._check_texts(items, texts, model, skip_invalid)
+            if good:
+                work.append(lambda: self._embed_texts(items, good, model, deadline, immich))
+        if images:
+            work.append(
+                lambda: self._embed_images(items, images, model, skip_invalid, deadline, immich)
+            )
+        parts = await _all([make() for make in work])
+        empty = np.empty((0, model.embed_dim), dtype=np.float32)
+        vectors = np.concatenate([p.vectors for p in parts]) if parts else empty
+        indices = np.array([i for p in parts for i in p.indices], dtype=np.int64)
+        order = np.argsort(indices, kind="stable")
+        if len(parts) > 1:
+            vectors, indices = vectors[order], indices[order]
+        if normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+        errors = sorted([*refused, *(e for p in parts for e in p.errors)],
+                        key=lambda e: e.index or 0)  # fmt: skip
+        image_part = next((p for p in parts if p.kind == "image"), None)
+        text_part = next((p for p in parts if p.kind == "text"), None)
+        return Embeddings(
+            vectors=vectors,
+            indices=tuple(int(i) for i in indices),
+            errors=tuple(errors),
+            model=model,
+            decoded=image_part.decoded if image_part else (),
+            decode_seconds=image_part.prepare_seconds if image_part else 0.0,
+            infer_seconds=max((p.infer_seconds for p in parts), default=0.0),
+            images=len(image_part.indices) if image_part else 0,
+            texts=len(text_part.indices) if text_part else 0,
+            tokens=text_part.tokens if text_part else 0,
+            tokenize_seconds=text_part.prepare_seconds if text_part else 0.0,
+        )
+
+    def _check_texts(
+        self, items: Sequence[Item], texts: list[int], model: ModelInfo, skip_invalid: bool
+    ) -> tuple[list[int], list[EmbeddingError]]:
+        """The texts that can be embedded, and the errors of the others (skip mode; otherwise
+        the first error is raised)."""
+        errors: list[EmbeddingError] = []
+        try:
+            self._texts.tokenizer(model)
+        except ModalityUnavailable as exc:
+            if not skip_invalid:
+                raise ModalityUnavailable(exc.reason, index=texts[0]) from None
+            return [], [ModalityUnavailable(exc.reason, index=i) for i in texts]
+        good = []
+        for i in texts:
+            item = items[i]
+            assert isinstance(item, TextItem)
+            problem = self._texts.check(item.text, i)
+            if problem is None:
+                good.append(i)
+            elif not skip_invalid:
+                raise problem
+            else:
+                errors.append(problem)
+        return good, errors
+
+    async def _embed_images(
+        self,
+        items: Sequence[Item],
+        positions: list[int],
+        model: ModelInfo,
+        skip_invalid: bool,
+        deadline: float,
+        immich: bool = False,
+    ) -> _Part:
+        pre, limits = model.image_preprocessing, self._options
+        options = ImageOptions(
+            size=pre.size,
+            max_pixels=limits.max_image_pixels,
+            max_bytes=limits.max_image_bytes,
+            max_decode_bytes=limits.max_decode_bytes,
+            progressive_dc_only=limits.progressive_dc_only,
+            resize_mode=pre.resize_mode,
+            interpolation=pre.interpolation,
+            fill_color=pre.fill_color,
+            immich=immich,
+        )
+        images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
+        limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
+        # decoded straight into the batch the backend sends from (a shared-memory region when
+        # it has one free for a call's worth); given back however this ends
+        with self._backend.image_batch(len(images)) as lent:
+            started = time.perf_counter()
+            decoded = await self._decoder.decode(
+                images, options, skip_invalid=skip_invalid, positions=positions, out=lent.pixels
+            )
+            decoded_at = time.perf_counter()
+            if decoded.rows:
+                batch = lent.keep(decoded.rows)
+                vectors = await self._infer(
+                    self._run_images, batch, limit, deadline, False, model.instances
+                )
+            else:
+                vectors = np.empty((0, model.embed_dim), dtype=np.float32)
+        return _Part(
+            "image",
+            vectors,
+            decoded.indices,
+            errors=decoded.errors,
+            decoded=decoded.decoded,
+            prepare_seconds=decoded_at - started,
+            infer_seconds=time.perf_counter() - decoded_at,
+        )
+
+    async def _embed_texts(
+        self,
+        items: Sequence[Item],
+        positions: list[int],
+        model: ModelInfo,
+        deadline: float,
+        immich: bool = False,
+    ) -> _Part:
+        assert model.text is not None
+        texts: list[TextItem] = [items[i] for i in positions]  # type: ignore[misc]
+        started = time.perf_counter()
+        tokenizer = self._texts.tokenizer(model)
+        batch = await self._texts.encode(texts, positions, tokenizer, immich=immich)
+        tokenized_at = time.perf_counter()
+        vectors = await self._infer(self._run_texts, _Tokens(batch.tokens),
+                                    model.text.max_batch_size, deadline, True,
+                                    model.text.instances)  # fmt: skip
+        return _Part(
+            "text",
+            vectors,
+            batch.indices,
+            prepare_seconds=tokenized_at - started,
+            infer_seconds=time.perf_counter() - tokenized_at,
+            tokens=batch.token_count,
+        )
+
+    async def _run_images(self, batch: ImageBatch, deadline: float) -> np.ndarray:
+        return await self._backend.embed_images(batch, deadline=deadline)
+
+    async def _run_texts(self, batch: _Tokens, deadline: float) -> np.ndarray:
+        return await self._backend.embed_texts(batch.tokens, deadline=deadline)
+
+    async def _infer(
+        self,
+        call: Callable[[B, float], Awaitable[np.ndarray]],
+        batch: B,
+        limit: int,
+        deadline: float,
+        text: bool,
+        instances: int = 1,
+    ) -> np.ndarray:
+        # several model instances (the CPU profiles' core plan): one request's rows are shared
+        # between them, or a lone batch of 32 would run on one instance's share of the cores
+        limit = min(limit, max(1, -(-len(batch) // max(1, instances))))
+        chunks = [batch.rows(i, i + limit) for i in range(0, len(batch), limit)]
+        results = await asyncio.gather(
+            *(self._infer_chunk(call, chunk, deadline, text) for chunk in chunks)
+        )
+        return results[0] if len(results) == 1 else np.concatenate(results)
+
+    async def _infer_chunk(
+        self,
+        call: Callable[[B, float], Awaitable[np.ndarray]],
+        chunk: B,
+        deadline: float,
+        text: bool,
+    ) -> np.ndarray:
+        started, outcome = time.perf_counter(), "ok"
+        self.admission.infer_started(text)
+        try:
+            rows = await call(chunk, deadline)
+            self.admission.infer_finished(len(chunk), text)
+            return rows
+        except EmbeddingError as exc:
+            outcome = _OUTCOMES.get(type(exc), "error")
+            self.admission.infer_finished(0, text)
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            self.admission.infer_finished(0, text)
+            raise
+        finally:
+            model = "text" if text else "image"
+            self._metrics.triton_seconds.labels(model, outcome).observe(
+                time.perf_counter() - started
+            )
+            self._metrics.triton_batch.labels(model).observe(len(chunk))
+
+
+class _Rows(Protocol):
+    """A batch the service splits into calls: an image batch, or token rows."""
+
+    def __len__(self) -> int: ...
+    def rows(self, start: int, stop: int) -> Self: ...
+
+
+B = TypeVar("B", bound=_Rows)
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """Token rows, split into calls as an image batch is."""
+
+    tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def rows(self, start: int, stop: int) -> Self:
+        return type(self)(self.tokens[start:stop])
+
+
+async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:
+    """Run the parts at once; the first failure cancels the others (their model calls too)."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+#: gateway_triton_request_duration_seconds{outcome}: how a backend call ended.
+_OUTCOMES = {
+    BackendUnavailable: "backend-unavailable",
+    BackendTimeout: "backend-timeout",
+    BackendFailed: "backend-error",
+}

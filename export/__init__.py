@@ -1,2 +1,0 @@
-"""OpenCLIP → ONNX export of both towers, preprocessing folded into the image graph, the tokenizer
-written beside them (`python -m export -h`)."""
