@@ -100,7 +100,7 @@ INT8_REFUSED = 3
 
 
 def _export(launch: LaunchSettings, cache: Path, stop: threading.Event, int8: bool) -> None:
-    command = [sys.executable, "-m", "export", "--model", launch.model, "--weights",
+    command = [sys.executable, "-m", "clip_gateway.export", "--model", launch.model, "--weights",
                launch.weights, "--cache-dir", str(cache), "--print-dir"]  # fmt: skip
     if int8:
         command.append("--int8")
