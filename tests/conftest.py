@@ -38,10 +38,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def exported():  # -> clip_gateway.export.build.ExportedModel (torch imported lazily, when needed)
-    """ViT-B/32 with random weights (seed 0), FP32 + FP16, from the export cache when present."""
-    from clip_gateway.export.build import ensure_exported
+def exported():  # -> clip_gateway.model.spec.ExportedModel
+    """ViT-B/32 with random weights (seed 0), FP32 + FP16, from the export cache when present
+    (else exported in a child process: tests/exports.py)."""
     from clip_gateway.model.spec import Weights
+    from tests.exports import ensure_exported
 
     return ensure_exported("ViT-B-32", Weights.random(0))
 
@@ -50,8 +51,8 @@ def exported():  # -> clip_gateway.export.build.ExportedModel (torch imported la
 def exported_int8(exported):  # -> clip_gateway.export.build.ExportedModel
     """The same export with its INT8 files and gate figures (``--int8``): only the tests that
     need INT8 ask for it, so CI quantizes (about a minute) only when they run."""
-    from clip_gateway.export.build import ensure_exported
     from clip_gateway.model.spec import Weights
+    from tests.exports import ensure_exported
 
     return ensure_exported("ViT-B-32", Weights.random(0), int8=True)
 

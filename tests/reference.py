@@ -13,7 +13,7 @@ options are the negative controls: bugs the gateway could have, applied to the r
 from __future__ import annotations
 
 import io
-from functools import cache
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -27,7 +27,7 @@ Perturbation = Literal[
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-@cache
+@lru_cache(maxsize=2)  # a SigLIP2 model holds ~1.5 GB: a run's dozen models, kept, would not fit
 def model(name: str = "ViT-B-32", seed: int = 0) -> tuple[Any, Any]:
     tags = open_clip.list_pretrained_tags_by_model(name)
     cfg = open_clip.get_pretrained_cfg(name, tags[0]) if tags else {}

@@ -34,7 +34,7 @@ from clip_gateway.model.contract import (
 )
 from clip_gateway.model.spec import ExportedModel, Weights
 from clip_gateway.text.tokenizer import Tokenizer
-from tests import reference
+from tests import exports, reference
 
 ROOT = Path(__file__).resolve().parents[2]
 ONNX_TO_TRITON = {
@@ -229,8 +229,10 @@ def siglip(tmp_path_factory: pytest.TempPathFactory) -> ExportedModel:
     whose files are not given and not fetched (the hub offline and its cache empty, as on a
     machine without them)."""
     with pytest.MonkeyPatch.context() as patch:
-        offline_hub(patch, tmp_path_factory.mktemp("hub"))
-        return ensure_exported(SIGLIP, Weights.random(0))
+        hub = tmp_path_factory.mktemp("hub")
+        offline_hub(patch, hub)  # here, and in the child that exports (tests/exports.py)
+        offline = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
+        return exports.ensure_exported(SIGLIP, Weights.random(0), env=offline)
 
 
 def test_siglip_exports_with_its_own_preprocessing_and_says_why_no_text(siglip) -> None:

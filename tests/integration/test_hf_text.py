@@ -3,7 +3,8 @@
 Unigram for SigLIP, Gemma-style BPE for SigLIP2) given to the exporter, a real tritonserver
 and the real gateway over HTTP, against open_clip's own pipeline (``get_tokenizer`` on the same
 files, ``encode_text``). Negative controls: the same texts framed wrongly must fall below the
-limit. Each model is exported once into the export cache and reused."""
+limit. Each model is exported once into the export cache (in a child process: tests/exports.py)
+and reused."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ import pytest
 from bench.supervisor import Supervisor
 from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.config.settings import RepositorySettings
-from clip_gateway.export.build import ensure_exported
 from clip_gateway.launcher.local import LocalTriton
 from clip_gateway.launcher.repository import render
 from clip_gateway.model.spec import Weights, default_cache_dir
 from tests import reference
+from tests.exports import ensure_exported
 from tests.hf_tokenizers import build
 from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, siglip_photos
 from tests.unit.test_hf_tokenizer import SPECIAL_TEXTS

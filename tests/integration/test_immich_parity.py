@@ -165,8 +165,8 @@ def siglip(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPr
     locally built T5-style tokenizer directory (the kind its hub repository holds; the same one
     tests/integration/test_hf_text.py builds, so the export is shared). Yields the gateway and
     that directory: the files Immich's server would load."""
-    from clip_gateway.export.build import ensure_exported
     from clip_gateway.model.spec import Weights
+    from tests.exports import ensure_exported
 
     work = tmp_path_factory.mktemp("siglip")
     source = hf_tokenizers.build("t5", work / "tokenizer")
