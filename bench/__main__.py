@@ -6,9 +6,9 @@
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
 measures what OpenTelemetry costs at 0% and 100% sampling; ``footprint`` reads the memory of
 every process the real launch path starts; ``stops`` times SIGTERM → exit in every phase;
-``texts`` measures text and mixed requests; ``peers`` puts Infinity beside the cpu and cpu-int8
-profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods (dynamic,
-static); ``plans`` the core plans; ``cost`` the gateway's CPU time per image against
+``texts`` measures text and mixed requests; ``peers`` puts Infinity beside the cpu, cpu-int8 and
+cpu-bf16 profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods
+(dynamic, static); ``plans`` the core plans; ``cost`` the gateway's CPU time per image against
 decode-only; ``immich`` Immich-shaped load on ``/predict`` beside ``/v1/embeddings``.
 """
 
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     texts.add_argument("--out", type=Path, default=None)
     peers = commands.add_parser("peers", help="bench/peers.py")
     peers.add_argument("--smoke", action="store_true", help="one request per cell, for a check")
-    peers.add_argument("--systems", nargs="+", default=None, help="default: all three")
+    peers.add_argument("--systems", nargs="+", default=None, help="default: all four")
     peers.add_argument("--out", type=Path, default=None)
     quantization = commands.add_parser("quantization", help="bench/quantization.py")
     quantization.add_argument("--reps", type=int, default=5)

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER_ENV = ROOT / ".peer-env"
 #: (batch, concurrency) cells, measured for every system in this order.
 CELLS = tuple((batch, clients) for batch in (1, 8, 32) for clients in (1, 4))
-SYSTEMS = ("infinity", "gateway-cpu", "gateway-cpu-int8")
+SYSTEMS = ("infinity", "gateway-cpu", "gateway-cpu-int8", "gateway-cpu-bf16")
 #: Run timed phases only below this 1-minute load average (the machine is shared).
 QUIET_LOAD = 0.6
 
