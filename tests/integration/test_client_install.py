@@ -40,7 +40,9 @@ def test_client_only_install_against_a_real_server(gateway, tmp_path: Path) -> N
     assert installed.returncode == 0, installed.stderr[-2000:]
     suite = ROOT / "tests" / "client"
     env = {
-        **os.environ,
+        # not this run's PYTEST_ADDOPTS: its plugins' flags (pytest-randomly's --randomly-seed)
+        # are unknown to the client venv's bare pytest
+        **{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
         "CLIP_GATEWAY_URL": gateway.url,
         "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(suite),  # its conftest helpers, nothing of the repository
