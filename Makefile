@@ -128,8 +128,9 @@ image:
 	@IMAGE_TAG=$(IMAGE) CLIP_MODEL=$(CLIP_MODEL) CLIP_WEIGHTS=$(IMAGE_WEIGHTS) \
 	  TORCH_INDEX_URL=$(TORCH_INDEX_URL) deploy/image/build.sh
 
+# In file order, so without PYTEST_ADDOPTS (a replayed seed of the suite's: docs/DEVELOPMENT.md).
 image-test: $(VENV)/.installed
-	CLIP_GATEWAY_IMAGE_TEST=1 CLIP_GATEWAY_IMAGE=$(IMAGE) $(PY) -m pytest tests/image/test_image.py \
+	PYTEST_ADDOPTS= CLIP_GATEWAY_IMAGE_TEST=1 CLIP_GATEWAY_IMAGE=$(IMAGE) $(PY) -m pytest tests/image/test_image.py \
 	  -p no:randomly $(PYTEST_ARGS)
 	$(PY) -m bench.image_budget --image $(IMAGE) --out build/image/budget
 
@@ -141,7 +142,8 @@ compose-test: $(VENV)/.installed
 # deploy/k8s rendered without the GPU request (deploy/image/k8s) under `podman kube play`: how far
 # a local pod runtime goes (tests/image/test_kube_play.py says where podman 4.3 stops).
 kube-test: $(VENV)/.installed
-	CLIP_GATEWAY_IMAGE_TEST=1 $(PY) -m pytest tests/image/test_kube_play.py -p no:randomly $(PYTEST_ARGS)
+	PYTEST_ADDOPTS= CLIP_GATEWAY_IMAGE_TEST=1 $(PY) -m pytest tests/image/test_kube_play.py -p no:randomly \
+	  $(PYTEST_ARGS)
 
 # An API key for deploy/compose (its `api_keys` secret), made once: a 0700 directory, the file
 # 0644 inside it (compose bind-mounts it; the image's user must read it). Prints nothing secret.
