@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -29,14 +30,18 @@ from typing import Any
 
 import numpy as np
 import simplejpeg
+from PIL import Image
 
 from bench import load, profiling
 from bench.clients import Batches, GatewayClient
 from bench.output import write_results
-from bench.photos import compact_jpeg
+from bench.photos import compact_jpeg, jpeg
 from bench.stack import camera_photos
-from clip_gateway.imaging import jpeg, paths
+from clip_gateway.client.compact import CompactOptions, compact
+from clip_gateway.imaging import jpeg as jpegs
+from clip_gateway.imaging import orientation, paths
 from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.model.calibration import photo
 
 #: A regression the CI smoke fails on: the gateway's images per CPU-second on compact JPEGs at
 #: batch 32 below this fraction of decode-only's in the same run (0.39 when it was written, the
@@ -60,10 +65,14 @@ FULL = (
     Phase("compact", 1, 16, 1500),
     Phase("compact", 8, 4, 300),
     Phase("compact", 32, 4, 100),
+    Phase("uploads", 32, 4, 100),
     Phase("camera", 4, 2, 40),
     Phase("compact", 32, 8, 100, workers=2),
+    Phase("uploads", 32, 8, 100, workers=2),
 )
-SMOKE = (Phase("compact", 32, 4, 24), Phase("camera", 4, 2, 3))
+SMOKE = (Phase("compact", 32, 4, 24), Phase("uploads", 32, 4, 24), Phase("camera", 4, 2, 3))
+#: The upload the client made before it sized uploads to the model's input: 8/7 of it, 4:2:0.
+EARLIER_UPLOAD = CompactOptions(short_side=256, subsampling="420")
 
 
 def _tree(pid: int) -> list[int]:
@@ -137,8 +146,8 @@ def per_cpu_second(work: Callable[[bytes], object], images: list[bytes], rounds:
 
 def decode_only(data: bytes) -> np.ndarray:
     """libjpeg-turbo at the gateway's DCT scale, every scan decoded: the floor of the work."""
-    layout = jpeg.walk(data, max_scans=256, dc_only_for=None)
-    divisor = jpeg.scale_divisor(layout.width, layout.height, SIZE)
+    layout = jpegs.walk(data, max_scans=256, dc_only_for=None)
+    divisor = jpegs.scale_divisor(layout.width, layout.height, SIZE)
     return simplejpeg.decode_jpeg(  # type: ignore[no-any-return]
         data,
         colorspace="RGB",
@@ -157,6 +166,50 @@ def local_figures(pools: dict[str, list[bytes]], smoke: bool) -> dict[str, dict[
             "decode_only": round(per_cpu_second(decode_only, pool, rounds), 1),
             "preprocess": round(
                 per_cpu_second(lambda d: preprocess(d, out, options), pool, rounds), 1
+            ),
+        }
+    return figures
+
+
+def upload_figures(photos: list[bytes], smoke: bool) -> dict[str, dict[str, float]]:
+    """The client's upload of each camera photo, today's and the earlier form: its bytes, its
+    pixels after the gateway's preprocessing against open_clip's own transform of the original
+    (Pillow's full decode, EXIF orientation, Resize + CenterCrop, bicubic), and the gateway's
+    ``preprocess()`` per CPU-second on it. The same for the original sent whole."""
+    import torchvision.transforms as transforms  # bench only: the reference transform
+
+    bicubic = transforms.InterpolationMode.BICUBIC
+    reference = transforms.Compose([transforms.Resize(SIZE, bicubic), transforms.CenterCrop(SIZE)])
+    options = ImageOptions(size=SIZE, max_pixels=200_000_000, max_bytes=1 << 30)
+    out = np.empty((SIZE, SIZE, 3), np.uint8)
+
+    def gateway_pixels(data: bytes) -> np.ndarray:
+        preprocess(data, out, options)
+        return out.astype(np.float32)
+
+    def open_clip_pixels(data: bytes) -> np.ndarray:
+        with Image.open(io.BytesIO(data)) as opened:
+            upright = orientation.upright(np.asarray(opened.convert("RGB")), orientation.of(data))
+        image = Image.fromarray(np.ascontiguousarray(upright))
+        return np.asarray(reference(image)).astype(np.float32)
+
+    references = [open_clip_pixels(data) for data in photos]
+    forms = {
+        "upload (today)": lambda data: compact(data),
+        "upload (earlier: 8/7 size, 4:2:0)": lambda data: compact(data, EARLIER_UPLOAD),
+        "original, sent whole": lambda data: data,
+    }
+    figures = {}
+    for name, make in forms.items():
+        sent = [make(data) for data in photos]
+        errors = [np.abs(gateway_pixels(d) - r) for d, r in zip(sent, references, strict=True)]
+        rounds = 1 if smoke or name.startswith("original") else 20
+        figures[name] = {
+            "bytes_mean": round(float(np.mean([len(d) for d in sent]))),
+            "mean_abs_error": round(float(np.mean([e.mean() for e in errors])), 3),
+            "rms_error": round(float(np.mean([np.sqrt((e**2).mean()) for e in errors])), 3),
+            "preprocess": round(
+                per_cpu_second(lambda d: preprocess(d, out, options), sent, rounds), 1
             ),
         }
     return figures
@@ -202,15 +255,19 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
     from clip_gateway.model.spec import Weights
 
     out.mkdir(parents=True, exist_ok=True)
+    camera = camera_photos(4 if smoke else 8)
     pools = {
         "compact": [compact_jpeg(1000 + i) for i in range(64)],
-        "camera": camera_photos(4 if smoke else 8),
+        # what the client uploads for a 224-px model (clip_gateway/client/compact.py)
+        "uploads": [compact(jpeg(photo(1600, 1200, 1000 + i))) for i in range(64)],
+        "camera": camera,
     }
     results: dict[str, Any] = {
         "machine": machine(),
         "imaging": paths.current().__dict__,
         "shared_machine": True,
         "local": local_figures(pools, smoke),
+        "uploads": upload_figures(camera, smoke),
         "phases": [],
     }
     exported = ensure_exported("ViT-B-32", Weights.random(0))

@@ -9,6 +9,7 @@ from bench.output import figure
 
 LABELS = {
     "compact": "compact JPEGs (256 px short side)",
+    "uploads": "the client's uploads (224 px short side, 4:4:4)",
     "camera": "8-24 MP photos (half progressive)",
 }
 
@@ -56,6 +57,24 @@ def markdown(results: dict[str, Any]) -> str:
             + " | ".join(str(split.get(role, 0.0)) for role in roles)
             + " |"
         )
+    uploads = results.get("uploads") or {}
+    if uploads:
+        lines += [
+            "",
+            "## What the client uploads (the camera photos above, one thread of this process)",
+            "",
+            "Pixels after the gateway's preprocessing against open_clip's own transform of the "
+            "original (Pillow's full decode, EXIF orientation, Resize + CenterCrop, bicubic), "
+            "in levels of 255.",
+            "",
+            "| sent | bytes (mean) | mean abs error | rms error | preprocess() img/CPU-s |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {name} | {row['bytes_mean']} | {row['mean_abs_error']} | {row['rms_error']} "
+            f"| {row['preprocess']} |"
+            for name, row in uploads.items()
+        ]
     profile = results.get("profile") or {}
     if "stages" in profile:
         lines += [

@@ -110,25 +110,40 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
             limit=options.max_bytes,
         )
     kind = sniff(data)
-    image, turn, info = _jpeg(data, options) if kind == "jpeg" else _pillow(data, kind, options)
+    if kind == "jpeg":
+        source, turn, info = _jpeg(data, options)  # walked and priced, not yet decoded
+        stored = source.size
+    else:
+        image, turn, info = _pillow(data, kind, options)
+        stored = image.size
     if options.immich:
         turn = 1  # Immich's decode_pil never reads EXIF orientation
     # the geometry of open_clip's transform on the full-size upright image...
     transposed = turn >= 5
     width, height = (info.height, info.width) if transposed else (info.width, info.height)
     box, (cols, rows) = _geometry(width, height, options)
-    # ...as a box on the stored image, scaled to what was decoded (DCT scaling)
+    # ...as a box on the stored image, scaled to what is decoded (DCT scaling)
     left, top, right, bottom = orientation.source_box(box, info.width, info.height, turn)
-    sx, sy = image.size[0] / info.width, image.size[1] / info.height
+    sx, sy = stored[0] / info.width, stored[1] / info.height
     scaled = (cols, rows) if not transposed else (rows, cols)
-    resized = _resize_box(
-        image,
-        scaled,
-        (left * sx, top * sy, right * sx, bottom * sy),
-        "bicubic" if options.immich else options.interpolation,
-        reduce=not options.immich,
-    )
-    pixels = orientation.upright(_rgb(resized), turn)
+    region = (left * sx, top * sy, right * sx, bottom * sy)
+    crop = _crop(scaled, region)
+    if kind == "jpeg" and crop is not None:
+        # already the size open_clip's resize makes (the client's uploads are): no resampling,
+        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below
+        pixels = source.crop(crop)
+    else:
+        if kind == "jpeg":
+            image = source.image()
+        resized = _resize_box(
+            image,
+            scaled,
+            region,
+            "bicubic" if options.immich else options.interpolation,
+            reduce=not options.immich,
+        )
+        pixels = _rgb(resized)
+    pixels = orientation.upright(pixels, turn)
     if (rows, cols) == (options.size, options.size):
         out[...] = pixels
     else:  # longest: centred on the fill colour, as CenterCropOrPad pads
@@ -146,19 +161,28 @@ def _geometry(
     size, full = options.size, (0.0, 0.0, float(width), float(height))
     if options.immich:
         return _immich_geometry(width, height, size), (size, size)
-    if options.resize_mode == "squash":
-        return full, (size, size)
-    if options.resize_mode == "longest":  # ResizeKeepRatio(longest=1), then padded
-        ratio = max(width, height) / size
-        return full, (round(width / ratio), round(height / ratio))
-    # Resize(size) on the short side (torchvision truncates the long one), then CenterCrop
-    if width <= height:
-        new_w, new_h = size, int(size * height / width)
-    else:
-        new_w, new_h = int(size * width / height), size
+    new_w, new_h = resized_size(width, height, size, options.resize_mode)
+    if options.resize_mode != "shortest":  # squash, or longest: padded after
+        return full, (new_w, new_h)
+    # then CenterCrop
     left, top = round((new_w - size) / 2), round((new_h - size) / 2)
     sx, sy = width / new_w, height / new_h
     return (left * sx, top * sy, (left + size) * sx, (top + size) * sy), (size, size)
+
+
+def resized_size(width: int, height: int, size: int, mode: ResizeMode) -> tuple[int, int]:
+    """The (width, height) open_clip's resize makes of a ``width`` x ``height`` image, before
+    its centre crop (``shortest``) or pad (``longest``): an image already this size is only
+    cropped or padded here, never resampled (what the client's compact uploads are sized to)."""
+    if mode == "squash":
+        return size, size
+    if mode == "longest":  # ResizeKeepRatio(longest=1)
+        ratio = max(width, height) / size
+        return round(width / ratio), round(height / ratio)
+    # Resize(size) on the short side: torchvision truncates the long one
+    if width <= height:
+        return size, int(size * height / width)
+    return int(size * width / height), size
 
 
 def _immich_geometry(width: int, height: int, size: int) -> orientation.Box:
@@ -200,7 +224,45 @@ def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions)
         )
 
 
-def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
+@dataclass(frozen=True)
+class _Jpeg:
+    """A walked JPEG whose cost was checked: decoded when the caller knows in which layout."""
+
+    data: bytes
+    layout: jpeg.JpegLayout
+    target: int
+    long_side: bool
+    full_size: bool
+    #: (width, height) the decode makes (``ceil(side / divisor)``: libjpeg's scaled size)
+    size: tuple[int, int]
+
+    def _decode(self, *, rgbx: bool) -> np.ndarray:
+        try:
+            return jpeg.decode(self.data, self.layout, self.target, rgbx=rgbx,
+                               long_side=self.long_side, full_size=self.full_size)  # fmt: skip
+        except jpeg.JpegError as exc:
+            raise InvalidImage(str(exc)) from exc
+
+    def image(self) -> Image.Image:
+        """The decoded image for Pillow to resize: RGBX, its own layout for RGB, which it maps
+        without a copy."""
+        rgbx = self._decode(rgbx=True)
+        height, width = rgbx.shape[:2]
+        return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1)
+
+    def crop(self, box: tuple[int, int, int, int]) -> np.ndarray:
+        """``box`` (left, top, right, bottom) of the decoded image, packed RGB (a view)."""
+        rgb = self._decode(rgbx=False)
+        if rgb.shape[:2] != (self.size[1], self.size[0]):  # libjpeg scales as the header says
+            raise InvalidImage(
+                f"JPEG decoded to {rgb.shape[1]}x{rgb.shape[0]}, not the "
+                f"{self.size[0]}x{self.size[1]} its header gives at this scale"
+            )
+        left, top, right, bottom = box
+        return rgb[top:bottom, left:right]
+
+
+def _jpeg(data: bytes, options: ImageOptions) -> tuple[_Jpeg, int, Decoded]:
     # Immich's server decodes every pixel: so does its mode here, or its embeddings would not
     # be Immich's (a DCT-scaled decode moved pixels by up to 42/255, cosine 0.99991)
     dc_only = options.progressive_dc_only and not options.immich
@@ -231,19 +293,12 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[Image.Image, int, Decoded
             width=width,
             height=height,
         )
-    try:
-        rgbx = jpeg.decode(
-            data, layout, options.size, rgbx=True, long_side=long_side, full_size=options.immich
-        )
-    except jpeg.JpegError as exc:
-        raise InvalidImage(str(exc)) from exc
     turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
-    height, width = rgbx.shape[:2]
     coding = work.jpeg_coding(layout.progressive, layout.arithmetic)
     price = work.price(coding, layout.width * layout.height, len(data))
-    info = Decoded("jpeg", layout.width, layout.height, width * height, len(data), price)
-    # RGBX is Pillow's own layout for RGB: the image maps the decoded array, no copy
-    return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1), turn, info
+    info = Decoded("jpeg", layout.width, layout.height, scaled, len(data), price)
+    size = (math.ceil(width / divisor), math.ceil(height / divisor))
+    return _Jpeg(data, layout, options.size, long_side, options.immich, size), turn, info
 
 
 _CONTAINERS = {"png": containers.png, "webp": containers.webp, "gif": containers.gif}
@@ -298,13 +353,8 @@ def _resize_box(
     width, height = image.size
     if size == (width, height) and box == (0.0, 0.0, float(width), float(height)):
         return image  # nothing to do (RGBX stays RGBX: _rgb packs it)
-    if (
-        box[2] - box[0] == size[0]
-        and box[3] - box[1] == size[1]
-        and all(float(edge).is_integer() for edge in box)
-    ):
-        left, top, right, bottom = (int(edge) for edge in box)
-        return image.crop((left, top, right, bottom))
+    if (crop := _crop(size, box)) is not None:
+        return image.crop(crop)
     source = min(box[2] - box[0], box[3] - box[1])
     return image.resize(
         size,
@@ -312,3 +362,14 @@ def _resize_box(
         box=box,
         reducing_gap=3.0 if reduce and source > 3 * min(size) else None,
     )
+
+
+def _crop(size: tuple[int, int], box: orientation.Box) -> tuple[int, int, int, int] | None:
+    """``box`` as integer (left, top, right, bottom) when resizing it to ``size`` is a plain
+    crop (the box is that size, on whole pixels), else None."""
+    if box[2] - box[0] != size[0] or box[3] - box[1] != size[1]:
+        return None
+    if not all(float(edge).is_integer() for edge in box):
+        return None
+    left, top, right, bottom = (int(edge) for edge in box)
+    return left, top, right, bottom

@@ -351,6 +351,7 @@ def test_compact_upload_keeps_fidelity(gateway, folder: Path) -> None:
         small = compact.embed(originals)
     cosine = np.sum(full * small, axis=1)
     print(f"\ncompact upload fidelity: mean {cosine.mean():.5f} min {cosine.min():.5f}")
-    assert cosine.min() >= 0.9995  # measured min 0.99978, mean 0.99984
+    # measured min 0.99983, mean 0.99986 (the earlier 8/7-size 4:2:0 upload: 0.99979, 0.99984)
+    assert cosine.min() >= 0.9995
     sizes = [os.path.getsize(p) for p in originals]
     assert min(sizes) > 1_000_000

@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from PIL import Image
 
 from bench.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.client import AsyncClient, Client, ClientError, CompactOptions, compact
+from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 from tests import samples
 
 BIG = jpeg(photo(*CAMERA_SIZES[8], seed=3))
@@ -31,8 +33,54 @@ def size(data: bytes) -> tuple[int, int]:
 def test_compact_shrinks_big_photos_to_a_small_jpeg() -> None:
     small = compact(BIG)
     assert len(small) < 30_000 < len(BIG)
-    assert min(size(small)) == 256
-    assert size(small)[0] > size(small)[1]  # landscape kept
+    # 3264x2448 as open_clip's Resize(224) makes it: the long side truncated, as torchvision does
+    assert size(small) == (298, 224)
+    _, _, _, subsampling = simplejpeg.decode_jpeg_header(small)
+    assert subsampling == "444"
+
+
+@pytest.mark.parametrize(
+    ("dimensions", "mode"),
+    [((3264, 2448), "shortest"), ((2448, 3264), "shortest"), ((4000, 2250), "shortest"),
+     ((3000, 2000), "longest"), ((2000, 3000), "squash")],
+)  # fmt: skip
+def test_the_gateway_only_crops_or_pads_a_compact_upload(
+    dimensions: tuple[int, int], mode: str
+) -> None:
+    """The upload is what open_clip's resize makes of the photo, so the gateway's own
+    preprocessing of it resamples nothing: its output is the upload's pixels, cropped (or
+    padded), and equals what it makes of the upload at a plain crop."""
+    card = {"image_size": 224, "preprocessing": {"resize_mode": mode}}
+    upload = compact(jpeg(photo(*dimensions, seed=5)), CompactOptions().for_model(card))
+    pixels = simplejpeg.decode_jpeg(upload, colorspace="RGB")
+    height, width = pixels.shape[:2]
+    out = np.empty((224, 224, 3), np.uint8)
+    preprocess(upload, out, ImageOptions(size=224, max_pixels=1 << 30, max_bytes=1 << 30,
+                                         resize_mode=mode))  # fmt: skip
+    if mode == "shortest":
+        assert min(width, height) == 224
+        top, left = round((height - 224) / 2), round((width - 224) / 2)
+        np.testing.assert_array_equal(out, pixels[top : top + 224, left : left + 224])
+    elif mode == "longest":
+        assert max(width, height) == 224
+        top = (224 - height) // 2
+        np.testing.assert_array_equal(out[top : top + height], pixels)
+    else:  # squash: the client keeps the aspect ratio (the short side), the gateway squashes
+        assert min(width, height) == 224
+
+
+def test_the_models_interpolation_sizes_the_upload() -> None:
+    bilinear = {"image_size": 224, "preprocessing": {"resize_mode": "shortest",
+                                                     "interpolation": "bilinear"}}  # fmt: skip
+    options = CompactOptions().for_model(bilinear)
+    assert options.interpolation == "bilinear"
+    image = photo(1600, 1200, seed=2)
+    expected = np.asarray(image.resize((298, 224), Image.Resampling.BILINEAR))
+    unencoded = CompactOptions(quality=100)
+    got = simplejpeg.decode_jpeg(compact(image, replace(options, quality=100)), colorspace="RGB")
+    other = simplejpeg.decode_jpeg(compact(image, unencoded), colorspace="RGB")
+    # q100 4:4:4 is near-lossless: the filter's difference is what shows
+    assert np.abs(got.astype(int) - expected).mean() < np.abs(other.astype(int) - expected).mean()
 
 
 def test_compact_applies_exif_orientation_before_dropping_it() -> None:
@@ -50,8 +98,8 @@ def test_compact_leaves_small_or_unknown_bytes_alone(image: bytes) -> None:
 def test_compact_png_and_pil_inputs() -> None:
     png = io.BytesIO()
     photo(1600, 1200, seed=1).convert("RGBA").save(png, "PNG")
-    assert min(size(compact(png.getvalue()))) == 256
-    assert min(size(compact(photo(1600, 1200, seed=1)))) == 256
+    assert min(size(compact(png.getvalue()))) == 224
+    assert min(size(compact(photo(1600, 1200, seed=1)))) == 224
     assert compact(BIG, CompactOptions(enabled=False)) is BIG
 
 
@@ -76,10 +124,10 @@ def answers(*responses: httpx.Response) -> tuple[httpx.MockTransport, list[httpx
 @pytest.mark.parametrize(
     ("card", "side", "long_side"),
     [
-        ({"image_size": 224, "preprocessing": {"resize_mode": "shortest"}}, 256, False),
-        ({"image_size": 256, "preprocessing": {"resize_mode": "squash"}}, 293, False),
-        ({"image_size": 384, "preprocessing": {"resize_mode": "longest"}}, 439, True),
-        ({}, 256, False),  # an older gateway that does not say: the 224-px defaults
+        ({"image_size": 224, "preprocessing": {"resize_mode": "shortest"}}, 224, False),
+        ({"image_size": 256, "preprocessing": {"resize_mode": "squash"}}, 256, False),
+        ({"image_size": 384, "preprocessing": {"resize_mode": "longest"}}, 384, True),
+        ({}, 224, False),  # an older gateway that does not say: the 224-px defaults
     ],
 )
 def test_uploads_are_sized_for_the_served_model(card: dict, side: int, long_side: bool) -> None:
@@ -99,7 +147,7 @@ def test_the_client_asks_the_model_once_and_sizes_uploads_for_it() -> None:
             card = {"id": "m", "image_size": 384, "preprocessing": {"resize_mode": "shortest"}}
             return httpx.Response(200, json={"object": "list", "data": [card]})
         upload = request.content.split(b"\r\n\r\n", 1)[1]
-        assert min(size(upload)) == 439  # 8/7 of 384: the gateway resizes down, never up
+        assert size(upload) == (512, 384)  # 3264x2448 as open_clip's Resize(384) makes it
         return vectors(1)
 
     with Client("http://gw", transport=httpx.MockTransport(handler)) as client:
@@ -200,7 +248,7 @@ def test_importing_the_client_pulls_in_no_server_dependency() -> None:
 def test_pil_image_input_round_trips() -> None:
     image = Image.new("RGB", (300, 400), (10, 200, 30))
     data = compact(image)
-    assert size(data) == (256, 341)
+    assert size(data) == (224, 298)
 
 
 def json_answer(rows: dict[int, float], errors: dict[int, str]) -> httpx.Response:

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from bench.photos import jpeg as jpeg_bytes
+from bench.photos import photo
 from clip_gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
 from clip_gateway.imaging import jpeg, orientation
 from clip_gateway.imaging import preprocess as images
@@ -366,3 +367,52 @@ def test_resize_reads_only_the_centre_square(transpose: bool) -> None:
         bands = bands.transpose(1, 0, 2).copy()
     out = run(samples.encode(Image.fromarray(bands), "PNG"))
     assert np.all(out == (0, 200, 0))
+
+
+def _png(pixels: np.ndarray, turn: int) -> bytes:
+    """The same pixels, lossless, with the same EXIF orientation: Pillow's path decodes it."""
+    exif = Image.Exif()
+    exif[0x0112] = turn
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG", exif=exif.tobytes())
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("turn", range(1, 9))
+@pytest.mark.parametrize(
+    ("stored", "mode"),
+    [((298, 224), "shortest"), ((224, 298), "shortest"), ((224, 168), "longest"),
+     ((224, 224), "squash")],
+)  # fmt: skip
+def test_a_jpeg_already_the_resized_size_is_only_cropped(
+    stored: tuple[int, int], mode: images.ResizeMode, turn: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JPEG the size open_clip's resize makes (the client's uploads are) is decoded to packed
+    RGB and cropped, never handed to Pillow: the same pixels Pillow's path makes of the same
+    decoded image (a lossless PNG of it), in every EXIF orientation and resize mode."""
+    data = jpeg_bytes(photo(*stored, seed=turn), 85, orientation=turn)
+    decoded = jpeg.decode(data, jpeg.walk(data, max_scans=8, dc_only_for=None), 224)
+    options = images.ImageOptions(size=224, max_pixels=1 << 26, max_bytes=1 << 26,
+                                  resize_mode=mode)  # fmt: skip
+    expected = run(_png(decoded, turn), options)
+
+    def pillow_path(self: object) -> Image.Image:
+        raise AssertionError("a plain crop went through Pillow")
+
+    monkeypatch.setattr(images._Jpeg, "image", pillow_path)
+    np.testing.assert_array_equal(run(data, options), expected)
+
+
+def test_a_jpeg_that_needs_resampling_still_goes_through_pillow() -> None:
+    data = samples.compact(0)  # 341x256: Resize(224) makes 298x224
+    called: list[bool] = []
+    original = images._Jpeg.image
+
+    def spy(self: images._Jpeg) -> Image.Image:
+        called.append(True)
+        return original(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(images._Jpeg, "image", spy)
+        run(data)
+    assert called == [True]
