@@ -74,6 +74,7 @@ def test_bench_cost_smoke(tmp_path: Path) -> None:
     results = json.loads((out / "cost.json").read_text())
     assert {(row["dataset"], row["batch"]) for row in results["phases"]} == {
         ("compact", 32),
+        ("uploads", 32),
         ("camera", 4),
     }
     for row in results["phases"]:
@@ -82,4 +83,9 @@ def test_bench_cost_smoke(tmp_path: Path) -> None:
     assert results["local"]["compact"]["decode_only"] > 0
     assert results["imaging"]["resize"].startswith(("pillow ", "pillow-simd "))
     assert "| gateway / decode-only |" in (out / "cost.md").read_text()
+    # the client's upload now: nearer open_clip's own transform of the photo than the earlier one
+    uploads = results["uploads"]
+    today, earlier = uploads["upload (today)"], uploads["upload (earlier: 8/7 size, 4:2:0)"]
+    assert today["mean_abs_error"] < earlier["mean_abs_error"]
+    assert uploads["original, sent whole"]["mean_abs_error"] < today["mean_abs_error"]
     assert (out / "cost.png").stat().st_size > 10_000
