@@ -47,7 +47,9 @@ def jpeg(
 
 
 def compact_jpeg(seed: int = 0, short_side: int = 256, quality: int = 85) -> bytes:
-    """What our client uploads: a photo shrunk so its short side is ~256 px."""
+    """A compact JPEG of 256 px short side, 4:2:0: what the client uploaded for a 224-px model
+    before it sized uploads to the model's input (clip_gateway/client/compact.py), and what
+    other clients that shrink before sending do; the gateway resizes it."""
     long_side = short_side * 4 // 3
     return jpeg(photo(long_side, short_side, seed), quality)
 
