@@ -9,8 +9,8 @@ CPU-second hold on a machine other work is using, where images/s do not.
 Beside it, in the same run and on the same files: **decode-only** (simplejpeg's libjpeg-turbo
 decode at the DCT scale the gateway uses, full scans, in this process's thread CPU time) and
 the gateway's ``preprocess()`` alone. The ratios are the figures that travel between machines.
-A py-spy profile of the serving process (every thread, idle ones excluded) in a phase of its
-own says where the rest goes.
+A py-spy profile of the serving process (every thread, idle ones excluded) in phases of their
+own, one for each kind of small JPEG, says where the rest goes.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def upload_figures(photos: list[bytes], smoke: bool) -> dict[str, dict[str, floa
         return np.asarray(reference(image)).astype(np.float32)
 
     references = [open_clip_pixels(data) for data in photos]
-    forms = {
+    forms: dict[str, Callable[[bytes], bytes]] = {
         "upload (today)": lambda data: compact(data),
         "upload (earlier: 8/7 size, 4:2:0)": lambda data: compact(data, EARLIER_UPLOAD),
         "original, sent whole": lambda data: data,
@@ -293,13 +293,12 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
                 row["decode_only_ratio"] = _ratio(row, results["local"][phase.dataset])
                 results["phases"].append(row)
                 print(json.dumps({k: row[k] for k in ("dataset", "batch", "images_per_cpu_s")}))
-            if not smoke and workers == 1:  # a phase of its own: sampling costs the target time
-                spy = profiling.start(gateway, 25, gil=False)
-                if spy is not None:
-                    asyncio.run(_profiled(gateway.url, pools["compact"]))
-                    results["profile"] = profiling.finish(
-                        spy, out / "profile-cost.txt", buckets=True
-                    )
+            if not smoke and workers == 1:  # phases of their own: sampling costs the target time
+                for dataset, key, name in PROFILED:
+                    spy = profiling.start(gateway, 25, gil=False)
+                    if spy is not None:
+                        asyncio.run(_profiled(gateway.url, pools[dataset]))
+                        results[key] = profiling.finish(spy, out / name, buckets=True)
     shutil.rmtree(work, ignore_errors=True)
     from bench.cost_report import markdown, plot
 
@@ -307,8 +306,15 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
     return results
 
 
+#: The py-spy phases (batch 32 x 4): dataset, their key in the results, their functions' file.
+PROFILED = (
+    ("compact", "profile", "profile-cost.txt"),
+    ("uploads", "profile_uploads", "profile-uploads.txt"),
+)
+
+
 async def _profiled(url: str, pool: list[bytes]) -> dict[str, Any]:
-    """Compact JPEGs at batch 32 x 4 for as long as py-spy samples (it stops by itself)."""
+    """``pool`` at batch 32 x 4 for as long as py-spy samples (it stops by itself)."""
     batches = Batches([[pool[(i * 32 + j) % len(pool)] for j in range(32)] for i in range(16)])
     client = GatewayClient(url, batches)
     try:

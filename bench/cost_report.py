@@ -75,12 +75,14 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {row['preprocess']} |"
             for name, row in uploads.items()
         ]
-    profile = results.get("profile") or {}
-    if "stages" in profile:
+    for key, dataset in (("profile", "compact"), ("profile_uploads", "uploads")):
+        profile = results.get(key) or {}
+        if "stages" not in profile:
+            continue
         lines += [
             "",
-            f"## Where the serving process's CPU goes (compact, batch 32 x 4; py-spy, "
-            f"{profile['samples']} samples of every running thread)",
+            f"## Where the serving process's CPU goes ({LABELS[dataset]}, batch 32 x 4; "
+            f"py-spy, {profile['samples']} samples of every running thread)",
             "",
             "| stage | share |",
             "| --- | --- |",
