@@ -1,27 +1,34 @@
 """OpenVINO beside ONNX Runtime for the CPU profiles, on the exported image graph (issue 25).
 
 ``python bench/openvino_eval.py MODEL.onnx INT8.onnx OUT_DIR`` in a virtualenv with ``openvino``,
-``onnxruntime`` and ``numpy`` (OpenVINO is not a project dependency: this is the measurement that
-decides whether it becomes one). Batch 32 of the gateway's own uint8 pixels (compact JPEGs through
-``preprocess()``, made by the caller as ``pixels.npy`` in OUT_DIR), two threads each, the systems
-interleaved round by round so background load hits them alike. Figures: images per CPU-second of
-this process (median round; ONNX Runtime's spin-waiting off so its CPU time is work) and the best
-round's images/s (wall clock, meaningful only on an idle machine); fidelity as the cosine of each
+``onnxruntime``, ``numpy`` and, for OpenVINO's own INT8, ``nncf`` (none of them a project
+dependency of the gateway: this is the measurement that decides). OpenVINO's INT8 rows need
+``calibration.npy`` beside MODEL.onnx: the quality gate's calibration photos as the model's
+uint8 input, which NNCF calibrates on. Batch 32 of the gateway's own uint8 pixels (compact
+JPEGs through ``preprocess()``, made by the caller as ``pixels.npy`` in OUT_DIR), two threads
+each, the systems interleaved round by round so background load hits them alike. Figures: images
+per CPU-second of this process (median round; ONNX Runtime's spin-waiting off so its CPU time is
+work) and the best round's images/s (wall clock, meaningful only on an idle machine); fidelity as
+the cosine of each
 system's embeddings against ONNX Runtime FP32's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def systems(model: str, int8: str) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+def systems(
+    model: str, int8: str, *, nncf_int8: bool = True
+) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     import onnxruntime as ort
     import openvino as ov
 
@@ -44,7 +51,56 @@ def systems(model: str, int8: str) -> dict[str, Callable[[np.ndarray], np.ndarra
         request = compiled.create_infer_request()
         key = f"openvino-{'fp32' if precision == 'f32' else precision}"
         out[key] = lambda x, r=request: r.infer({0: x})[0].copy()
+    calibration = Path(model).parent / "calibration.npy"
+    if nncf_int8 and calibration.exists():
+        photos = np.load(calibration)
+        for alpha in NNCF_SMOOTH_QUANT:
+            quantized = _nncf_int8(core, model, photos, alpha)
+            # the ops NNCF leaves unquantized run in BF16 (the CPU's default here) or FP32
+            for rest in ("bf16", "f32") if alpha is None else ("bf16",):
+                compiled = core.compile_model(
+                    quantized,
+                    "CPU",
+                    {"INFERENCE_PRECISION_HINT": rest, "INFERENCE_NUM_THREADS": 2,
+                     "PERFORMANCE_HINT": "LATENCY"},
+                )  # fmt: skip
+                request = compiled.create_infer_request()
+                smooth = "default SmoothQuant" if alpha is None else f"SmoothQuant alpha {alpha}"
+                key = f"openvino-int8-nncf ({smooth}, {'fp32' if rest == 'f32' else rest} rest)"
+                out[key] = lambda x, r=request: r.infer({0: x})[0].copy()
     return out
+
+
+#: NNCF's SmoothQuant strength on the MatMuls: its transformer preset's own (None), and the one of
+#: -1 (off), 0.02, 0.05, 0.15 and 0.3 that kept ViT-B/32 nearest FP32 in a sweep (0.3).
+NNCF_SMOOTH_QUANT: tuple[float | None, ...] = (None, 0.3)
+
+
+def _nncf_int8(core: Any, model: str, calibration: np.ndarray, alpha: float | None) -> Any:
+    """OpenVINO's own post-training INT8 (NNCF, its transformer preset: per-channel weights,
+    SmoothQuant on the MatMuls at strength ``alpha``), calibrated on ``calibration`` (the quality
+    gate's photos, never the pixels measured), one image per sample as the server's batches vary."""
+    import nncf
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+    )
+
+    advanced = (
+        None
+        if alpha is None
+        else AdvancedQuantizationParameters(
+            smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha)
+        )
+    )
+    dataset = nncf.Dataset([calibration[i : i + 1] for i in range(len(calibration))])
+    return nncf.quantize(
+        core.read_model(model),
+        dataset,
+        model_type=nncf.ModelType.TRANSFORMER,
+        subset_size=len(calibration),
+        advanced_parameters=advanced,
+    )
 
 
 def measure(model: str, int8: str, pixels: np.ndarray, rounds: int) -> dict[str, dict[str, float]]:
@@ -71,10 +127,11 @@ def measure(model: str, int8: str, pixels: np.ndarray, rounds: int) -> dict[str,
     return results
 
 
-def markdown(results: dict[str, dict[str, float]]) -> str:
+def markdown(results: dict[str, dict[str, float]], header: str = "") -> str:
     base = results["onnxruntime-fp32"]["images_per_cpu_s"]
     best_today = results["onnxruntime-int8-dynamic"]["images_per_cpu_s"]
-    lines = [
+    lines = [header, ""] if header else []
+    lines += [
         "| system | images per CPU-second | vs ORT FP32 | vs ORT INT8 (today's best) "
         "| cosine vs ORT FP32, mean (min) | images/s, best round (shared machine) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -93,9 +150,35 @@ def main() -> int:
     pixels = np.load(out / "pixels.npy")
     results = measure(model, int8, pixels, rounds=5)
     (out / "openvino.json").write_text(json.dumps(results, indent=1))
-    (out / "openvino.md").write_text(markdown(results))
+    (out / "openvino.md").write_text(markdown(results, _header()))
     print(markdown(results))
     return 0
+
+
+def _header() -> str:
+    """What ran where: the CPU's name and matrix flags, the runtimes' versions, the load."""
+    import platform
+    from importlib import metadata
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), platform.processor())  # fmt: skip
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
+                  if line.startswith("flags")), [])  # fmt: skip
+    wanted = ("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    versions = []
+    for package in ("openvino", "nncf", "onnxruntime"):
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return (
+        f"Machine: {name}, {os.cpu_count()} cores "
+        f"({', '.join(f for f in wanted if f in flags)}); load average "
+        f"{os.getloadavg()[0]:.1f} at the end; {', '.join(versions)}. Images per CPU-second of "
+        "the measuring process are the figure (median of 5 interleaved rounds), images/s only "
+        "for reference."
+    )
 
 
 if __name__ == "__main__":
