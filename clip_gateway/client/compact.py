@@ -9,7 +9,7 @@ mode from ``GET /v1/models``: ``CompactOptions.for_model``) and re-encoded at qu
 chroma subsampling (4:4:4). The gateway then only crops (or pads): the one resampling is the one
 open_clip does, on the client's cores. Against the earlier upload (8/7 of the model's size, 4:2:0):
 pixels closer to open_clip's own transform of the original (mean |error| 1.57 vs 2.02 levels),
-~12 KB instead of ~11, and the gateway's CPU per image a quarter lower (docs/PERFORMANCE.md).
+~12 KB instead of ~11, and ~40 % less of the gateway's CPU per image (docs/PERFORMANCE.md).
 Small images are sent as they are.
 
 Formats the gateway does not decode (HEIC/HEIF, AVIF, GIF: formats.py) are always converted to
