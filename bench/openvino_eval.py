@@ -42,15 +42,9 @@ def systems(
         out[key] = lambda x, s=session, n=name: s.run(None, {n: x})[0]
     core = ov.Core()
     for precision in ("f32", "bf16"):
-        compiled = core.compile_model(
-            model,
-            "CPU",
-            {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": 2,
-             "PERFORMANCE_HINT": "LATENCY"},
-        )  # fmt: skip
-        request = compiled.create_infer_request()
-        key = f"openvino-{'fp32' if precision == 'f32' else precision}"
-        out[key] = lambda x, r=request: r.infer({0: x})[0].copy()
+        out[f"openvino-{'fp32' if precision == 'f32' else precision}"] = _openvino(
+            core, model, precision
+        )
     calibration = Path(model).parent / "calibration.npy"
     if nncf_int8 and calibration.exists():
         photos = np.load(calibration)
@@ -58,17 +52,23 @@ def systems(
             quantized = _nncf_int8(core, model, photos, alpha)
             # the ops NNCF leaves unquantized run in BF16 (the CPU's default here) or FP32
             for rest in ("bf16", "f32") if alpha is None else ("bf16",):
-                compiled = core.compile_model(
-                    quantized,
-                    "CPU",
-                    {"INFERENCE_PRECISION_HINT": rest, "INFERENCE_NUM_THREADS": 2,
-                     "PERFORMANCE_HINT": "LATENCY"},
-                )  # fmt: skip
-                request = compiled.create_infer_request()
                 smooth = "default SmoothQuant" if alpha is None else f"SmoothQuant alpha {alpha}"
                 key = f"openvino-int8-nncf ({smooth}, {'fp32' if rest == 'f32' else rest} rest)"
-                out[key] = lambda x, r=request: r.infer({0: x})[0].copy()
+                out[key] = _openvino(core, quantized, rest)
     return out
+
+
+def _openvino(core: Any, model: Any, precision: str) -> Callable[[np.ndarray], np.ndarray]:
+    """``model`` (a path or an OpenVINO model) compiled for the CPU at ``precision``, two
+    threads, one request."""
+    compiled = core.compile_model(
+        model,
+        "CPU",
+        {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": 2,
+         "PERFORMANCE_HINT": "LATENCY"},
+    )  # fmt: skip
+    request = compiled.create_infer_request()
+    return lambda x: request.infer({0: x})[0].copy()  # type: ignore[no-any-return]
 
 
 #: NNCF's SmoothQuant strength on the MatMuls: its transformer preset's own (None), and the one of
