@@ -128,21 +128,21 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
     scaled = (cols, rows) if not transposed else (rows, cols)
     region = (left * sx, top * sy, right * sx, bottom * sy)
     crop = _crop(scaled, region)
-    if kind == "jpeg" and crop is not None:
-        # already the size open_clip's resize makes (the client's uploads are): no resampling,
-        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below
-        pixels = source.crop(crop)
-    else:
-        if kind == "jpeg":
-            image = source.image()
+    if crop is None:
         resized = _resize_box(
-            image,
+            source.image() if kind == "jpeg" else image,
             scaled,
             region,
             "bicubic" if options.immich else options.interpolation,
             reduce=not options.immich,
         )
         pixels = _rgb(resized)
+    elif kind == "jpeg":
+        # already the size open_clip's resize makes (the client's uploads are): no resampling,
+        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below
+        pixels = source.crop(crop)
+    else:  # the whole image as it is (RGBX stays RGBX: _rgb packs it), or a part of it
+        pixels = _rgb(image if crop == (0, 0, *image.size) else image.crop(crop))
     pixels = orientation.upright(pixels, turn)
     if (rows, cols) == (options.size, options.size):
         out[...] = pixels
@@ -349,12 +349,8 @@ def _resize_box(
     """Antialiased resize of ``box`` to ``size``, as a resize of the whole image followed by a
     crop would compute it (Pillow's box maps coordinates; its filters read past the box). A box
     pre-reduction when the source is over 3x the target (PNG/WebP/GIF: no DCT scaling), unless
-    ``reduce`` is off (Immich resizes in one step)."""
-    width, height = image.size
-    if size == (width, height) and box == (0.0, 0.0, float(width), float(height)):
-        return image  # nothing to do (RGBX stays RGBX: _rgb packs it)
-    if (crop := _crop(size, box)) is not None:
-        return image.crop(crop)
+    ``reduce`` is off (Immich resizes in one step). Only for a box that is no plain crop
+    (``_crop``: the caller takes those without resampling)."""
     source = min(box[2] - box[0], box[3] - box[1])
     return image.resize(
         size,
