@@ -33,7 +33,7 @@ PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
 .PHONY: install triton-env peer-env serve test check lint format typecheck pytest mutation lock clean api-key \
-  image image-test compose-test kube-test
+  image image-test compose-test kube-test gpu-kit
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -144,6 +144,11 @@ compose-test: $(VENV)/.installed
 kube-test: $(VENV)/.installed
 	PYTEST_ADDOPTS= CLIP_GATEWAY_IMAGE_TEST=1 $(PY) -m pytest tests/image/test_kube_play.py -p no:randomly \
 	  $(PYTEST_ARGS)
+
+# The GPU host kit (docs/GPU_HOST.md): what a lent GPU machine lacks for `python -m bench host`,
+# packed into call-sized parts under .gpukit/ (PyPI only; nothing exported here).
+gpu-kit: $(VENV)/.installed
+	bench/gpu_kit/prepare.sh
 
 # An API key for deploy/compose (its `api_keys` secret), made once: a 0700 directory, the file
 # 0644 inside it (compose bind-mounts it; the image's user must read it). Prints nothing secret.

@@ -1,6 +1,6 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
 ``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans`` · ``cost`` ·
-``gpu`` · ``immich``.
+``gpu`` · ``host`` · ``immich``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
@@ -9,7 +9,8 @@ every process the real launch path starts; ``stops`` times SIGTERM → exit in e
 ``texts`` measures text and mixed requests; ``peers`` puts Infinity beside the cpu, cpu-int8 and
 cpu-bf16 profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods
 (dynamic, static); ``plans`` the core plans; ``cost`` the gateway's CPU time per image against
-decode-only; ``immich`` Immich-shaped load on ``/predict`` beside ``/v1/embeddings``.
+decode-only; ``host`` one GPU host end to end (the CPU wall, the engine through Triton, the
+ceilings beside it); ``immich`` Immich-shaped load on ``/predict`` beside ``/v1/embeddings``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def _parser() -> argparse.ArgumentParser:
     gpu.add_argument("--cache-dir", type=Path, default=Path("/tmp/clip-gateway-gpu"))
     gpu.add_argument("--cpu-dry-run", action="store_true", help="CPU EP: try the script here")
     gpu.add_argument("--out", type=Path, default=None)
+    host = commands.add_parser("host", help="bench/host.py: one GPU host end to end")
+    host.add_argument("--smoke", action="store_true", help="a small sweep: CI's rehearsal")
+    host.add_argument(
+        "--provider", choices=("auto", "cuda", "cpu"), default="auto",
+        help="auto: cuda where ONNX Runtime has its CUDA EP and a GPU answers, else cpu",
+    )  # fmt: skip
+    host.add_argument("--phases", nargs="+", default=["wall", "engine", "ceilings"],
+                      choices=("wall", "engine", "ceilings"))  # fmt: skip
+    host.add_argument("--models", nargs="+", default=None, help="default: the sweep's")
+    host.add_argument("--cache-dir", type=Path, default=None, help="default: the export cache")
+    host.add_argument("--out", type=Path, default=None)
     stops = commands.add_parser("stops", help="bench/stops.py")
     stops.add_argument("--rounds", type=int, default=3)
     stops.add_argument("--out", type=Path, default=None)
@@ -94,6 +106,24 @@ def _cost(args: argparse.Namespace) -> int:
     if failure:
         print(f"error: {failure}", file=sys.stderr)
     return 1 if failure else 0
+
+
+def _host(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from bench import host
+
+    gpu = args.provider == "cuda" or (args.provider == "auto" and host.has_gpu())
+    sweep = host.SMOKE if args.smoke else host.FULL
+    if args.models:
+        sweep = dataclasses.replace(sweep, models=tuple(args.models))
+    out = args.out or RESULTS / ("host-smoke" if args.smoke else "host")
+    results = host.run(sweep, out, args.cache_dir, gpu, tuple(args.phases))
+    print(out, flush=True)
+    failed = [key for key, found in results.items() if isinstance(found, dict) and "error" in found]
+    if failed:
+        print(f"error: phases failed: {failed}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _stops(args: argparse.Namespace) -> int:
@@ -185,6 +215,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "cost": _cost,
     "stops": _stops,
     "gpu": _gpu,
+    "host": _host,
     "texts": _texts,
     "immich": _immich,
     "peers": _peers,

@@ -254,6 +254,11 @@ class RepositorySettings(BaseSettings):
     #: the PyPI tritonserver has no onnxruntime backend) or ``onnxruntime`` (Triton's native
     #: backend, KIND_CPU: the container image, whose Python backend has no ONNX Runtime).
     cpu_backend: Literal["python", "onnxruntime"] = "python"
+    #: Backend of the ``cuda`` profile: ``onnxruntime`` (Triton's native backend: the NGC image)
+    #: or ``python`` (triton/python/model.py running ONNX Runtime's CUDA EP with the same
+    #: options: a Triton with only the Python backend, such as the PyPI tritonserver; its
+    #: interpreter needs onnxruntime-gpu; docs/GPU_HOST.md).
+    gpu_backend: Literal["onnxruntime", "python"] = "onnxruntime"
     #: Where TensorRT engines and timing caches live; mount a volume here. The launcher uses a
     #: subdirectory per GPU model and model identity (weights + export code, launcher/engines.py).
     trt_cache_path: str = "/var/cache/clip-gateway/trt"

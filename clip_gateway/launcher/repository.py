@@ -150,7 +150,14 @@ def render_tower_config(
 def _profile_template(settings: RepositorySettings) -> str:
     if settings.profile in CPU_PROFILES:
         return "cpu_onnxruntime" if settings.cpu_backend == "onnxruntime" else "cpu"
+    if settings.profile == "cuda" and settings.gpu_backend == "python":
+        return "cuda_python"
     return settings.profile
+
+
+def _python_backend(settings: RepositorySettings) -> bool:
+    """Whether triton/python/model.py runs the ONNX file (else one of Triton's own backends)."""
+    return _profile_template(settings) in ("cpu", "cuda_python")
 
 
 def _onnx_file(settings: RepositorySettings, tower: Tower) -> str:
@@ -332,7 +339,7 @@ def _model_dir(
         how = "--int8" if settings.profile == "cpu-int8" else "FP16 or set cuda_precision=fp32"
         raise FileNotFoundError(f"{source} is missing: export with {how}")
     _place(source, version_dir / onnx_name, link)
-    if _profile_template(settings) == "cpu":  # the Python backend runs ONNX Runtime itself
+    if _python_backend(settings):  # the Python backend runs ONNX Runtime itself
         shutil.copy2(templates / "python" / "model.py", version_dir / "model.py")
     return model_dir
 

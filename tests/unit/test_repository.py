@@ -149,6 +149,29 @@ def test_cuda_profile_uses_fp16_graph_and_cuda_ep() -> None:
     assert fp32.default_model_filename == "model.onnx"
 
 
+def test_cuda_profile_on_the_python_backend_runs_the_fp16_graph_on_the_cuda_ep(
+    exported_stub: Path, tmp_path: Path
+) -> None:
+    """A Triton with only the Python backend (the PyPI one, docs/GPU_HOST.md): the same FP16
+    file, KIND_GPU instances, the native backend's CUDA EP options as the model's parameters."""
+    settings = RepositorySettings(profile="cuda", gpu_backend="python", instance_count=2)
+    config = parse(render_config(settings, 224, 512))
+    assert config.backend == "python"
+    assert [(g.kind, g.count) for g in config.instance_group] == [
+        (mc.ModelInstanceGroup.KIND_GPU, 2)
+    ]
+    assert config.parameters["onnx_file"].string_value == "model_fp16.onnx"
+    assert config.parameters["execution_provider"].string_value == "cuda"
+    assert config.parameters["cudnn_conv_algo_search"].string_value == "HEURISTIC"
+    assert config.parameters["enable_cuda_graph"].string_value == "0"
+    assert not config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert [w.batch_size for w in config.model_warmup] == [1, 4, 8, 16, 32]  # a GPU profile's
+    model_dir = render(settings, exported_stub, tmp_path / "repo") / TRITON_MODEL_NAME
+    assert sorted(p.name for p in (model_dir / "1").iterdir()) == ["model.py", "model_fp16.onnx"]
+    native = render(RepositorySettings(profile="cuda"), exported_stub, tmp_path / "native")
+    assert not (native / TRITON_MODEL_NAME / "1" / "model.py").exists()
+
+
 def test_tensorrt_profile_covers_every_batch_with_one_profile_and_warms_it() -> None:
     settings = RepositorySettings(profile="tensorrt", trt_cache_path="/engines", max_batch_size=32)
     config = parse(render_config(settings, 224, 512))

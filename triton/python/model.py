@@ -1,5 +1,6 @@
 """Triton Python-backend model for the `cpu` profiles: the exported ONNX graph on ORT's CPU EP,
-or (``runtime: openvino``, the ``cpu-bf16`` profile) on OpenVINO's CPU plugin at the inference
+(``execution_provider: cuda``, the ``cuda`` profile where Triton has no onnxruntime backend) on
+ORT's CUDA EP, or (``runtime: openvino``, the ``cpu-bf16`` profile) on OpenVINO's CPU plugin at the inference
 precision the config names (``bf16``: the weights stay FP32 in the file, OpenVINO runs the
 matrix products in BF16 on AVX-512 BF16 / AMX units).
 
@@ -40,8 +41,27 @@ class TritonPythonModel:
         # gateway decodes on; the core plan turns it off (clip_gateway/config/plan.py)
         spinning = params.get("allow_spinning", "1")
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        providers = self._providers(params, args)
+        session = ort.InferenceSession(path, options, providers=providers)
+        wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        if session.get_providers()[0] != wanted:
+            # ORT falls back to the CPU silently when the CUDA EP cannot load (no onnxruntime-gpu,
+            # a CUDA or cuDNN library missing): a GPU profile must not serve from the CPU
+            raise RuntimeError(f"{wanted} did not load (ONNX Runtime runs {session.get_providers()})")
         self.run = lambda batch: session.run([self.output_name], {self.input_name: batch})[0]
+
+    @staticmethod
+    def _providers(params, args):
+        """The CPU EP, or (``execution_provider: cuda``, the ``cuda`` profile on the Python
+        backend) the CUDA EP on the device Triton gave this instance, with cuda.pbtxt's options."""
+        if params.get("execution_provider", "cpu") != "cuda":
+            return ["CPUExecutionProvider"]
+        options = {
+            "device_id": int(args.get("model_instance_device_id", "0") or 0),
+            "cudnn_conv_algo_search": params.get("cudnn_conv_algo_search", "HEURISTIC"),
+            "enable_cuda_graph": params.get("enable_cuda_graph", "0"),
+        }
+        return [("CUDAExecutionProvider", options)]
 
     def _openvino(self, path, threads, precision):
         import openvino as ov
