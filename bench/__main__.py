@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     host.add_argument("--phases", nargs="+", default=["wall", "engine", "ceilings"],
                       choices=("wall", "engine", "ceilings"))  # fmt: skip
     host.add_argument("--models", nargs="+", default=None, help="default: the sweep's")
+    host.add_argument("--batches", nargs="+", type=int, default=None, help="default: the sweep's")
+    host.add_argument("--clients", nargs="+", type=int, default=None, help="default: the sweep's")
+    host.add_argument(
+        "--workers", type=int, default=0, help="the engine phase's gateway workers (0: core plan)"
+    )
+    host.add_argument("--decode-threads", type=int, default=0, help="per worker (0: core plan)")
     host.add_argument("--cache-dir", type=Path, default=None, help="default: the export cache")
     host.add_argument("--out", type=Path, default=None)
     stops = commands.add_parser("stops", help="bench/stops.py")
@@ -115,8 +121,13 @@ def _host(args: argparse.Namespace) -> int:
 
     gpu = args.provider == "cuda" or (args.provider == "auto" and host.has_gpu())
     sweep = host.SMOKE if args.smoke else host.FULL
-    if args.models:
-        sweep = dataclasses.replace(sweep, models=tuple(args.models))
+    for name, value in (("models", args.models), ("batches", args.batches),
+                        ("concurrency", args.clients)):  # fmt: skip
+        if value:
+            sweep = dataclasses.replace(sweep, **{name: tuple(value)})
+    sweep = dataclasses.replace(
+        sweep, workers_engine=args.workers, threads_engine=args.decode_threads
+    )
     out = args.out or RESULTS / ("host-smoke" if args.smoke else "host")
     results = host.run(sweep, out, args.cache_dir, gpu, tuple(args.phases))
     print(out, flush=True)

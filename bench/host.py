@@ -61,6 +61,9 @@ class Sweep:
     #: Triton's largest batch on the GPU: four 32-image requests merged (bench/results/gpu:
     #: ViT-B-32 FP16 8,910 images/s alone at 32, 13,343 at 128).
     max_batch_size: int = 128
+    #: The engine phase's gateway: workers and decode threads per worker (0: the core plan's).
+    workers_engine: int = 0
+    threads_engine: int = 0
 
 
 FULL = Sweep()
@@ -377,7 +380,7 @@ def engine(
     else:
         settings = RepositorySettings(profile="cpu", max_batch_size=sweep.max_batch_size)
     repo = render(settings, export_dir, work / f"repo-{model}")
-    plan = worker_plan(cores.gateway_count())
+    plan = worker_plan(cores.gateway_count(), sweep.workers_engine, sweep.threads_engine)
     env = gateway_env(plan.workers, plan.decode_threads)
     result: dict[str, Any] = {
         "profile": settings.profile,

@@ -49,6 +49,9 @@ triton_env() {
   [ -x "$env/bin/python3" ] || "$base" -m venv --without-pip "$env" || return 1
   site=$("$env/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   cp -a "$root/triton-site/." "$site/"
+  # a wheel unpacked as a zip keeps no mode bits: the server and the stubs must run
+  chmod +x "$site"/pytriton/tritonserver/bin/* \
+    "$site"/pytriton/tritonserver/python_backend_stubs/*/triton_python_backend_stub
   echo "$root/ort" >"$site/gpukit-ort.pth"
   "$env/bin/python3" -c 'import numpy, onnxruntime; print("triton env: numpy", numpy.__version__,
       "onnxruntime", onnxruntime.__version__, onnxruntime.get_available_providers())'

@@ -106,6 +106,8 @@ class TritonBackend:
         self._shm_regions = shared_memory_regions
         self._pool: shm.RegionPool | None = None
         self._registered: set[str] = set()
+        #: Registrations under way, shared by every call that needs the same region meanwhile.
+        self._registering: dict[str, asyncio.Task[bool]] = {}
         self._info: ModelInfo | None = None
         self._info_lock = asyncio.Lock()
 
@@ -284,9 +286,23 @@ class TritonBackend:
 
     async def _register(self, region: shm.Region) -> bool:
         """Register ``region`` with Triton once; False: Triton cannot map our regions (another
-        host, no shared /dev/shm), so the pool switches itself off and gRPC carries the data."""
+        host, no shared /dev/shm), so the pool switches itself off and gRPC carries the data.
+
+        One registration per region, whoever asks meanwhile, and shielded from the caller's
+        cancellation: a request cancelled while its region's registration was in flight left
+        Triton holding a name this worker thought unregistered, and the next use of the region
+        ("already in manager") switched shared memory off for the worker's lifetime (seen on a
+        GPU host: most of 8 workers sent 4.8 MB gRPC messages instead, docs/GPU_HOST.md)."""
         if region.name in self._registered:
             return True
+        task = self._registering.get(region.name)
+        if task is None:
+            task = asyncio.ensure_future(self._register_once(region))
+            self._registering[region.name] = task
+            task.add_done_callback(lambda _: self._registering.pop(region.name, None))
+        return await asyncio.shield(task)
+
+    async def _register_once(self, region: shm.Region) -> bool:
         try:
             await self._client.register_system_shared_memory(
                 region.name, f"/{region.name}", region.byte_size
@@ -294,10 +310,14 @@ class TritonBackend:
         except InferenceServerException as exc:
             if _status_name(exc) in _UNAVAILABLE:
                 raise  # Triton is down, not incompatible: the caller reports that
-            log.warning("Triton cannot map shared memory (%s); using gRPC", exc.message())
-            if self._pool is not None:
-                self._pool.disable()
-            return False
+            if "already in manager" not in (exc.message() or ""):
+                log.warning("Triton cannot map shared memory (%s); using gRPC", exc.message())
+                if self._pool is not None:
+                    self._pool.disable()
+                return False
+            # the name is this process's own (its pid and a random token, shm.py): Triton kept
+            # an earlier registration of it whose answer never reached us, or that we forgot
+            # after a refused call
         self._registered.add(region.name)
         return True
 

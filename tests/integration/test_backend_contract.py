@@ -296,3 +296,44 @@ def test_a_lent_batch_is_sent_from_its_own_region(control_triton) -> None:
             await backend.close()
 
     asyncio.run(check())
+
+
+def test_a_region_triton_already_holds_is_used_not_switched_off(control_triton) -> None:
+    """A registration whose answer never came back (its request cancelled mid-flight) leaves
+    Triton holding the region's name: the next use must send through it, not turn shared
+    memory off for the worker's lifetime ("already in manager"). Concurrent first uses of one
+    region register it once."""
+    import tritonclient.grpc as grpcclient
+
+    async def check() -> None:
+        url = control_triton[0].grpc_url
+        backend = TritonBackend(url, "clip_image", shared_memory_regions=2)
+        try:
+            await backend.model_info()
+            with backend.image_batch(5) as lent:
+                assert lent.region is not None
+                region = lent.region
+                with grpcclient.InferenceServerClient(url) as other:
+                    other.register_system_shared_memory(
+                        region.name, f"/{region.name}", region.byte_size
+                    )
+                lent.pixels[...] = PIXELS
+                got = await backend.embed_images(lent, deadline=soon())
+            assert backend._pool is not None and backend._pool.capacity == 2  # still on
+            assert region.name in backend._registered
+            plain = await backend.embed_images(ImageBatch(PIXELS.copy()), deadline=soon())
+            np.testing.assert_array_equal(got, plain)
+            with backend.image_batch(5) as first, backend.image_batch(5) as second:
+                fresh = [b.region for b in (first, second) if b.region is not region]
+                assert len(fresh) == 1 and fresh[0] is not None  # not registered yet
+                first.pixels[...] = second.pixels[...] = PIXELS
+                results = await asyncio.gather(  # three calls at once on each region
+                    *(backend.embed_images(b, deadline=soon()) for b in (first, second) * 3)
+                )
+            for result in results:
+                np.testing.assert_array_equal(result, plain)
+            assert backend._pool.capacity == 2 and fresh[0].name in backend._registered
+        finally:
+            await backend.close()
+
+    asyncio.run(check())

@@ -89,3 +89,40 @@ def test_bench_cost_smoke(tmp_path: Path) -> None:
     assert today["mean_abs_error"] < earlier["mean_abs_error"]
     assert uploads["original, sent whole"]["mean_abs_error"] < today["mean_abs_error"]
     assert (out / "cost.png").stat().st_size > 10_000
+
+
+def test_host_smoke(tmp_path: Path) -> None:
+    """`python -m bench host --smoke`: the GPU host kit's command rehearsed on this CPU machine
+    (docs/GPU_HOST.md), every phase producing figures, so it cannot rot between lent machines."""
+    out = tmp_path / "host"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "host", "--smoke", "--provider", "cpu", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = json.loads((out / "host.json").read_text())
+    rows = results["cpu_wall"]["rows"]
+    assert [row["workers"] for row in rows[:2]] == [1, 2] and rows[-1]["name"].startswith(
+        "core plan"
+    )
+    for row in rows:
+        assert row["ok"] == row["requests"] > 0 and row["gateway_cpu_us_per_item"] > 0
+        assert row["speedup_vs_1"] > 0 and row["efficiency"] > 0  # per-worker scaling reported
+    engine = results["engine:ViT-B-32"]
+    assert engine["profile"] == "cpu" and engine["parity"]["image_cos_min"] > 0.9999
+    assert engine["parity"]["text_cos_min"] > 0.9999
+    assert {(r["batch"], r["concurrency"]) for r in engine["images"]} == {
+        (1, 1),
+        (1, 2),
+        (8, 1),
+        (8, 2),
+    }
+    assert all(r["ok"] == r["requests"] > 0 for r in engine["images"] + engine["texts"])
+    ceilings = results["ceilings:ViT-B-32"]
+    assert ceilings["provider"] == "CPUExecutionProvider" and set(ceilings["ort"]) == {"1", "8"}
+    report = (out / "host.md").read_text()
+    assert "## CPU wall" in report and "## ViT-B-32 through the gateway" in report
+    assert (out / "host.png").stat().st_size > 10_000

@@ -1,8 +1,8 @@
-"""Triton Python-backend model for the `cpu` profiles: the exported ONNX graph on ORT's CPU EP,
+"""Triton Python-backend model for the `cpu` profiles: the exported ONNX graph on ORT's CPU EP;
 (``execution_provider: cuda``, the ``cuda`` profile where Triton has no onnxruntime backend) on
-ORT's CUDA EP, or (``runtime: openvino``, the ``cpu-bf16`` profile) on OpenVINO's CPU plugin at the inference
-precision the config names (``bf16``: the weights stay FP32 in the file, OpenVINO runs the
-matrix products in BF16 on AVX-512 BF16 / AMX units).
+ORT's CUDA EP; or (``runtime: openvino``, the ``cpu-bf16`` profile) on OpenVINO's CPU plugin at
+the inference precision the config names (``bf16``: the weights stay FP32 in the file, OpenVINO
+runs the matrix products in BF16 on AVX-512 BF16 / AMX units).
 
 Runs inside Triton's python backend stub (triton/README.md explains the interpreter it uses). The
 dynamic batcher hands `execute` several requests at once; they are concatenated into one ORT run
@@ -47,7 +47,8 @@ class TritonPythonModel:
         if session.get_providers()[0] != wanted:
             # ORT falls back to the CPU silently when the CUDA EP cannot load (no onnxruntime-gpu,
             # a CUDA or cuDNN library missing): a GPU profile must not serve from the CPU
-            raise RuntimeError(f"{wanted} did not load (ONNX Runtime runs {session.get_providers()})")
+            active = session.get_providers()
+            raise RuntimeError(f"{wanted} did not load (ONNX Runtime runs {active})")
         self.run = lambda batch: session.run([self.output_name], {self.input_name: batch})[0]
 
     @staticmethod
