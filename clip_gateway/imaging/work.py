@@ -37,21 +37,21 @@ MiB = 1 << 20
 #: PNG's 16-bit and interlaced factors are the 8-bit one scaled by the work they add (twice the
 #: bytes to unfilter; seven passes): priors that the learned rate corrects.
 FACTORS: dict[str, tuple[float, float]] = {
-    "jpeg-baseline": (12e-9, 8e-9),
-    "jpeg-progressive": (30e-9, 8e-9),
-    "jpeg-arithmetic": (40e-9, 130e-9),
-    "jpeg-arithmetic-progressive": (80e-9, 130e-9),
-    "png": (4.5e-9, 10e-9),
-    "png-16bit": (9e-9, 10e-9),
-    "png-interlaced": (6e-9, 10e-9),
-    "webp-lossy": (9e-9, 60e-9),
-    "webp-lossless": (9e-9, 8e-9),
-    "gif": (5e-9, 4e-9),
+    "jpeg-baseline": (18e-9, 12e-9),
+    "jpeg-progressive": (14e-9, 38e-9),
+    "jpeg-arithmetic": (25e-9, 133e-9),
+    "jpeg-arithmetic-progressive": (16e-9, 153e-9),
+    "png": (10e-9, 3e-9),
+    "png-16bit": (20e-9, 3e-9),
+    "png-interlaced": (13e-9, 3e-9),
+    "webp-lossy": (9.6e-9, 31e-9),
+    "webp-lossless": (8.5e-9, 5.5e-9),
+    "gif": (4.5e-9, 5.8e-9),
 }
 #: JPEG: CPU seconds per pixel output at the decoded scale (inverse DCT, upsampling, colour).
-JPEG_OUTPUT_S_PER_PIXEL = 2e-9
+JPEG_OUTPUT_S_PER_PIXEL = 1.1e-9
 #: CPU seconds per decoded pixel the resize reads (Pillow's antialiased filter over its box).
-RESIZE_S_PER_PIXEL = 3e-9
+RESIZE_S_PER_PIXEL = 0.9e-9
 #: Scans assumed for a progressive JPEG whose scans lie beyond the prefix read (libjpeg's
 #: default script for three components; six for one).
 STANDARD_SCANS = 10
@@ -188,10 +188,12 @@ def jpeg_seconds(layout: jpeg.JpegLayout, coding: str, encoded_bytes: int, plan:
     decoded scale, the resize that follows, the entropy-coded bytes."""
     per_block, per_byte = FACTORS[coding]
     divisor = scale(layout.width, layout.height, plan)
+    decoded_bytes = float(encoded_bytes)
     if not layout.progressive:
         passes = 1  # sequential: every block decoded once, whatever its scans
     elif plan.dc_only and not plan.full_size and divisor == 8:
-        passes = max(1, layout.dc_scans)  # the DC-only stream
+        passes = max(1, layout.dc_scans)  # the DC-only stream: its share of the scans' bytes
+        decoded_bytes *= passes / max(passes, layout.scans)
     else:
         passes = max(1, layout.scans)
     width, height = -(-layout.width // divisor), -(-layout.height // divisor)
@@ -199,7 +201,7 @@ def jpeg_seconds(layout: jpeg.JpegLayout, coding: str, encoded_bytes: int, plan:
         per_block * layout.blocks * passes
         + JPEG_OUTPUT_S_PER_PIXEL * width * height
         + RESIZE_S_PER_PIXEL * resize_pixels(width, height, plan)
-        + per_byte * encoded_bytes
+        + per_byte * decoded_bytes
     )
 
 
@@ -227,7 +229,12 @@ def estimate(data: bytes, encoded_bytes: int | None = None, plan: Plan = DEFAULT
 
 
 def _jpeg(data: bytes, size: int, plan: Plan) -> Work:
-    layout = jpeg.walk(data[:HEADER_PREFIX], max_scans=plan.max_scans)
+    try:
+        layout = jpeg.walk(data[:HEADER_PREFIX], max_scans=plan.max_scans)
+    except jpeg.JpegError:
+        if len(data) <= HEADER_PREFIX:
+            raise
+        layout = jpeg.frame_layout(data)  # a frame header further in: its scans are not read
     if layout.progressive and len(data) > HEADER_PREFIX:
         # scans beyond the prefix are not counted: at least the standard script's
         layout = replace(layout, scans=max(layout.scans, STANDARD_SCANS))

@@ -342,7 +342,8 @@ class Reservation:
         admission = self.admission
         self._stop_receiving()
         self.pending = 0.0
-        admission.backlog_s = max(0.0, admission.backlog_s - self.cost)
+        left = admission.backlog_s - self.cost
+        admission.backlog_s = left if left > 1e-9 else 0.0  # no float residue left held
         admission.images_in_flight -= self._held_images
         if self.key is not None and self.cost:
             left = admission.by_key.get(self.key, 0.0) - self.cost
