@@ -88,6 +88,11 @@ class Overloaded(EmbeddingError):
     """Admitting this request would exceed the in-flight budget: refused at once, not queued."""
 
 
+class Overspent(Overloaded):
+    """A request whose decodes spent more than the multiple of their price it was admitted for:
+    stopped where it was, the rest of its items not decoded."""
+
+
 class DeadlineExceeded(EmbeddingError):
     """The request's own deadline passed."""
 

@@ -119,6 +119,10 @@ class ServerSettings(BaseSettings):
     #: With more than one API key: the share of the admission horizon one key may hold while
     #: admitted (beyond it that key gets 429 with the seconds its own work needs to drain).
     admission_key_share: float = Field(0.5, gt=0, le=1)
+    #: A request whose image decodes spend more than this multiple of the CPU seconds they were
+    #: priced at (measured per decode, thread CPU time) is stopped: its other images are not
+    #: decoded, it gets 429 naming the item, and the coding's learned rate takes the measurement.
+    admission_decode_overspend: float = Field(3.0, ge=1)
     #: A request's line and headers must arrive within this time of the connection opening or
     #: the request starting (else 408 and the connection is closed): idle or trickling
     #: connections cannot hold slots new clients need.

@@ -65,6 +65,7 @@ def pipeline_options(settings: ServerSettings, decode_threads: int) -> PipelineO
         max_body_bytes_in_flight=settings.max_body_mib_in_flight << 20,
         body_timeout_s=settings.body_timeout_s,
         key_share=settings.admission_key_share,
+        decode_overspend=settings.admission_decode_overspend,
     )
 
 

@@ -62,7 +62,7 @@ async def immich_predict(request: Request[Any, Any, Any], state: State) -> Respo
     settings, pipeline = context.settings, context.pipeline
     # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
     # decode work their headers promise, each API key within its share
-    with admitted(request, context) as reservation:
+    with admitted(request, context, immich=True) as reservation:
         with context.telemetry.tracer.start_as_current_span("receive"):
             form = await read_form(request, settings, reservation)
         kind, item = check_form(form, settings)

@@ -55,6 +55,7 @@ PROBLEMS: dict[type[Exception], ProblemKind] = {
     errors.InvalidText: ProblemKind(422, "invalid-text", "Invalid text"),
     errors.ImageTooLarge: ProblemKind(422, "image-too-large", "Image too large to decode"),
     errors.Overloaded: ProblemKind(429, "overloaded", "Too much work in flight"),
+    errors.Overspent: ProblemKind(429, "decode-overspent", "Decode work over its admitted price"),
     errors.ClientGone: ProblemKind(499, "client-closed-request", "Client closed the request"),
     errors.UnsupportedTask: ProblemKind(501, "unsupported-task", "Task not served here"),
     errors.BackendFailed: ProblemKind(502, "backend-error", "Inference backend failed"),

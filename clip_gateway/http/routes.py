@@ -48,17 +48,20 @@ JSON = "application/json"
 T = TypeVar("T")
 
 
-def admitted(request: Request[Any, Any, Any], context: AppContext) -> Reservation:
+def admitted(
+    request: Request[Any, Any, Any], context: AppContext, *, immich: bool = False
+) -> Reservation:
     """The pipeline's admission before the first byte is read, for every route that takes a
     body: a declared length over the limit is refused at once, and the declared size already
-    costs its cheapest decode, charged to the request's API key."""
+    costs its cheapest decode, charged to the request's API key. ``immich``: its images will be
+    decoded Immich's way (every pixel), and priced so."""
     limit, declared = context.settings.max_body_bytes, request.content_length
     if declared is not None and declared > limit:
         raise LimitExceeded(
             f"request body of {declared} bytes; the limit is {limit}",
             limit=limit,
         )
-    return context.pipeline.admit(declared, key_of(request))
+    return context.pipeline.admit(declared, key_of(request), immich=immich)
 
 
 async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:

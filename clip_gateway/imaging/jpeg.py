@@ -129,6 +129,15 @@ def frame(data: bytes) -> JpegFrame:
     return JpegFrame(width, height, progressive, walker.arithmetic)
 
 
+def frame_layout(data: bytes) -> JpegLayout:
+    """The layout up to the frame header (no scans counted), walked as ``frame`` walks."""
+    if not data.startswith(_SOI):
+        raise JpegError("not a JPEG: no start-of-image marker")
+    walker = _Walk(data, 1, None)
+    walker.stop_at_frame = True
+    return walker.run()
+
+
 def scale_divisor(width: int, height: int, target: int, *, long_side: bool = False) -> int:
     """Largest of 1, 2, 4, 8 that keeps the short side (``long_side``: the long side, for a
     resize that fits the whole image into the target) at or above ``target``."""

@@ -41,7 +41,7 @@ MiB = 1 << 20
 #: in full visits ~6 M; a 100 MP file with 256 full-image scans would visit ~600 M.
 MAX_BLOCK_VISITS = 200_000_000
 #: libjpeg's and zlib's own working memory (tables, row buffers), on top of the image buffers.
-DECODER_OVERHEAD = 1 * MiB
+DECODER_OVERHEAD = work.DECODER_OVERHEAD
 
 
 ResizeMode = Literal["shortest", "longest", "squash"]
@@ -68,6 +68,19 @@ class ImageOptions:
     #: bicubic, no EXIF orientation (its previews are stored upright), whatever the model's
     #: resize mode and interpolation say.
     immich: bool = False
+
+    @property
+    def plan(self) -> work.Plan:
+        """The decode these options run, as admission prices it (imaging/work.py)."""
+        return work.Plan(
+            size=self.size,
+            resize_mode=self.resize_mode,
+            full_size=self.immich,
+            dc_only=self.progressive_dc_only and not self.immich,
+            max_pixels=self.max_pixels,
+            max_decode_bytes=self.max_decode_bytes,
+            max_scans=self.max_scans,
+        )
 
 
 @dataclass(frozen=True)
@@ -204,24 +217,9 @@ def _rgb(image: Image.Image) -> np.ndarray:
 
 
 def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions) -> None:
-    """Refuse before decoding: too many pixels, or more decoder memory than the budget."""
-    if width * height > options.max_pixels:
-        raise ImageTooLarge(
-            f"image is {width}x{height} ({width * height} pixels); the limit is "
-            f"{options.max_pixels} pixels",
-            limit=options.max_pixels,
-            width=width,
-            height=height,
-        )
-    if peak_bytes > options.max_decode_bytes:
-        raise ImageTooLarge(
-            f"image is {width}x{height}: decoding it needs about "
-            f"{math.ceil(peak_bytes / MiB)} MiB, over the {options.max_decode_bytes // MiB} MiB "
-            "budget per image",
-            limit=options.max_decode_bytes,
-            width=width,
-            height=height,
-        )
+    """Refuse before decoding: too many pixels, or more decoder memory than the budget (the
+    same check admission makes when it prices the header, imaging/work.py)."""
+    work.check_budget(width, height, peak_bytes, options.plan)
 
 
 @dataclass(frozen=True)
@@ -295,7 +293,7 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[_Jpeg, int, Decoded]:
         )
     turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
     coding = work.jpeg_coding(layout.progressive, layout.arithmetic)
-    price = work.price(coding, layout.width * layout.height, len(data))
+    price = work.Work("jpeg", coding, work.jpeg_seconds(layout, coding, len(data), options.plan))
     info = Decoded("jpeg", layout.width, layout.height, scaled, len(data), price)
     size = (math.ceil(width / divisor), math.ceil(height / divisor))
     return _Jpeg(data, layout, options.size, long_side, options.immich, size), turn, info
@@ -334,7 +332,7 @@ def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image,
         except Exception as exc:
             raise InvalidImage(f"corrupt or truncated {kind} image: {exc}") from exc
     turn = orientation.from_tiff(data, *header.exif) if header.exif else 1
-    price = work.price(header.coding, width * height, len(data))
+    price = work.price(header.coding, width * height, len(data), options.plan, (width, height))
     return rgb, turn, Decoded(kind, width, height, width * height, len(data), price)
 
 

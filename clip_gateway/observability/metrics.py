@@ -109,7 +109,7 @@ class Metrics:
         )
         self.decode_rate = Gauge(
             "gateway_admission_decode_rate",
-            "Measured decode seconds per second of header price, per format (1 = the factors)",
+            "Measured decode seconds per second of header price, per coding (1 = the factors)",
             ["format"],
             registry=r,
             multiprocess_mode="livemax",

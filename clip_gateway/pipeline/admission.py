@@ -4,16 +4,19 @@ backlog cannot absorb them in time. Nothing waits in a queue of ours.
 A request's cost is the decode work of its images plus the model work. Decode work is priced
 from each image's header before anything is decoded (imaging/work.py: source pixels and encoded
 bytes times a measured factor per format and coding, so a 300-byte file that decodes to 30 MP
-costs what its decode costs), times a rate learned per format from the decodes this process ran,
-spread over the decode threads. One sample moves a format's rate by at most ``MAX_STEP``, in
+costs what its decode costs), for the decode plan that will run (the target size, the DCT scale,
+Immich's full-size decode), times a rate learned per coding from the decodes this process ran,
+spread over the decode threads. One sample moves a coding's rate by at most ``MAX_STEP``, in
 proportion to the work it measured, and the rate stays within ``RATE_BOUNDS`` of the measured
-factors: one odd image cannot make every later photo look unaffordable. Model work is the backend
-busy seconds per image, learned from the backend calls (or pinned by the operator). A text costs
-its tokenisation (a small fixed estimate) plus the text model's busy seconds per text, learned
-the same way. The backlog is the cost of everything admitted and not finished. A request is
-admitted only if the backlog plus its cost stays within the horizon (by default half the request
-deadline, so admitted work finishes in time even when the estimates are off by 2x); otherwise it
-gets 429 with a Retry-After of the seconds the backlog needs to drain far enough.
+factors: one odd image cannot make every later photo look unaffordable. A price is a promise the
+decode is held to: each request's decodes are metered as they run (pipeline/batching.py), and a
+request that spends more than ``overspend`` times its decode price is stopped. Model work is the
+backend busy seconds per image, learned from the backend calls (or pinned by the operator). A
+text costs its tokenisation (a small fixed estimate) plus the text model's busy seconds per
+text, learned the same way. The backlog is the cost of everything admitted and not finished. A
+request is admitted only if the backlog plus its cost stays within the horizon (by default half
+the request deadline, so admitted work finishes in time even when the estimates are off by 2x);
+otherwise it gets 429 with a Retry-After of the seconds the backlog needs to drain far enough.
 
 With several API keys, one key's admitted work is capped at ``key_share`` of the horizon (there is
 no queue to see who waits, so the cap always holds: the rest of the horizon stays free for the
@@ -21,7 +24,10 @@ other keys); beyond it that key gets 429 with the seconds its own backlog needs 
 
 The decision is made as early as the bytes allow: from ``Content-Length`` before the body is
 read (its bytes cost at least ``MIN_DECODE_S_PER_BYTE``), then item by item while it streams,
-so a body that can no longer be admitted stops being read. Request bodies being received are
+so a body that can no longer be admitted stops being read. What a request's items cost is held
+(counted against everyone else) only once its body is complete: nothing is decoded before that,
+so a body that trickles in cannot hold the horizon it has not begun to use; at completion the
+whole request is checked against the backlog again. Request bodies being received are
 bounded in bytes too, counted as they arrive (never by what a header declares); a refusal says
 when the oldest body in flight must be complete. All access is from the event loop thread:
 plain numbers suffice.
@@ -35,6 +41,7 @@ from types import TracebackType
 from typing import Self
 
 from clip_gateway.errors import LimitExceeded, Overloaded
+from clip_gateway.imaging import work as _work
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.items import Item, TextItem, price
@@ -53,8 +60,11 @@ _TOKENIZE_S_PER_CHAR = 2e-7
 _DECODE_S_PER_ITEM = 3e-4
 #: A declared body costs at least this per byte (below every format's measured byte factor).
 MIN_DECODE_S_PER_BYTE = 4e-9
-#: Formats whose decode rate is learned (multipliers of imaging/work.py's measured factors).
-FORMATS = ("jpeg", "png", "webp", "gif")
+#: Codings whose decode rate is learned (multipliers of imaging/work.py's measured factors).
+CODINGS = tuple(_work.FACTORS)
+#: What a request may spend on decodes: at least this many CPU seconds, whatever its price
+#: (a first decode's page faults and cold caches are not the input's doing).
+METER_FLOOR_S = 0.02
 #: One sample moves a format's rate by at most this fraction...
 MAX_STEP = 0.25
 #: ...and only in proportion to the CPU seconds it measured, up to this much (full weight).
@@ -74,14 +84,19 @@ class Admission:
         max_body_bytes_in_flight: int = 256 << 20,
         body_timeout_s: float = 30.0,
         key_share: float = 1.0,
+        overspend: float = 3.0,
     ) -> None:
         self.horizon_s = horizon_s
         self.decode_threads = max(1, decode_threads)
         self.pinned = infer_s_per_image > 0
         self.infer_s = infer_s_per_image if self.pinned else _PRIOR_INFER_S
         self.text_infer_s = _PRIOR_TEXT_INFER_S
-        #: Per format: measured decode seconds per second of header price.
-        self.decode_rate = dict.fromkeys(FORMATS, 1.0)
+        #: Per coding: measured decode seconds per second of header price.
+        self.decode_rate = dict.fromkeys(CODINGS, 1.0)
+        #: A request is stopped once its decodes spent this multiple of their price.
+        self.overspend = overspend
+        #: How admission prices an image's decode (the served model's input size and resize).
+        self.plan = _work.DEFAULT_PLAN
         self.backlog_s = 0.0
         self.images_in_flight = 0
         self.body_bytes = 0
@@ -98,11 +113,13 @@ class Admission:
         self._text_calls = _BusyTime()
 
     # --- costs -------------------------------------------------------------------------------
+    def decode_cost(self, work: Work) -> float:
+        """CPU seconds one image of header price ``work`` is expected to decode in."""
+        return _DECODE_S_PER_ITEM + self.decode_rate.get(work.coding, 1.0) * work.seconds
+
     def image_cost(self, work: Work) -> float:
         """Seconds one image of header price ``work`` adds to the backlog."""
-        rate = self.decode_rate.get(work.format, 1.0)
-        decode = _DECODE_S_PER_ITEM + rate * work.seconds
-        return decode / self.decode_threads + self.infer_s
+        return self.decode_cost(work) / self.decode_threads + self.infer_s
 
     def text_cost(self, characters: int) -> float:
         """Seconds one text of ``characters`` adds to the backlog."""
@@ -157,13 +174,16 @@ class Admission:
                 key_share_s=share,
             )
 
-    def reserve(self, declared_bytes: int | None, key: str | None = None) -> Reservation:
+    def reserve(
+        self, declared_bytes: int | None, key: str | None = None, plan: _work.Plan | None = None
+    ) -> Reservation:
         """A reservation for one request whose body is declared ``declared_bytes`` long (its
-        Content-Length, if any). Refused at once when even those bytes' cheapest decode could
-        not be admitted; nothing is held for them until they arrive."""
+        Content-Length, if any), whose images will be decoded by ``plan`` (default: admission's
+        own). Refused at once when even those bytes' cheapest decode could not be admitted;
+        nothing is held for them until they arrive."""
         floor = (declared_bytes or 0) * MIN_DECODE_S_PER_BYTE / self.decode_threads
         self.check(floor, key=key)
-        return Reservation(self, key)
+        return Reservation(self, key, plan or self.plan)
 
     def body_retry_after(self) -> float:
         """Seconds until the oldest body being received must be complete (or cut)."""
@@ -173,20 +193,20 @@ class Admission:
         return max(1.0, math.ceil(oldest + self.body_timeout_s - time.monotonic()))
 
     # --- measurements --------------------------------------------------------------------------
-    def observe_decode(self, format: str, cpu_seconds: float, priced_s: float, items: int) -> None:
-        """Decodes of ``items`` images of ``format`` took ``cpu_seconds``; their header price
-        was ``priced_s``. Moves that format's rate towards what they measured, weighted by the
+    def observe_decode(self, coding: str, cpu_seconds: float, priced_s: float, items: int) -> None:
+        """Decodes of ``items`` images of ``coding`` took ``cpu_seconds``; their header price
+        was ``priced_s``. Moves that coding's rate towards what they measured, weighted by the
         work measured and by at most ``MAX_STEP``."""
         work = cpu_seconds - _DECODE_S_PER_ITEM * items
-        rate = self.decode_rate.get(format)
+        rate = self.decode_rate.get(coding)
         if rate is None or priced_s <= 0 or work <= 0:
             return
         weight = _ALPHA * min(1.0, cpu_seconds / FULL_WEIGHT_S)
         moved = rate + weight * (work / priced_s - rate)
         moved = min(max(moved, rate * (1 - MAX_STEP)), rate * (1 + MAX_STEP))
         low, high = RATE_BOUNDS
-        self.decode_rate[format] = min(max(moved, low), high)
-        self._metrics.decode_rate.labels(format).set(self.decode_rate[format])
+        self.decode_rate[coding] = min(max(moved, low), high)
+        self._metrics.decode_rate.labels(coding).set(self.decode_rate[coding])
 
     def infer_started(self, text: bool = False) -> None:
         (self._text_calls if text else self._image_calls).started()
@@ -233,15 +253,24 @@ class _BusyTime:
 
 
 class Reservation:
-    """One request's share of the backlog, grown item by item, and the body bytes it has
-    received so far; released when it is answered."""
+    """One request's share of the backlog, grown item by item and held once its body is
+    complete, and the body bytes it has received so far; released when it is answered."""
 
-    def __init__(self, admission: Admission, key: str | None = None) -> None:
+    def __init__(
+        self, admission: Admission, key: str | None = None, plan: _work.Plan | None = None
+    ) -> None:
         self.admission = admission
         self.key = key
+        self.plan = plan or admission.plan
         self.body_bytes = 0
+        #: Backlog seconds held (once the body is complete), and those priced before that.
         self.cost = 0.0
+        self.pending = 0.0
+        #: Items admitted (held or pending).
         self.images = 0
+        self._held_images = 0
+        #: The CPU seconds its images' decodes were priced at (what the meter holds them to).
+        self.decode_s = 0.0
         admission._receiving[self] = time.monotonic()
 
     def received(self, count: int) -> None:
@@ -259,27 +288,41 @@ class Reservation:
 
     def add(self, item: Item) -> None:
         """One more item of the request, as soon as it is read: a text priced by its length,
-        an image by the decode work its header promises. Admitted, or refused (the request
-        stops being read)."""
+        an image by the decode work its header promises under the request's plan. Admitted, or
+        refused (the request stops being read)."""
         if isinstance(item, TextItem):
             self.add_text(len(item.text))
         else:
-            self.add_image(price(item))
+            self.add_image(price(item, self.plan))
 
     def add_image(self, work: Work) -> None:
         """One more image: admitted, or Overloaded (the request stops being read)."""
         self._add(self.admission.image_cost(work))
+        self.decode_s += self.admission.decode_cost(work)
 
     def add_text(self, characters: int) -> None:
         """One more text: admitted, or Overloaded."""
         self._add(self.admission.text_cost(characters))
 
     def _add(self, cost: float) -> None:
-        self.admission.check(cost, request_total=self.cost + cost, key=self.key)
-        self._hold(cost, images=1)
+        total = self.cost + self.pending + cost
+        self.admission.check(self.pending + cost, request_total=total, key=self.key)
+        self.pending += cost
+        self.images += 1
+        if self not in self.admission._receiving:
+            self.body_read()  # added after the body was complete: held at once
 
     def body_read(self) -> None:
-        """The body is in: its bytes no longer count against the bodies being received."""
+        """The body is in: its bytes no longer count against the bodies being received, and
+        what its items cost is held, if the backlog can still take it (else Overloaded)."""
+        self._stop_receiving()
+        if self.pending:
+            self.admission.check(self.pending, request_total=self.cost + self.pending,
+                                 key=self.key)  # fmt: skip
+            self._hold(self.pending, images=self.images - self._held_images)
+            self.pending = 0.0
+
+    def _stop_receiving(self) -> None:
         self.admission.body_bytes -= self.body_bytes
         self.body_bytes = 0
         self.admission._receiving.pop(self, None)
@@ -293,22 +336,24 @@ class Reservation:
         admission._metrics.inflight.inc(images)
         admission._metrics.backlog_seconds.set(admission.backlog_s)
         self.cost += cost
-        self.images += images
+        self._held_images += images
 
     def release(self) -> None:
         admission = self.admission
-        self.body_read()
-        admission.backlog_s = max(0.0, admission.backlog_s - self.cost)
-        admission.images_in_flight -= self.images
+        self._stop_receiving()
+        self.pending = 0.0
+        left = admission.backlog_s - self.cost
+        admission.backlog_s = left if left > 1e-9 else 0.0  # no float residue left held
+        admission.images_in_flight -= self._held_images
         if self.key is not None and self.cost:
             left = admission.by_key.get(self.key, 0.0) - self.cost
             if left > 1e-9:
                 admission.by_key[self.key] = left
             else:
                 admission.by_key.pop(self.key, None)
-        admission._metrics.inflight.dec(self.images)
+        admission._metrics.inflight.dec(self._held_images)
         admission._metrics.backlog_seconds.set(admission.backlog_s)
-        self.cost, self.images = 0.0, 0
+        self.cost, self.images, self._held_images = 0.0, 0, 0
 
     def __enter__(self) -> Self:
         return self

@@ -1,4 +1,6 @@
-"""A request's images decoded in the thread pool into one uint8 batch, with spans and metrics."""
+"""A request's images decoded in the thread pool into one uint8 batch, with spans and metrics,
+each decode metered in the thread that runs it (``Meter``): a request that has spent more than
+its budget decodes nothing more."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from opentelemetry.trace import Span, Tracer
 
-from clip_gateway.errors import EmbeddingError, InvalidImage
+from clip_gateway.errors import EmbeddingError, InvalidImage, Overspent
 from clip_gateway.imaging.preprocess import Decoded, ImageOptions, preprocess
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import record_span
@@ -30,9 +32,9 @@ class DecodedBatch:
 
 @dataclass(frozen=True)
 class DecodeSample:
-    """Decodes of one format in one batch: what admission learns its decode rate from."""
+    """Decodes of one coding in one batch: what admission learns its decode rate from."""
 
-    format: str
+    coding: str
     cpu_seconds: float
     priced_s: float  # their header price (imaging/work.py)
     items: int
@@ -48,6 +50,34 @@ class _Timed:
     decoded: Decoded
     start_ns: int
     end_ns: int
+    #: The decode's thread CPU time: what the meter counts and admission learns from (wall
+    #: time would count the other thread and the event loop taking this core).
+    cpu_s: float = 0.0
+
+
+class Meter:
+    """One request's decode spending, added by the worker threads as each decode ends (thread
+    CPU time: what the input made the decoder do, whatever else runs). Once it has spent more
+    than ``budget_s``, the decodes not yet started are not started."""
+
+    def __init__(self, priced_s: float, budget_s: float) -> None:
+        #: The CPU seconds its images were priced at, and what it may spend.
+        self.priced_s = priced_s
+        self.budget_s = budget_s
+        self.spent_s = 0.0
+        self._lock = threading.Lock()
+
+    def spend(self, seconds: float) -> None:
+        with self._lock:
+            self.spent_s += seconds
+
+    @property
+    def over(self) -> bool:
+        return self.spent_s > self.budget_s
+
+
+#: A decode not started: its request had spent its budget.
+_NOT_STARTED = object()
 
 
 class BatchDecoder:
@@ -74,28 +104,39 @@ class BatchDecoder:
         skip_invalid: bool,
         positions: Sequence[int] | None = None,
         out: np.ndarray | None = None,
+        meter: Meter | None = None,
     ) -> DecodedBatch:
         """All items, or raise the first bad one's error; with ``skip_invalid`` keep the good.
         ``positions``: each item's index in the request (default: its index here). ``out``: where
         to decode to (``[n, S, S, 3]``, e.g. a shared-memory region the backend sends from);
         ``pixels`` is that very array when every item decoded; ``rows`` says which of its rows
-        hold the images that did."""
+        hold the images that did. ``meter``: the request's decode budget; once spent, the rest
+        is not decoded and the request is stopped (Overspent, naming the first item not
+        decoded)."""
         where = positions if positions is not None else range(len(items))
         size = options.size
         batch = np.empty((len(items), size, size, 3), dtype=np.uint8) if out is None else out
         with self._tracer.start_as_current_span("preprocess") as span:
             submitted = time.time_ns()
-            results = await self._run(items, batch, options)
+            results = await self._run(items, batch, options, meter)
             good: list[tuple[int, _Timed]] = []
             errors: list[EmbeddingError] = []
+            stopped: int | None = None
             for index, result in enumerate(results):
-                if isinstance(result, EmbeddingError):
+                if result is _NOT_STARTED:
+                    stopped = where[index] if stopped is None else stopped
+                elif isinstance(result, EmbeddingError):
                     result.index = where[index]
                     errors.append(result)
                 elif isinstance(result, BaseException):
                     raise result
-                elif result is not None:
+                elif isinstance(result, _Timed):
                     good.append((index, result))
+            if stopped is not None:
+                assert meter is not None
+                if good:  # what it did spend is what admission learns the coding's rate from
+                    self._observe(span, submitted, [t for _, t in good])
+                raise _overspent(meter, stopped)
             if errors and self._on_decoded is not None:
                 # a failed decode may have churned more than its bytes say (PNG text chunks,
                 # a corrupt stream found late): hand the allocator's slack back
@@ -112,16 +153,23 @@ class BatchDecoder:
         return DecodedBatch(pixels, indices, tuple(rows), decoded, tuple(errors))
 
     async def _run(
-        self, items: Sequence[ImageItem], batch: np.ndarray, options: ImageOptions
-    ) -> list[_Timed | BaseException | None]:
+        self,
+        items: Sequence[ImageItem],
+        batch: np.ndarray,
+        options: ImageOptions,
+        meter: Meter | None = None,
+    ) -> list[object]:
         """One pool task per image, but one wake-up of the event loop per batch: the last
         task to finish reports for all (a future per image cost ~20% of a gateway core)."""
-        results: list[_Timed | BaseException | None] = [None] * len(items)
+        results: list[object] = [None] * len(items)
         done = _Countdown(asyncio.get_running_loop(), len(items))
 
         def work(index: int, item: ImageItem) -> None:
             try:
-                results[index] = _decode_one(item, batch[index], options)
+                if meter is not None and meter.over:
+                    results[index] = _NOT_STARTED  # its thread is free for the next request
+                    return
+                results[index] = _decode_one(item, batch[index], options, meter)
             except EmbeddingError as exc:  # reported per item by the caller
                 results[index] = _detached(exc)
             except BaseException as exc:  # a bug or MemoryError: re-raised, traceback kept
@@ -196,13 +244,25 @@ class _Countdown:
 
 
 def _samples(timed: Sequence[_Timed]) -> list[DecodeSample]:
-    by_format: dict[str, list[float]] = {}
+    by_coding: dict[str, list[float]] = {}
     for t in timed:
-        sums = by_format.setdefault(t.decoded.work.format, [0.0, 0.0, 0])
-        sums[0] += (t.end_ns - t.start_ns) / 1e9
+        sums = by_coding.setdefault(t.decoded.work.coding, [0.0, 0.0, 0])
+        sums[0] += t.cpu_s
         sums[1] += t.decoded.work.seconds
         sums[2] += 1
-    return [DecodeSample(f, cpu, priced, int(n)) for f, (cpu, priced, n) in by_format.items()]
+    return [DecodeSample(c, cpu, priced, int(n)) for c, (cpu, priced, n) in by_coding.items()]
+
+
+def _overspent(meter: Meter, index: int) -> Overspent:
+    return Overspent(
+        f"decoding stopped at item {index}: this request's images were priced at "
+        f"{meter.priced_s:.3f} CPU-s and had spent {meter.spent_s:.3f}, over "
+        f"{meter.budget_s:.3f} (the gateway has learned from it: a retry is priced higher)",
+        index=index,
+        priced_s=round(meter.priced_s, 4),
+        spent_s=round(meter.spent_s, 4),
+        budget_s=round(meter.budget_s, 4),
+    )
 
 
 def _detached(exc: EmbeddingError) -> EmbeddingError:
@@ -216,12 +276,18 @@ def _detached(exc: EmbeddingError) -> EmbeddingError:
     return exc
 
 
-def _decode_one(item: ImageItem, out: np.ndarray, options: ImageOptions) -> _Timed:
-    start = time.time_ns()
+def _decode_one(
+    item: ImageItem, out: np.ndarray, options: ImageOptions, meter: Meter | None = None
+) -> _Timed:
+    start, cpu = time.time_ns(), time.thread_time()
     try:
         decoded = preprocess(item_bytes(item), out, options)
     except (EmbeddingError, MemoryError):
         raise
     except Exception as exc:  # hostile bytes reach C decoders: any failure is the image's fault
         raise InvalidImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
-    return _Timed(decoded, start, time.time_ns())
+    finally:
+        spent = time.thread_time() - cpu  # failed decodes are paid for too
+        if meter is not None:
+            meter.spend(spent)
+    return _Timed(decoded, start, time.time_ns(), spent)

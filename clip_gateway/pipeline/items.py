@@ -75,12 +75,13 @@ def _lenient(text: str, exc: Exception) -> bytes:
     raise InvalidImage(f"invalid base64: {exc}; {_SEND}") from None
 
 
-def price(item: ImageItem) -> work.Work:
-    """The decode price of an image item, from its header (imaging/work.py): raw bytes as they
-    are, base64 from its first ``work.HEADER_PREFIX`` bytes once decoded. An item whose header
-    cannot be read is priced as refused: the decoder refuses it before any work."""
+def price(item: ImageItem, plan: work.Plan = work.DEFAULT_PLAN) -> work.Work:
+    """The decode price of an image item under ``plan``, from its header (imaging/work.py):
+    raw bytes as they are, base64 from its first ``work.HEADER_PREFIX`` bytes once decoded. An
+    item whose header cannot be read, or breaks the decoder's budget, is priced as refused: the
+    decoder refuses it before any work."""
     if item.b64 is None:
-        return work.estimate(item.data)
+        return work.estimate(item.data, plan=plan)
     text = item.b64
     if is_data_uri(text):
         text = text.partition(",")[2]
@@ -92,7 +93,7 @@ def price(item: ImageItem) -> work.Work:
     except (binascii.Error, ValueError):
         return work.REFUSED
     size = len(text) * 3 // 4
-    priced = work.estimate(head, size)
+    priced = work.estimate(head, size, plan)
     if priced is work.REFUSED and len(head) >= work.HEADER_PREFIX:
-        return work.worst(head, size)  # its header is further in than any real file's
+        return work.worst(head, size, plan)  # its header is further in than any real file's
     return priced

@@ -45,8 +45,8 @@ from clip_gateway.errors import (
 )
 from clip_gateway.imaging.preprocess import Decoded, ImageOptions
 from clip_gateway.observability.metrics import Metrics
-from clip_gateway.pipeline.admission import Admission, Reservation
-from clip_gateway.pipeline.batching import BatchDecoder, DecodeSample
+from clip_gateway.pipeline.admission import METER_FLOOR_S, Admission, Reservation
+from clip_gateway.pipeline.batching import BatchDecoder, DecodeSample, Meter
 from clip_gateway.pipeline.canary import Canary
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
 from clip_gateway.pipeline.texts import TextEncoder
@@ -76,6 +76,8 @@ class PipelineOptions:
     body_timeout_s: float = 30.0
     #: One API key's share of the horizon.
     key_share: float = 1.0
+    #: A request whose decodes spend more than this multiple of their price is stopped.
+    decode_overspend: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -150,15 +152,18 @@ class EmbeddingService:
             max_body_bytes_in_flight=options.max_body_bytes_in_flight,
             body_timeout_s=options.body_timeout_s,
             key_share=options.key_share,
+            overspend=options.decode_overspend,
         )
         self._trimmer = memory.Trimmer(pool.submit)
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
         self._texts = TextEncoder(pool, options.max_text_chars, self._metrics)
+        #: The served model's preprocessing, once the backend has said (admission's plan).
+        self._preprocessing: Preprocessing | None = None
 
     def _decoded(self, samples: Sequence[DecodeSample], encoded: int, pixels: int) -> None:
         for sample in samples:
             self.admission.observe_decode(
-                sample.format, sample.cpu_seconds, sample.priced_s, sample.items
+                sample.coding, sample.cpu_seconds, sample.priced_s, sample.items
             )
         # bodies, decoded images (RGBX) and their resize: what may stay in the allocator
         if pixels < 0:  # failures: their churn is unknown, trim as soon as allowed
@@ -166,16 +171,37 @@ class EmbeddingService:
         else:
             self._trimmer.worked(encoded * 2 + pixels * 8)
 
-    def admit(self, declared_bytes: int | None, key: str | None = None) -> Reservation:
+    def admit(
+        self, declared_bytes: int | None, key: str | None = None, *, immich: bool = False
+    ) -> Reservation:
         """A request's reservation, before its body is read: refused at once when even its
         declared bytes could not be admitted (pipeline/admission.py). Its items are added to it
-        as they are read (``Reservation.add``), its body bytes as they arrive
-        (``Reservation.received``); ``embed`` takes it. Release it (``with``) once answered."""
-        return self.admission.reserve(declared_bytes, key)
+        as they are read (``Reservation.add``, priced by the decode ``immich`` or not will
+        run), its body bytes as they arrive (``Reservation.received``); ``embed`` takes it.
+        Release it (``with``) once answered."""
+        plan = self._image_options(self._preprocessing, immich).plan
+        return self.admission.reserve(declared_bytes, key, plan)
+
+    def _image_options(self, pre: Preprocessing | None, immich: bool) -> ImageOptions:
+        """How images are decoded for the served model (``pre``; before the backend has said,
+        a 224 px shortest-side resize) and the limits."""
+        limits = self._options
+        return ImageOptions(
+            size=pre.size if pre else 224,
+            max_pixels=limits.max_image_pixels,
+            max_bytes=limits.max_image_bytes,
+            max_decode_bytes=limits.max_decode_bytes,
+            progressive_dc_only=limits.progressive_dc_only,
+            resize_mode=pre.resize_mode if pre else "shortest",
+            interpolation=pre.interpolation if pre else "bicubic",
+            fill_color=pre.fill_color if pre else (0, 0, 0),
+            immich=immich,
+        )
 
     async def capabilities(self) -> Capabilities:
         """What the served model embeds; BackendUnavailable while the backend cannot say."""
         info = await self._backend.model_info()
+        self._preprocessing = info.image_preprocessing
         try:
             self._texts.tokenizer(info)
             unavailable = None
@@ -217,15 +243,22 @@ class EmbeddingService:
         timeout = self._options.request_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await self._embed(items, normalize, skip_invalid, immich)
+                return await self._embed(items, normalize, skip_invalid, immich,
+                                         reservation)  # fmt: skip
         except TimeoutError as exc:
             raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
 
     async def _embed(
-        self, items: Sequence[Item], normalize: bool, skip_invalid: bool, immich: bool = False
+        self,
+        items: Sequence[Item],
+        normalize: bool,
+        skip_invalid: bool,
+        immich: bool,
+        reservation: Reservation,
     ) -> Embeddings:
         deadline = time.monotonic() + self._options.request_timeout_s
         model = await self._backend.model_info()
+        self._preprocessing = model.image_preprocessing
         images = [i for i, item in enumerate(items) if not isinstance(item, TextItem)]
         texts = [i for i, item in enumerate(items) if isinstance(item, TextItem)]
         work: list[Callable[[], Coroutine[Any, Any, _Part]]] = []
@@ -236,8 +269,11 @@ class EmbeddingService:
             if good:
                 work.append(lambda: self._embed_texts(items, good, model, deadline, immich))
         if images:
+            meter = self._meter(reservation)
             work.append(
-                lambda: self._embed_images(items, images, model, skip_invalid, deadline, immich)
+                lambda: self._embed_images(
+                    items, images, model, skip_invalid, deadline, immich, meter
+                )
             )
         parts = await _all([make() for make in work])
         empty = np.empty((0, model.embed_dim), dtype=np.float32)
@@ -266,6 +302,13 @@ class EmbeddingService:
             tokens=text_part.tokens if text_part else 0,
             tokenize_seconds=text_part.prepare_seconds if text_part else 0.0,
         )
+
+    def _meter(self, reservation: Reservation) -> Meter:
+        """The request's decode budget: ``overspend`` times what its images were priced at
+        (CPU seconds, at the learned rates), at least ``METER_FLOOR_S``."""
+        admission = self.admission
+        budget = max(admission.overspend * reservation.decode_s, METER_FLOOR_S)
+        return Meter(reservation.decode_s, budget)
 
     def _check_texts(
         self, items: Sequence[Item], texts: list[int], model: ModelInfo, skip_invalid: bool
@@ -300,19 +343,10 @@ class EmbeddingService:
         skip_invalid: bool,
         deadline: float,
         immich: bool = False,
+        meter: Meter | None = None,
     ) -> _Part:
-        pre, limits = model.image_preprocessing, self._options
-        options = ImageOptions(
-            size=pre.size,
-            max_pixels=limits.max_image_pixels,
-            max_bytes=limits.max_image_bytes,
-            max_decode_bytes=limits.max_decode_bytes,
-            progressive_dc_only=limits.progressive_dc_only,
-            resize_mode=pre.resize_mode,
-            interpolation=pre.interpolation,
-            fill_color=pre.fill_color,
-            immich=immich,
-        )
+        limits = self._options
+        options = self._image_options(model.image_preprocessing, immich)
         images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
         limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
         # decoded straight into the batch the backend sends from (a shared-memory region when
@@ -320,7 +354,12 @@ class EmbeddingService:
         with self._backend.image_batch(len(images)) as lent:
             started = time.perf_counter()
             decoded = await self._decoder.decode(
-                images, options, skip_invalid=skip_invalid, positions=positions, out=lent.pixels
+                images,
+                options,
+                skip_invalid=skip_invalid,
+                positions=positions,
+                out=lent.pixels,
+                meter=meter,
             )
             decoded_at = time.perf_counter()
             if decoded.rows:

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from clip_gateway.errors import LimitExceeded, Overloaded
+from clip_gateway.imaging import work
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.admission import MAX_STEP, RATE_BOUNDS, Admission
@@ -15,8 +16,8 @@ from clip_gateway.pipeline.admission import MAX_STEP, RATE_BOUNDS, Admission
 FREE = Work("jpeg", "jpeg-baseline", 0.0)
 
 
-def priced(seconds: float, format: str = "webp") -> Work:
-    return Work(format, f"{format}-x", seconds)
+def priced(seconds: float, coding: str = "webp-lossy") -> Work:
+    return Work(coding.split("-")[0], coding, seconds)
 
 
 def admission(horizon: float = 1.0, infer: float = 0.1, threads: int = 2, **kw: int) -> Admission:
@@ -40,10 +41,14 @@ def test_reservations_fill_the_horizon_then_refuse_with_a_computed_retry_after()
         second.received(1000)
         for i in range(fits):
             (first if i % 2 else second).add_image(FREE)
+        assert a.backlog_s == 0  # bodies still arriving: nothing held yet
+        assert a.body_bytes == 2000
+        first.body_read()
+        second.body_read()
         backlog = a.backlog_s
         assert backlog == pytest.approx(fits * cost)
         assert a.images_in_flight == fits
-        assert a.body_bytes == 2000
+        assert a.body_bytes == 0  # both bodies complete
         with pytest.raises(Overloaded) as refused:
             first.add_image(FREE)
         assert refused.value.retry_after == max(1.0, math.ceil(backlog + cost - 1.0))
@@ -56,7 +61,8 @@ def test_the_retry_after_grows_with_the_backlog() -> None:
     a = admission(horizon=1.0, infer=0.45)
     with a.reserve(0) as held:
         held.add_image(FREE)
-        held.add_image(FREE)  # 0.9 s held: one more image must wait for about 0.35 s to drain
+        held.add_image(FREE)
+        held.body_read()  # 0.9 s held: one more image must wait for about 0.35 s to drain
         with pytest.raises(Overloaded) as short:
             a.check(a.image_cost(FREE))
         a.backlog_s += 3.0  # as if three more seconds were admitted elsewhere
@@ -127,6 +133,8 @@ def test_gauges_follow_the_backlog() -> None:
     a = Admission(1.0, 1, metrics, infer_s_per_image=0.1)
     with a.reserve(0) as held:
         held.add_image(FREE)
+        assert metrics.inflight._value.get() == 0  # held once the body is complete
+        held.body_read()
         assert metrics.inflight._value.get() == 1
         assert metrics.backlog_seconds._value.get() == pytest.approx(a.image_cost(FREE))
     assert metrics.inflight._value.get() == 0
@@ -157,6 +165,7 @@ def test_the_text_rate_is_learned_from_text_calls_alone() -> None:
     assert a.text_cost(20) < a.image_cost(priced(0.0002))  # a query costs less than a photo
     with a.reserve(0) as held:
         held.add_text(20)
+        held.body_read()
         assert a.images_in_flight == 1  # items: texts count too
         assert a.backlog_s == pytest.approx(a.text_cost(20))
 
@@ -174,18 +183,19 @@ def test_the_decode_rate_is_learned_per_format_against_the_header_price() -> Non
     assert a.decode_rate["png"] == pytest.approx(1 + 0.3 * (1.1 - 1))
     gauge = a._metrics.decode_rate.labels("png")._value.get()
     assert gauge == pytest.approx(a.decode_rate["png"])  # exported as it is learned
-    assert a.decode_rate["jpeg"] == a.decode_rate["webp"] == 1.0  # other formats untouched
-    a.observe_decode("other", cpu_seconds=1.0, priced_s=0.1, items=1)  # refused: no rate
-    assert set(a.decode_rate) == {"jpeg", "png", "webp", "gif"}
+    assert a.decode_rate["jpeg-baseline"] == a.decode_rate["webp-lossy"] == 1.0  # others untouched
+    assert a.decode_rate["png-16bit"] == 1.0  # another coding of the same format too
+    a.observe_decode("refused", cpu_seconds=1.0, priced_s=0.1, items=1)  # refused: no rate
+    assert set(a.decode_rate) == set(work.FACTORS)
     before = a.image_cost(priced(0.2, "png"))
     assert before == pytest.approx((3e-4 + 1.03 * 0.2) / 2 + 0.1)
 
 
 def test_a_sample_weighs_in_proportion_to_the_work_it_measured() -> None:
     a = admission()
-    a.observe_decode("jpeg", cpu_seconds=0.01 + 3e-4, priced_s=0.005, items=1)  # 2x, 10 ms
+    a.observe_decode("jpeg-baseline", cpu_seconds=0.01 + 3e-4, priced_s=0.005, items=1)  # 2x, 10 ms
     weight = 0.3 * (0.01 + 3e-4) / 0.1
-    assert a.decode_rate["jpeg"] == pytest.approx(1 + weight * (2 - 1))
+    assert a.decode_rate["jpeg-baseline"] == pytest.approx(1 + weight * (2 - 1))
 
 
 @pytest.mark.parametrize(("measured_s", "priced_s"), [(30.0, 0.01), (0.2, 1000.0)])
@@ -195,10 +205,10 @@ def test_one_extreme_sample_moves_a_rate_by_at_most_a_quarter(
     """A tiny image with a huge canvas, or a decode far cheaper than its price: one sample
     moves the rate by at most MAX_STEP (25 %), however far off it is."""
     a = admission()
-    a.observe_decode("webp", cpu_seconds=measured_s + 3e-4, priced_s=priced_s, items=1)
+    a.observe_decode("webp-lossy", cpu_seconds=measured_s + 3e-4, priced_s=priced_s, items=1)
     assert MAX_STEP == 0.25
     expected = 1.25 if measured_s > 1 else 0.75
-    assert a.decode_rate["webp"] == pytest.approx(expected)
+    assert a.decode_rate["webp-lossy"] == pytest.approx(expected)
 
 
 def test_a_poison_sample_does_not_make_a_camera_photo_too_large() -> None:
@@ -207,7 +217,7 @@ def test_a_poison_sample_does_not_make_a_camera_photo_too_large() -> None:
     a = Admission(15.0, 2, Metrics(), infer_s_per_image=0.05)
     photo = Work("jpeg", "jpeg-baseline", 0.3e-9 * 12e6 + 8e-9 * 4e6)
     before = a.image_cost(photo)
-    a.observe_decode("jpeg", cpu_seconds=200.0, priced_s=0.001, items=1)
+    a.observe_decode("jpeg-baseline", cpu_seconds=200.0, priced_s=0.001, items=1)
     with a.reserve(4_000_000) as request:
         request.add_image(photo)
     assert a.image_cost(photo) <= before * 1.25
@@ -272,17 +282,19 @@ def test_bodies_that_exactly_fill_the_byte_bound_are_admitted_and_the_refusal_sa
 
 def test_decode_samples_without_a_price_or_without_work_teach_nothing() -> None:
     a = admission()
-    a.observe_decode("jpeg", cpu_seconds=1.0, priced_s=0.0, items=1)  # work, but no price
-    a.observe_decode("jpeg", cpu_seconds=3e-4, priced_s=0.1, items=1)  # no work beyond
-    assert a.decode_rate["jpeg"] == 1.0
+    a.observe_decode("jpeg-baseline", cpu_seconds=1.0, priced_s=0.0, items=1)  # work, but no price
+    a.observe_decode("jpeg-baseline", cpu_seconds=3e-4, priced_s=0.1, items=1)  # no work beyond
+    assert a.decode_rate["jpeg-baseline"] == 1.0
 
 
 def test_releasing_twice_gives_back_nothing_more() -> None:
     a = admission()
     other = a.reserve(0)
     other.add_image(FREE)
+    other.body_read()
     held = a.reserve(0)
     held.add_image(FREE)
+    held.body_read()
     held.release()
     held.release()
     assert a.backlog_s == pytest.approx(a.image_cost(FREE))
@@ -374,6 +386,7 @@ def test_one_key_holds_at_most_its_share_while_others_are_admitted() -> None:
     hogs = [a.reserve(None, "hog") for _ in range(5)]
     for request in hogs[:4]:
         request.add_image(FREE)  # ~4 s of its 5 s share, in four requests
+        request.body_read()
     with pytest.raises(Overloaded) as refused:
         hogs[4].add_image(FREE)
     held = a.by_key["hog"]
@@ -384,6 +397,7 @@ def test_one_key_holds_at_most_its_share_while_others_are_admitted() -> None:
     other = a.reserve(None, "other")
     for _ in range(4):
         other.add_image(FREE)  # the rest of the horizon is there for the other key
+    other.body_read()
     for request in hogs:
         request.release()
     assert "hog" not in a.by_key
@@ -415,3 +429,37 @@ def test_every_429_and_503_says_when_to_retry_computed_from_the_state() -> None:
     assert headers_of(BackendUnavailable("down"), backlog_s=7.2)["Retry-After"] == "8"
     assert headers_of(BackendUnavailable("down"), backlog_s=0.0)["Retry-After"] == "2"
     assert "Retry-After" not in headers_of(BackendFailed("broken"), backlog_s=7.2)  # a 502
+
+
+def test_a_body_still_arriving_holds_nothing_others_must_wait_for() -> None:
+    """Issue 31: a tiny header priced near the whole horizon, then a body trickled for the whole
+    body timeout, held the horizon and every other client got 429. Nothing is decoded before
+    the body is complete, so nothing is held before: others are admitted meanwhile, and the
+    trickler is checked again, against the backlog then, once its body is in."""
+    a = admission(horizon=1.0, infer=0.0)
+    trickler = a.reserve(None)
+    trickler.add_image(priced(1.5))  # ~0.75 s of the 1 s horizon, its body still arriving
+    assert a.backlog_s == 0
+    with a.reserve(None) as other:
+        other.add_image(priced(1.0))  # 0.5 s: admitted beside it
+        other.body_read()
+        assert a.backlog_s == pytest.approx(a.image_cost(priced(1.0)))
+        with pytest.raises(Overloaded):  # complete now: 0.5 + 0.75 s would not fit
+            trickler.body_read()
+    trickler.release()
+    assert (a.backlog_s, a.images_in_flight) == (0.0, 0)
+
+
+def test_a_header_over_the_pixel_or_memory_budget_is_priced_at_nothing() -> None:
+    """A 45-byte PNG header declaring gigapixels: the decoder refuses it from its header, so
+    admission charges it nothing (it used to charge just under the whole horizon)."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", 60_000, 55_000, 16, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr
+    png += struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    assert len(png) <= 45
+    assert work.estimate(png) == work.REFUSED
+    allowed = work.estimate(png, plan=work.Plan(max_pixels=10**10, max_decode_bytes=1 << 40))
+    assert allowed.coding == "png-16bit" and allowed.seconds > 10  # what it cost before

@@ -1,0 +1,76 @@
+"""A request's decodes metered as they run: one that spends past the multiple of its price is
+stopped there (429 naming the item, the price and what was spent), and admission learns."""
+
+from __future__ import annotations
+
+import pytest
+from litestar.testing import TestClient
+from PIL import Image
+
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.app import create_app
+from clip_gateway.http.context import app_context
+from clip_gateway.imaging import work
+from tests import samples
+from tests.fakes import FakeBackend
+
+PROBLEM = "application/problem+json"
+
+
+def strip() -> bytes:
+    """A flat progressive 224 x 40,000 JPEG: no DCT scaling, every scan at full size."""
+    return samples.encode(Image.new("RGB", (224, 40_000), (90, 120, 150)), "JPEG",
+                          progressive=True)  # fmt: skip
+
+
+def files(*images: bytes) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("image", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(images)]
+
+
+def test_a_class_priced_ten_times_too_low_is_stopped_at_the_multiple_and_learned(
+    fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    per_block, per_byte = work.FACTORS["jpeg-progressive"]
+    monkeypatch.setitem(work.FACTORS, "jpeg-progressive", (per_block / 10, per_byte / 10))
+    monkeypatch.setattr(work, "JPEG_OUTPUT_S_PER_PIXEL", work.JPEG_OUTPUT_S_PER_PIXEL / 10)
+    data = strip()
+    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_images_per_request=16,
+                              admission_infer_s_per_image=0.01)  # fmt: skip
+    with TestClient(create_app(settings, lambda *_: fake)) as client:
+        admission = app_context(client.app.state).pipeline.admission
+        priced = work.estimate(data)
+        before = admission.decode_cost(priced)
+        answer = client.post("/v1/embeddings", files=files(*[data] * 16))
+        assert answer.status_code == 429
+        assert answer.headers["content-type"].startswith(PROBLEM)
+        assert int(answer.headers["retry-after"]) >= 1
+        problem = answer.json()
+        assert problem["type"].endswith("/decode-overspent")
+        # stopped at the multiple: some items decoded, the rest never started
+        assert 0 < problem["index"] < 16
+        assert (
+            problem["spent_s"]
+            > problem["budget_s"]
+            == pytest.approx(max(3 * problem["priced_s"], 0.02), rel=1e-3)
+        )
+        assert problem["priced_s"] == pytest.approx(16 * before, rel=1e-3)
+        assert f"stopped at item {problem['index']}" in problem["detail"]
+        assert fake.arrivals == 0  # nothing reached the model
+        # the coding's rate took the measurement: the next request of the class costs more
+        learned = admission.decode_rate["jpeg-progressive"]
+        assert learned > 1.0
+        assert (
+            admission.decode_cost(priced) == pytest.approx(3e-4 + learned * priced.seconds)
+            and admission.decode_cost(priced) > before
+        )
+        assert admission.decode_rate["jpeg-baseline"] == 1.0  # other codings untouched
+        # one image is decoded whole (the meter stops only what has not started)
+        assert client.post("/v1/embeddings", files=files(data)).status_code == 200
+
+
+def test_a_request_within_its_price_is_never_stopped(fake: FakeBackend) -> None:
+    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_images_per_request=16,
+                              admission_infer_s_per_image=0.01)  # fmt: skip
+    with TestClient(create_app(settings, lambda *_: fake)) as client:
+        answer = client.post("/v1/embeddings", files=files(*[strip()] * 8))
+        assert answer.status_code == 200, answer.text
