@@ -38,7 +38,9 @@ def test_embed_takes_the_items_admitted_on_its_reservation(
         with pipeline.admit(None) as reservation:
             for item in items:
                 reservation.add(item)
-            assert pipeline.admission.backlog_s > 0  # both priced while "read"
+            assert pipeline.admission.backlog_s == 0  # priced as read, held only once complete
+            reservation.body_read()
+            assert pipeline.admission.backlog_s > 0
             result = await pipeline.embed(reservation, items, normalize=False)
         assert result.indices == (0, 1) and (result.images, result.texts) == (1, 1)
         pixels = np.empty((1, 224, 224, 3), np.uint8)
