@@ -56,9 +56,8 @@ def probes(server: GatewayProcess) -> Iterator[list[float]]:
     stop = threading.Event()
 
     def ask() -> None:
-        for path in iter(lambda: ("/healthz", "/ping")[len(waits) % 2], None):
-            if stop.is_set():
-                return
+        while not stop.is_set():
+            path = ("/healthz", "/ping")[len(waits) % 2]
             started = time.monotonic()
             try:
                 ok = httpx.get(server.url + path, timeout=30).status_code == 200
