@@ -309,6 +309,8 @@ def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except UnicodeDecodeError:  # msgspec's answer to invalid UTF-8 inside a string
         raise _not_utf8(raw, max_images) from None
+    except msgspec.DecodeError as exc:  # the envelope passed it: not seen, but a 4xx if so
+        raise _undecodable(body, exc, max_images) from None
     except RecursionError as exc:
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     items = _items([value] if isinstance(value, str) else value, request.modality)
