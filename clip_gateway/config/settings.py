@@ -127,6 +127,12 @@ class ServerSettings(BaseSettings):
     #: the request starting (else 408 and the connection is closed): idle or trickling
     #: connections cannot hold slots new clients need.
     header_timeout_s: float = Field(10.0, gt=0)
+    #: Bytes a request's line and headers may take together (else 431 and the connection is
+    #: closed): the HTTP parser joins a head's pieces in memory until it ends. 64 KiB holds
+    #: any client's head (browsers and proxies stop at 8-16 KiB per line).
+    max_head_bytes: int = Field(64 * 1024, ge=1024)
+    #: Header fields one request may carry (else 431 and the connection is closed).
+    max_header_fields: int = Field(100, ge=8)
     #: Open connections uvicorn accepts per worker before answering 503 (0 = no limit).
     max_connections: int = Field(2048, ge=0)
     #: On a stop, seconds in-flight requests get to finish once new connections are refused

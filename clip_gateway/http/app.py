@@ -74,6 +74,8 @@ def create_app(
 ) -> Litestar:
     settings = settings or ServerSettings()
     DeadlineProtocol.header_timeout_s = settings.header_timeout_s  # this worker's connections
+    DeadlineProtocol.max_head_bytes = settings.max_head_bytes
+    DeadlineProtocol.max_header_fields = settings.max_header_fields
     telemetry = create_telemetry(
         settings.tracing, settings.trace_sample_ratio, settings.trace_trust_upstream
     )

@@ -1,4 +1,4 @@
-"""uvicorn's HTTP protocol with a deadline on the request head.
+"""uvicorn's HTTP protocol with a deadline and a size limit on the request head.
 
 uvicorn closes idle keep-alive connections, but a connection that sends nothing, or a request
 line and headers a byte at a time, holds its slot for ever (any byte cancels the keep-alive
@@ -6,6 +6,14 @@ timer), so a few hundred slow clients starve everyone else once ``limit_concurre
 reached. Here every request head (request line and headers) must be complete within
 ``header_timeout_s`` of the connection opening or the request starting; otherwise the client gets
 408 and the connection is closed. The body has its own deadline (``GATEWAY_BODY_TIMEOUT_S``).
+
+httptools puts no bound on a head either: it joins the pieces of a header (and uvicorn those of
+the URL) by concatenation until the head ends, so one connection sending a 114 MB header until
+the deadline cost ~10 CPU-seconds and +210 MB. Here the parser is fed at most ``max_head_bytes``
+of a head, and at most ``max_header_fields`` header fields are taken; past either the client
+gets 431 and the connection is closed, whatever the shape (one long header, many short ones, a
+long request line, folded continuation lines). A head is counted from the first read that holds
+it; a pipelined request's bytes that arrived with the previous one (one read at most) are not.
 
 Past ``GATEWAY_MAX_CONNECTIONS`` uvicorn answers 503 from an ASGI app of its own that says
 nothing of when to retry; every 503 of this gateway carries a computed ``Retry-After``, so the
@@ -24,19 +32,49 @@ from typing import Any
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-_BODY = (
-    b'{"type":"https://clip-gateway.dev/problems/request-timeout","title":"Request head too '
-    b'slow","status":408,"detail":"the request line and headers did not arrive in time"}'
+
+def _closing_answer(status: int, reason: str, slug: str, title: str, detail: str) -> bytes:
+    """A whole problem+json response that closes the connection, for answers made before any
+    request exists (the app never sees these)."""
+    body = json.dumps(
+        {
+            "type": f"https://clip-gateway.dev/problems/{slug}",
+            "title": title,
+            "status": status,
+            "detail": detail,
+        },
+        separators=(",", ":"),
+    ).encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/problem+json\r\n"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+_TIMEOUT = _closing_answer(
+    408,
+    "Request Timeout",
+    "request-timeout",
+    "Request head too slow",
+    "the request line and headers did not arrive in time",
 )
-_TIMEOUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/problem+json\r\n"
-    b"connection: close\r\ncontent-length: " + str(len(_BODY)).encode() + b"\r\n\r\n" + _BODY
-)
+
+
+#: Seconds a refused connection is drained (bytes dropped unread) before it is closed.
+LINGER_S = 1.0
+
+
+class _HeadRefused(Exception):
+    """Raised inside a parser callback to stop parsing a head already answered."""
 
 
 class DeadlineProtocol(HttpToolsProtocol):
     #: Seconds a request head may take; set from the settings by the app factory (per worker).
     header_timeout_s: float = 10.0
+    #: Bytes a request head (request line and headers) may take; set like the deadline.
+    max_head_bytes: int = 64 << 10
+    #: Header fields one request may carry; set like the deadline.
+    max_header_fields: int = 100
     #: Seconds a client refused at the connection limit should wait: the app sets it to this
     #: worker's admitted backlog (connections free as that work finishes).
     retry_after_s: Callable[[], float] = staticmethod(lambda: 1.0)
@@ -44,19 +82,64 @@ class DeadlineProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_deadline: TimerHandle | None = None
+        #: Bytes of the current head fed to the parser; None while a body is being read.
+        self._head_bytes: int | None = 0
+        self._header_fields = 0
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser, at most ``max_head_bytes`` of any one head: a head not complete
+        by then is refused before httptools or uvicorn has joined more of it."""
+        view = memoryview(data)  # once refused: dropped unread until the connection closes
+        while view and not self._refused and not self.transport.is_closing():
+            if self._head_bytes is None:  # a body: the parser takes it as it comes
+                super().data_received(view)  # type: ignore[arg-type]
+                return
+            room = self.max_head_bytes - self._head_bytes
+            piece, view = view[:room], view[room:]
+            self._head_bytes += len(piece)
+            super().data_received(piece)  # type: ignore[arg-type]
+            if self._head_bytes is not None and self._head_bytes >= self.max_head_bytes:
+                self._refuse(f"request line and headers over {self.max_head_bytes} bytes")
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._header_fields = 0
         if self._head_deadline is None:
             self._arm()
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_fields += 1
+        if self._header_fields > self.max_header_fields:
+            self._refuse(f"more than {self.max_header_fields} header fields")
+            raise _HeadRefused  # stops the parser: this request never starts
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._head_bytes = None
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # what follows is the next request's head
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are not HTTP/1.1, as problem+json; none for a head
+        refused already (the parser error is the one its refusal raised)."""
+        self._answer_and_close(
+            _closing_answer(
+                400,
+                "Bad Request",
+                "invalid-request",
+                "Invalid request",
+                "the request line or headers are not valid HTTP/1.1",
+            )
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -74,6 +157,35 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._head_deadline = None
         if not self.transport.is_closing():
             self.transport.write(_TIMEOUT)
+            self.transport.close()
+
+    def _refuse(self, detail: str) -> None:
+        """431 and close: the head is over a limit (the app never sees the request)."""
+        self._answer_and_close(
+            _closing_answer(
+                431,
+                "Request Header Fields Too Large",
+                "request-header-fields-too-large",
+                "Request head too large",
+                f"{detail}; send a smaller request head",
+            )
+        )
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        """Send ``answer``, then close once the client has read it: the rest of what it sends
+        meanwhile is dropped unread for at most ``LINGER_S`` (closed with unread bytes, the
+        socket would be reset and the answer lost with them). Once per connection."""
+        if self._refused:
+            return
+        self._refused = True
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
             self.transport.close()
 
 

@@ -27,6 +27,7 @@ from clip_gateway.errors import (
 )
 from clip_gateway.http.auth import PUBLIC
 from clip_gateway.http.context import app_context
+from clip_gateway.http.parsing import MAX_BYTES_PER_CHAR, decode_text, text_codec
 from clip_gateway.http.routes import JSON, admitted, body_of, in_time, unless_disconnected
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
@@ -38,6 +39,7 @@ MAX_ENTRIES_BYTES = 16 << 10
 MAX_PARTS = 8
 #: What each CLIP model type needs from the form.
 NEEDS = {"visual": "image", "textual": "text"}
+_TEXT = "form field 'text'"
 
 
 @get("/", include_in_schema=False, opt={PUBLIC: True}, security=[{}])
@@ -117,7 +119,10 @@ async def parse_form(
     fields are read and dropped); the image or text is admitted as soon as it is complete."""
     # the image up to the image limit; the text to what max_text_chars can take in UTF-8;
     # anything else (entries, an assetId) is small
-    limits = {"image": settings.max_image_bytes, "text": settings.max_text_chars * 4}
+    limits = {
+        "image": settings.max_image_bytes,
+        "text": settings.max_text_chars * MAX_BYTES_PER_CHAR,
+    }
     form = Form()
     parser = PushMultipartParser(
         boundary,
@@ -132,6 +137,8 @@ async def parse_form(
             for event in parser.parse(chunk):
                 if isinstance(event, MultipartSegment):
                     segment, buffer = event, bytearray()
+                    if segment.name == "text":  # its charset refused before its bytes are read
+                        text_codec(segment.charset, _TEXT)
                 elif event is not None:
                     buffer += event
                     assert segment is not None
@@ -169,10 +176,7 @@ def _complete(
 
 
 def _decode_text(buffer: bytearray, segment: MultipartSegment) -> str:
-    try:
-        return buffer.decode(segment.charset or "utf-8")
-    except (LookupError, UnicodeDecodeError) as exc:
-        raise MalformedRequest(f"form field {segment.name!r} is not valid text") from exc
+    return decode_text(buffer, text_codec(segment.charset, _TEXT), _TEXT)
 
 
 def check_form(form: Form, settings: ServerSettings) -> tuple[str, Item]:
@@ -210,6 +214,10 @@ def parse_entries(raw: bytes) -> list[tuple[str, str, str]]:
         request = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise InvalidFields(f"`entries` is not JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:  # msgspec's answer to invalid UTF-8 inside a string
+        raise InvalidFields(
+            f"`entries` is not valid UTF-8 ({exc.reason} in a string): JSON text must be UTF-8"
+        ) from None
     except RecursionError as exc:  # 16 KiB of brackets nest deeper than the decoder recurses
         raise InvalidFields("`entries` nests too deeply") from exc
     if not isinstance(request, dict) or not request:

@@ -19,10 +19,12 @@ admission can stop reading a body whose cost no longer fits. Items come out type
 from __future__ import annotations
 
 import asyncio
+import codecs
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import cache
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import msgspec
@@ -34,6 +36,7 @@ from clip_gateway.errors import (
     InvalidFields,
     LimitExceeded,
     MalformedRequest,
+    UnsupportedFormat,
 )
 from clip_gateway.http.schemas import (
     FORM_OPTIONS,
@@ -143,80 +146,146 @@ def _envelope() -> type[EmbeddingRequest]:
 
 
 _INPUT = msgspec.structs.fields(EmbeddingRequest)[0].type
-#: One JSON token: a string (escapes allowed, scanned at C speed), a bracket, a comma or colon,
-#: or a bare scalar.
-_TOKEN = re.compile(rb'\s*("[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]|[^\s\[\]{},:"]+)')
-_OPEN, _CLOSE, _SEPARATORS, _QUOTE = frozenset(b"[{"), frozenset(b"]}"), frozenset(b",:"), 34
 
 
-def _scan_input(raw: memoryview, max_items: int, max_chars: int) -> None:
-    """Refuse too many items or an over-long string in ``input`` from its raw bytes, stopping
-    at the first item over a limit: a few hundred regex steps at most, whatever the body."""
-    kind = bytes(raw[:1])
+@cache
+def _listed(max_items: int) -> type[msgspec.Struct]:
+    """A list of at most ``max_items`` raw items: msgspec stops at the first item past them
+    (one field too many), and builds nothing but a view per item."""
+    fields = [(f"i{i}", msgspec.Raw, msgspec.UNSET) for i in range(max_items)]
+    return msgspec.defstruct("Listed", fields, array_like=True, forbid_unknown_fields=True)
+
+
+def _raw_items(raw: msgspec.Raw | bytes | memoryview, max_items: int) -> list[msgspec.Raw]:
+    """The raw items of a JSON list, or ``LimitExceeded`` past ``max_items`` of them."""
+    try:
+        listed = msgspec.json.decode(raw, type=_listed(max_items))
+    except msgspec.ValidationError as exc:
+        raise LimitExceeded(
+            f"more than {max_items} items in one request; the limit is {max_items}",
+            index=max_items,
+        ) from exc
+    return [item for item in msgspec.structs.astuple(listed) if item is not msgspec.UNSET]
+
+
+def _scan_input(raw: msgspec.Raw | bytes | memoryview, max_items: int, max_chars: int) -> None:
+    """Refuse too many items or an over-long string in ``input`` before any object is built,
+    naming the first item over a limit. msgspec walks the bytes (at C speed, escapes and all);
+    Python sees one view per item, at most ``max_items`` of them, whatever the body."""
+    kind = bytes(memoryview(raw)[:1])
     if kind == b'"':
         if len(raw) - 2 > max_chars:
             raise LimitExceeded(f"item over {max_chars} characters", index=0)
         return
     if kind != b"[":
         return  # not a string or a list: msgspec reports the type error
-    depth, items, pos = 0, 0, 0
-    for _ in range(16 * (max_items + 2)):
-        token = _TOKEN.match(raw, pos)  # positions only: a token's bytes are never copied
-        if token is None:
-            return  # malformed: msgspec reports it
-        pos, start = token.end(), token.start(1)
-        lead = raw[start]
-        if lead in _OPEN:
-            depth += 1
-            items += depth == 2  # an object or list item starts
-        elif lead in _CLOSE:
-            depth -= 1
-            if depth == 0:
-                return
-        elif lead not in _SEPARATORS:
-            items += depth == 1  # a scalar item
-            if lead == _QUOTE and pos - start - 2 > max_chars:  # any string inside an item
-                raise LimitExceeded(f"item over {max_chars} characters", index=max(items - 1, 0))
-        if items > max_items:
-            raise LimitExceeded(
-                f"more than {max_items} items in one request; the limit is {max_items}",
-                index=max_items,
-            )
-    raise MalformedRequest("input nests too deep or holds too many tokens")
+    try:
+        items = _raw_items(raw, max_items)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return  # malformed: decoding the input reports it, naming the item
+    for index, item in enumerate(items):
+        if len(item) - 2 <= max_chars:  # no string inside is longer than the item
+            continue
+        if bytes(memoryview(item)[:1]) == b'"':
+            raise LimitExceeded(f"item over {max_chars} characters", index=index)
+        try:  # one object, decoded alone: its strings are within the body already read
+            value = msgspec.json.decode(item, type=InputObject)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            continue  # not an item object: the schema refuses it
+        if any(isinstance(v, str) and len(v) > max_chars for v in (value.text, value.image)):
+            raise LimitExceeded(f"item over {max_chars} characters", index=index)
 
 
-#: A high surrogate escape not followed by a low one, or a low one not preceded by a high one.
-_LONE_SURROGATE = re.compile(
-    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+_INPUT_KEY = re.compile(r'"input"\s*+:\s*+')
+#: One JSON token in decoded text: a bracket, a comma or colon, a string's opening quote (the
+#: string is read by the json module's C scanner), or a bare scalar.
+_TEXT_TOKEN = re.compile(r'\s*+([\[\]{},:"]|[^\s\[\]{},:"]++)')
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: What JSON text must be (RFC 8259 section 8.1), said in every refusal of other bytes.
+_UTF8 = "JSON text must be UTF-8 (RFC 8259)"
+_LONE = (
+    "has a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair): not a Unicode "
+    "character; send valid UTF-8 or a surrogate pair"
 )
-_INPUT_KEY = re.compile(rb'"input"\s*:\s*')
+#: Bytes of the body checked as UTF-8 at once while looking for the first invalid one.
+_UTF8_STEP = 1 << 20
 
 
-def _lone_surrogate_item(body: bytes | bytearray) -> int | None:
-    """The index of the ``input`` item holding the first lone surrogate escape, if any (msgspec
-    reports one as a truncated or malformed document, not naming the item)."""
-    found = _LONE_SURROGATE.search(body)
-    key = _INPUT_KEY.search(body)
-    if found is None or key is None or found.start() < key.end():
+def _invalid_utf8(body: bytes | bytearray | msgspec.Raw) -> tuple[int, int] | None:
+    """Where the body's first invalid UTF-8 sequence starts and ends, or None; one C pass in
+    steps, so no second copy of a large body is made."""
+    view, pos = memoryview(body), 0
+    while pos < len(view):
+        step = view[pos : pos + _UTF8_STEP]
+        try:
+            _, used = codecs.utf_8_decode(step, "strict", pos + len(step) >= len(view))
+        except UnicodeDecodeError as exc:
+            return pos + exc.start, pos + exc.end
+        pos += used
+    return None
+
+
+def _undecodable(body: bytes | bytearray, exc: Exception, max_items: int) -> MalformedRequest:
+    """The refusal of a body msgspec could not decode, naming the ``input`` item holding a lone
+    surrogate escape (msgspec reports one as truncated input)."""
+    if isinstance(exc, UnicodeDecodeError):  # in a field other than input: it is not decoded
+        at = _invalid_utf8(body) or (0, 0)
+        return MalformedRequest(f"the request body is not valid UTF-8 (byte {at[0]}): {_UTF8}")
+    if any(word in str(exc) for word in ("truncated", "surrogate")):  # msgspec's words for a
+        # lone surrogate escape, a high one reported as truncated input
+        index = _surrogate_item(body.decode("utf-8", "replace"), max_items)
+        if index is not None:
+            return MalformedRequest(f"input[{index}] {_LONE}", index=index)
+    return MalformedRequest(f"malformed JSON: {exc}")
+
+
+def _not_utf8(raw: msgspec.Raw, max_items: int) -> MalformedRequest:
+    """The refusal of an ``input`` holding invalid UTF-8 (msgspec says so without saying
+    where), naming the item that holds the first invalid byte."""
+    at, _ = _invalid_utf8(raw) or (0, 0)
+    why = f"is not valid UTF-8 (byte {at} of input): {_UTF8}"
+    data = bytes(raw)
+    items = _raw_items(raw, max_items) if data[:1] == b"[" else [raw]
+    cursor = 0
+    for index, item in enumerate(items):
+        cursor = data.find(bytes(item), cursor)  # in order, apart only by commas and spaces
+        if cursor <= at < cursor + len(item):
+            return MalformedRequest(f"input[{index}] {why}", index=index)
+        cursor += len(item)
+    return MalformedRequest(f"input {why}")
+
+
+def _surrogate_item(text: str, max_items: int) -> int | None:
+    """The index of the first ``input`` item holding a lone surrogate escape: its strings are
+    read by the json module's C scanner (which decodes lone surrogates), at most the token
+    budget of ``max_items`` of them."""
+    key = _INPUT_KEY.search(text)
+    if key is None:
         return None
-    raw, offset = memoryview(body), key.end()
-    if raw[offset] != ord("["):
-        return 0  # a single string
-    depth, items, pos = 0, 0, offset
-    while pos < found.start():
-        token = _TOKEN.match(raw, pos)
+    pos, depth, items = key.end(), 0, 0
+    for _ in range(16 * (max_items + 2)):
+        token = _TEXT_TOKEN.match(text, pos)
         if token is None:
-            break
-        pos, lead = token.end(), raw[token.start(1)]
-        if lead in _OPEN:
+            return None
+        lead, pos = token[1][0], token.end()
+        if lead == '"':
+            try:
+                value, pos = scanstring(text, pos, False)
+            except ValueError:
+                return None
+            items += depth == 1
+            if not value.isascii() and _SURROGATE.search(value):
+                return max(items - 1, 0)
+        elif lead in "[{":
             depth += 1
             items += depth == 2
-        elif lead in _CLOSE:
+        elif lead in "]}":
             depth -= 1
-        elif lead not in _SEPARATORS:
+        elif lead not in ",:":
             items += depth == 1
-    return max(items - 1, 0)
+        if depth <= 0:
+            return None
+    return None
 
 
 def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -> ParsedRequest:
@@ -226,20 +295,23 @@ def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -
     max_chars = _encoded_chars(max_image_bytes)
     try:
         request = msgspec.json.decode(body, type=_envelope())
-        _scan_input(memoryview(request.input), max_images, max_chars)  # type: ignore[arg-type]
-        value = msgspec.json.decode(request.input, type=_INPUT)  # type: ignore[arg-type]
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        index = _lone_surrogate_item(body)
-        if index is not None:
-            raise MalformedRequest(
-                f"input[{index}] has a lone UTF-16 surrogate escape (\\ud800-\\udfff without "
-                "its pair): not a Unicode character; send valid UTF-8 or a surrogate pair",
-                index=index,
-            ) from None
-        raise MalformedRequest(f"malformed JSON: {exc}") from exc
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise _undecodable(body, exc, max_images) from None
     except RecursionError as exc:  # msgspec's own guard against hostile nesting
+        raise MalformedRequest("malformed JSON: nested too deep") from exc
+    raw: msgspec.Raw = request.input  # type: ignore[assignment]
+    try:
+        _scan_input(raw, max_images, max_chars)
+        value = msgspec.json.decode(raw, type=_INPUT)
+    except msgspec.ValidationError as exc:
+        raise InvalidFields(f"invalid embeddings request: {exc}") from exc
+    except UnicodeDecodeError:  # msgspec's answer to invalid UTF-8 inside a string
+        raise _not_utf8(raw, max_images) from None
+    except msgspec.DecodeError as exc:  # the envelope passed it: not seen, but a 4xx if so
+        raise _undecodable(body, exc, max_images) from None
+    except RecursionError as exc:
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     items = _items([value] if isinstance(value, str) else value, request.modality)
     _check_count(len(items), max_images)
@@ -293,19 +365,107 @@ def _looks_like_base64_image(value: str) -> bool:
     return value.startswith(_BASE64_IMAGE_STARTS) and _BASE64.fullmatch(value) is not None
 
 
+#: Charsets a text or option part may declare (RFC 7578 section 4.4: the default is UTF-8),
+#: by label, as the Python codec that decodes them: those real clients send. Others are 415:
+#: Python's other codecs include some that raise bare ``UnicodeError`` (``idna``,
+#: ``punycode``), some that take time quadratic in the input (``punycode``), and some that
+#: yield lone surrogates no tokenizer takes (``utf-7``); every codec here decodes in one C pass
+#: and yields only Unicode scalar values.
+CHARSETS = {
+    "utf-8": "utf-8",
+    "utf8": "utf-8",
+    "us-ascii": "ascii",
+    "ascii": "ascii",
+    "iso-8859-1": "latin-1",
+    "iso8859-1": "latin-1",
+    "iso_8859-1": "latin-1",
+    "latin1": "latin-1",
+    "latin-1": "latin-1",
+    "windows-1252": "cp1252",
+    "cp1252": "cp1252",
+}
+#: The longest option part (``model``, ``encoding_format``, ``normalize``, ``skip_invalid``).
+MAX_OPTION_BYTES = 4096
+#: Bytes a character takes at most in any accepted charset (UTF-8; the others take one): a
+#: text part longer than this many times the character limit cannot be within it.
+MAX_BYTES_PER_CHAR = 4
+
+
+def text_codec(charset: str | None, what: str, index: int | None = None) -> str:
+    """The codec of a part's declared ``charset`` (UTF-8 when none), or 415 naming the part."""
+    if charset is None:
+        return "utf-8"
+    codec = CHARSETS.get(charset.strip().lower())
+    if codec is None:
+        raise UnsupportedFormat(
+            f"{what} declares charset {charset[:40]!r}; accepted: utf-8, us-ascii, iso-8859-1, "
+            "windows-1252 (or no charset: UTF-8)",
+            index=index,
+        )
+    return codec
+
+
+def decode_text(data: bytes | bytearray, codec: str, what: str, index: int | None = None) -> str:
+    """``data`` as text in ``codec`` (one of ``CHARSETS``'), or 400 naming the part and the
+    byte where it stops being that charset."""
+    try:
+        return data.decode(codec)
+    except UnicodeDecodeError as exc:
+        raise MalformedRequest(
+            f"{what} is not valid {codec} ({exc.reason} at byte {exc.start})", index=index
+        ) from None
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A part being read: what the refusals call it, its byte limit (None: the parser's own,
+    for images) and, for texts and options, its codec, checked when its headers arrive."""
+
+    name: str
+    what: str
+    index: int | None
+    limit: int | None
+    codec: str | None
+
+    @classmethod
+    def of(cls, segment: MultipartSegment, index: int, max_text_bytes: int) -> _Part:
+        name = segment.name
+        if name in OPTION_FIELDS and not segment.filename:
+            what = f"form field {name!r}"
+            return cls(name, what, None, MAX_OPTION_BYTES, text_codec(segment.charset, what))
+        if name == TEXT_FIELD:
+            what = f"input[{index}] (form field {name!r})"
+            codec = text_codec(segment.charset, what, index)
+            return cls(name, what, index, max_text_bytes, codec)
+        return cls(name, f"input[{index}]", index, None, None)
+
+    def check_size(self, size: int) -> None:
+        if self.limit is not None and size > self.limit:
+            raise LimitExceeded(
+                f"{self.what} is over {self.limit} bytes"
+                + (
+                    " (longer than the text limit in any charset)" if self.index is not None else ""
+                ),
+                index=self.index,
+                limit=self.limit,
+            )
+
+
 async def parse_multipart(
     chunks: AsyncIterator[bytes],
     boundary: str,
     *,
     max_images: int,
     max_image_bytes: int,
+    max_text_chars: int,
     on_item: Callable[[Item], None] = lambda _: None,
 ) -> ParsedRequest:
     """Stream-parse the body, keeping items in arrival order: ``text`` fields are texts, other
-    parts (whatever their field names) images."""
+    parts (whatever their field names) images. Text and option parts are bounded while they
+    stream in (a text to what ``max_text_chars`` can take) and decoded only once complete."""
     items: list[Item] = []
     options: dict[str, str] = {}
-    segment: MultipartSegment | None = None
+    part: _Part | None = None
     buffer = bytearray()
     parser = PushMultipartParser(
         boundary,
@@ -317,18 +477,22 @@ async def parse_multipart(
         async for chunk in chunks:
             for event in parser.parse(chunk):
                 if isinstance(event, MultipartSegment):
-                    segment, buffer = event, bytearray()
+                    part, buffer = (
+                        _Part.of(event, len(items), max_text_chars * MAX_BYTES_PER_CHAR),
+                        bytearray(),
+                    )
                 elif event is not None:
                     buffer += event
-                elif segment is not None:
-                    item: Item
-                    if segment.name in OPTION_FIELDS and not segment.filename:
-                        options[segment.name] = _text(buffer, segment).strip()
+                    assert part is not None
+                    part.check_size(len(buffer))
+                elif part is not None:
+                    if part.codec is None:
+                        item: Item = ImageItem(bytes(buffer))
+                    elif part.index is None:
+                        options[part.name] = decode_text(buffer, part.codec, part.what).strip()
                         continue
-                    if segment.name == TEXT_FIELD:
-                        item = TextItem(_text(buffer, segment))
                     else:
-                        item = ImageItem(bytes(buffer))
+                        item = TextItem(decode_text(buffer, part.codec, part.what, part.index))
                     on_item(item)  # may refuse: the rest is never read
                     items.append(item)
             if not chunk:
@@ -350,14 +514,6 @@ async def parse_multipart(
         _flag(options.get("normalize"), "normalize"),
         _flag(options.get("skip_invalid"), "skip_invalid"),
     )
-
-
-def _text(buffer: bytearray, segment: MultipartSegment) -> str:
-    charset = segment.charset or "utf-8"
-    try:
-        return buffer.decode(charset)
-    except (LookupError, UnicodeDecodeError) as exc:
-        raise MalformedRequest(f"form field {segment.name!r} is not valid {charset}") from exc
 
 
 def _check_count(count: int, max_images: int) -> None:

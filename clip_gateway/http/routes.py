@@ -120,6 +120,7 @@ async def _parse(
             options["boundary"],
             max_images=settings.max_images_per_request,
             max_image_bytes=settings.max_image_bytes,
+            max_text_chars=settings.max_text_chars,
             on_item=reservation.add,
         )
     if media_type == JSON:

@@ -85,6 +85,15 @@ class TextEncoder:
             )
         if not text.strip():
             return InvalidText("text is empty or only whitespace", index=index)
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError as exc:  # the tokenizers raise TypeError on these
+                return InvalidText(
+                    f"text holds a lone surrogate (U+{ord(text[exc.start]):04X} at character "
+                    f"{exc.start}): not a Unicode character",
+                    index=index,
+                )
         return None
 
     async def encode(

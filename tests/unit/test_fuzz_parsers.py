@@ -11,8 +11,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clip_gateway.errors import LimitExceeded, MalformedRequest
-from clip_gateway.http.parsing import _scan_input
+from clip_gateway.errors import InvalidFields, LimitExceeded, MalformedRequest
+from clip_gateway.http.parsing import _scan_input, parse_json
 from clip_gateway.imaging import containers, orientation
 from tests import hostile, samples
 
@@ -132,3 +132,29 @@ def _longest_string(value: object) -> int:
 def test_the_item_scanner_never_raises_anything_else(blob: bytes) -> None:
     with contextlib.suppress(LimitExceeded, MalformedRequest):
         _scan_input(memoryview(b"[" + blob), 4, 10)
+
+
+#: Bytes a hostile JSON body is made of: structure, escapes (surrogates among them), invalid
+#: UTF-8 and ordinary text.
+_JSON_PIECES = st.sampled_from(
+    [b"[", b"]", b"{", b"}", b",", b":", b'"', b"\\", b"\\u", b"d800", b"dc00", b"\\ud83d",
+     b"\\ude00", b"\\n", b"\xff", b"\xc3", b"\xed\xa0\x80", b"a", b"text", b"image", b" ", b"1"]
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(st.lists(_JSON_PIECES, max_size=40))
+def test_a_json_body_of_any_bytes_is_answered_by_a_4xx_kind(pieces: list[bytes]) -> None:
+    """Whatever the bytes inside ``input`` (invalid UTF-8, lone or paired surrogates, broken
+    structure), the parser answers with an error kind the edge maps to a 4xx, naming an item
+    of the request when it names one."""
+    raw = b'{"input": [' + b"".join(pieces) + b"]}"
+    refused: MalformedRequest | InvalidFields | LimitExceeded | None = None
+    try:
+        parsed = parse_json(raw, 4, 1000)
+    except (MalformedRequest, InvalidFields, LimitExceeded) as exc:
+        refused = exc
+    if refused is None:
+        assert 1 <= len(parsed.items) <= 4
+    else:
+        assert refused.index is None or 0 <= refused.index <= 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -42,7 +43,11 @@ def parse(
 ) -> parsing.ParsedRequest:
     return asyncio.run(
         parsing.parse_multipart(
-            chunked(data, chunk), BOUNDARY, max_images=max_images, max_image_bytes=max_bytes
+            chunked(data, chunk),
+            BOUNDARY,
+            max_images=max_images,
+            max_image_bytes=max_bytes,
+            max_text_chars=max_bytes,
         )
     )
 
@@ -87,7 +92,9 @@ def test_multipart_text_in_a_declared_charset_and_a_wrong_one() -> None:
         + f"\r\n--{BOUNDARY}--\r\n".encode()
     )
     assert parse(latin).items == [TextItem("café")]
-    with pytest.raises(MalformedRequest, match="form field 'text' is not valid utf-8"):
+    with pytest.raises(
+        MalformedRequest, match=r"input\[0\] \(form field 'text'\) is not valid utf-8"
+    ):
         parse(body([("text", "café".encode("latin-1"), None)]))
 
 
@@ -96,7 +103,12 @@ def test_multipart_reports_each_item_as_it_completes() -> None:
     raw = body([("image", b"x", "1.jpg"), ("text", b"a cat", None), ("model", b"m", None)])
     asyncio.run(
         parsing.parse_multipart(
-            chunked(raw, 5), BOUNDARY, max_images=8, max_image_bytes=100, on_item=seen.append
+            chunked(raw, 5),
+            BOUNDARY,
+            max_images=8,
+            max_image_bytes=100,
+            max_text_chars=100,
+            on_item=seen.append,
         )
     )
     assert seen == [ImageItem(b"x"), TextItem("a cat")]  # options are not items
@@ -512,7 +524,7 @@ def test_a_body_at_the_minimum_rate_is_read_whole() -> None:
         ('["short", "{long}"]', 1),
         ('[{{"text": "{long}"}}]', 0),
         ('["a", "b", {{"image": "{long}"}}]', 2),
-        ('["a", ["b", "{long}"]]', 1),
+        ('["a", {{"image": "{long}", "text": "b"}}]', 1),
     ],
 )
 def test_an_over_long_string_names_the_item_that_holds_it(input_json: str, index: int) -> None:
@@ -523,14 +535,19 @@ def test_an_over_long_string_names_the_item_that_holds_it(input_json: str, index
     assert raised.value.index == index
 
 
-def test_the_token_budget_is_sixteen_per_item_allowed_plus_two() -> None:
-    """One item allowed: 16 x (1 + 2) = 48 tokens are scanned, then the input is refused as
-    too deep or too long (an item that holds lists is a type error msgspec reports after)."""
-    within = "[[[]" + ",1" * 21 + "]]"  # 4 + 42 + 2 = 48 tokens
-    over = "[[[]" + ",1" * 22 + "]]"  # 50 tokens
-    with pytest.raises(InvalidFields):  # scanned to the end: the schema decides
-        parsing.parse_json(f'{{"input": {within}}}'.encode(), 1, 1000)
-    with pytest.raises(MalformedRequest) as refused:
-        parsing.parse_json(f'{{"input": {over}}}'.encode(), 1, 1000)
-    assert refused.value.reason == "input nests too deep or holds too many tokens"
+def test_items_past_the_limit_are_refused_at_the_first_one_whatever_follows() -> None:
+    """msgspec counts the items and stops at the first past the limit: ten million tiny items
+    are refused as fast as two, naming the first item over (it built nothing for them)."""
+    for count in (2, 10_000_000):
+        raw = b'{"input": [' + b'"a",' * (count - 1) + b'"a"]}'
+        with pytest.raises(LimitExceeded) as refused:
+            parsing.parse_json(raw, 1, 1000)
+        assert refused.value.index == 1
     assert parsing.parse_json(b'{"input": ["a"]}', 1, 1000).items == [TextItem("a")]
+
+
+def test_an_item_that_is_neither_a_string_nor_an_object_is_a_schema_error() -> None:
+    long = "a" * 2000
+    for nested in ('["a", ["b", "LONG"]]', "[[[]" + ",1" * 22 + "]]"):
+        with pytest.raises(InvalidFields, match=re.escape("Expected `str | object`, got `array`")):
+            parsing.parse_json(f'{{"input": {nested.replace("LONG", long)}}}'.encode(), 4, 100)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clip_gateway.errors import InvalidText
 from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 from clip_gateway.pipeline.items import ImageItem, TextItem
 from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
@@ -96,3 +97,29 @@ def test_capabilities_say_what_the_model_embeds(
     broken = asyncio.run(missing.capabilities())
     assert broken.modalities == ("image",) and broken.context_length == 77
     assert broken.text_unavailable is not None and "gone.json" in broken.text_unavailable
+
+
+def test_a_text_holding_a_lone_surrogate_is_refused_naming_it_not_a_tokenizer_crash(
+    pool: ThreadPoolExecutor, clip_tokenizer_file: Path
+) -> None:
+    """The edge never makes such a text (its charsets and JSON decoder refuse them), but the
+    pipeline is a library too: the tokenizers raise TypeError on lone surrogates."""
+    fake = FakeBackend(tokenizer_file=str(clip_tokenizer_file))
+    pipeline = EmbeddingService(fake, pool, OPTIONS)
+    items = [TextItem("a cat"), TextItem("a \ud800 cat")]
+
+    async def scenario() -> None:
+        with pipeline.admit(None) as reservation:
+            for item in items:
+                reservation.add(item)
+            with pytest.raises(InvalidText, match="lone surrogate") as refused:
+                await pipeline.embed(reservation, items)
+        assert refused.value.index == 1
+        skipped = pipeline.admit(None)
+        with skipped:
+            for item in items:
+                skipped.add(item)
+            result = await pipeline.embed(skipped, items, skip_invalid=True)
+        assert result.indices == (0,)
+
+    asyncio.run(scenario())
