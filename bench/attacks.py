@@ -183,11 +183,22 @@ def camera_photo() -> bytes:
     return jpeg(photo(*CAMERA_SIZES[12], seed=12))
 
 
+#: Issue 31's two classes, also sent at a count that is admitted and beside normal clients.
+ISSUE_31: dict[str, Callable[[], bytes]] = {
+    "jpeg-progressive-strip": hostile.jpeg_progressive_strip,
+    "jpeg-arithmetic-progressive": hostile.jpeg_arithmetic_progressive,
+}
+
+
 def classes(url: str) -> dict[str, Callable[[], list[tuple[int, float, str]]]]:
     found: dict[str, Callable[[], list[tuple[int, float, str]]]] = {}
     for name, (make, count) in hostile.BULK.items():
         data = make()
         found[name] = lambda data=data, count=count: [post(url, [data] * count) for _ in range(3)]
+    # issue 31's classes at a count admission lets in (a batch of 32): decoded, within price
+    for name, make in ISSUE_31.items():
+        data = make()
+        found[f"{name}-x32"] = lambda data=data: [post(url, [data] * 32) for _ in range(3)]
     found["stalled-64MiB-declared-x4"] = lambda: stalled(url)
     found["trickling-uploads-x64"] = lambda: trickle(url)
     poison, normal = hostile.webp_flat_lossless(), camera_photo()
@@ -307,8 +318,13 @@ def run(out: Path, gateway_path: str | None, mixed_s: float) -> dict[str, Any]:
             print("alone", report["mixed"]["alone"], flush=True)
             loops = classes(url)
             webp = hostile.webp_flat_lossless()
+            strips = {name: make() for name, make in ISSUE_31.items()}
             for name, loop in (
                 ("webp-flat-lossless-x100", lambda: post(url, [webp] * 100, key=HOSTILE_KEY)),
+                *(
+                    (f"{name}-x32", lambda data=data: post(url, [data] * 32, key=HOSTILE_KEY))
+                    for name, data in strips.items()
+                ),
                 ("stalled-64MiB-declared-x4", loops["stalled-64MiB-declared-x4"]),
                 ("trickling-uploads-x64", loops["trickling-uploads-x64"]),
             ):

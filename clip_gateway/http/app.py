@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,6 +31,7 @@ from clip_gateway.imaging.paths import current as imaging_path
 from clip_gateway.observability.access import ObserveMiddleware
 from clip_gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
 from clip_gateway.observability.tracing import Telemetry, create_telemetry
+from clip_gateway.pipeline.fair import FairExecutor
 from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
 
 BackendFactory = Callable[[ServerSettings, Tracer], InferenceBackend]
@@ -91,7 +91,8 @@ def create_app(
         # Decoding is CPU-bound and releases the GIL: one thread per usable CPU uses them all
         # without oversubscribing; admission control keeps this pool's queue bounded.
         threads = settings.decode_threads or plan_for(0, 0, settings.max_decode_mib).decode_threads
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="decode")
+        # served fairly between requests by their priced work (pipeline/fair.py)
+        pool = FairExecutor(threads, thread_name_prefix="decode")
         backend = backend_factory(settings, telemetry.tracer)
         pipeline = EmbeddingService(
             backend,

@@ -18,6 +18,7 @@ from clip_gateway.errors import EmbeddingError, InvalidImage, Overspent
 from clip_gateway.imaging.preprocess import Decoded, ImageOptions, preprocess
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import record_span
+from clip_gateway.pipeline.fair import FairExecutor, Flow
 from clip_gateway.pipeline.items import ImageItem, item_bytes
 
 
@@ -177,7 +178,16 @@ class BatchDecoder:
             finally:
                 done.one_finished()
 
-        tasks = [self._pool.submit(work, i, item) for i, item in enumerate(items)]
+        if isinstance(self._pool, FairExecutor):
+            # this request is one flow, each image its share of the request's price: another
+            # client's photo queued meanwhile goes next, not behind every image of this one
+            flow = Flow()
+            cost = meter.priced_s / len(items) if meter is not None and items else 1e-3
+            tasks = [
+                self._pool.submit_to(flow, cost, work, i, item) for i, item in enumerate(items)
+            ]
+        else:
+            tasks = [self._pool.submit(work, i, item) for i, item in enumerate(items)]
         try:
             await done.all_finished
         except asyncio.CancelledError:
