@@ -101,7 +101,7 @@ class Fetcher:
         resolve: Resolver = _resolve,
     ) -> None:
         self.options = options
-        self._network = network or httpcore.AnyIOBackend()
+        self.network = network or httpcore.AnyIOBackend()
         self._resolve = resolve
         self._ssl = ssl.create_default_context()
         self.in_flight = 0
@@ -141,7 +141,7 @@ class Fetcher:
                 continue
             if status != 200:
                 where = " after a redirect" if hop else ""
-                raise UrlFailed(f"the server answered {status}{where}", status=status)
+                raise UrlFailed(f"the server answered {status}{where}", upstream_status=status)
             return body
         raise UrlFailed(f"more than {MAX_REDIRECTS} redirects", rule="redirects")
 
@@ -154,7 +154,7 @@ class Fetcher:
                     "write": options.total_timeout_s, "pool": options.total_timeout_s}  # fmt: skip
         async with httpcore.AsyncConnectionPool(
             ssl_context=self._ssl,
-            network_backend=_Pinned(address, self._network),
+            network_backend=_Pinned(address, self.network),
             max_connections=1,
             retries=0,
         ) as pool:

@@ -56,14 +56,14 @@ _NAT64 = (_V6("64:ff9b::/96"), _V6("64:ff9b:1::/48"))
 
 def rule_of(address: Address) -> str | None:
     """The deny rule ``address`` falls under (any of its forms), or None: a public address."""
-    for form in _forms(address):
+    forms = _forms(address)
+    for form in forms:
         for rule, network in DENIED:
             if form.version == network.version and form in network:
                 return rule
-        if form.version == 6 and not form.is_global and form not in _NAT64[0]:
+    for form in forms:
+        if not form.is_global and form not in _NAT64[0]:
             return "reserved"  # whatever IANA has not made global since this table was written
-        if form.version == 4 and not form.is_global:
-            return "reserved"
     return None
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -125,15 +126,17 @@ class SqliteCache:
     def _evict(self) -> None:
         """Oldest written first, down to 90 % of the bound (other workers write too: the
         stored total is read again rather than trusted)."""
-        self._bytes = self._stored_bytes()
-        while self._bytes > self.max_bytes * 0.9:
-            gone = self._db.execute(
+        count, stored = self._db.execute(
+            "SELECT count(*), total(length(vector)) FROM embeddings"
+        ).fetchone()
+        excess = stored - self.max_bytes * 0.9
+        if count and excess > 0:
+            self._db.execute(
                 "DELETE FROM embeddings WHERE rowid IN "
-                "(SELECT rowid FROM embeddings ORDER BY rowid LIMIT 256) RETURNING length(vector)"
-            ).fetchall()
-            if not gone:
-                break
-            self._bytes -= sum(int(r[0]) for r in gone)
+                "(SELECT rowid FROM embeddings ORDER BY rowid LIMIT ?)",
+                (math.ceil(excess / (stored / count)),),
+            )
+        self._bytes = self._stored_bytes()
 
     def close(self) -> None:
         self._db.close()
