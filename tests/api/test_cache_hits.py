@@ -72,9 +72,7 @@ def _decodes(client: TestClient) -> float:
     return sample(client.get("/metrics").text, "gateway_images_total", format="jpeg")
 
 
-def test_another_model_never_hits_the_shared_file(
-    settings: ServerSettings, tmp_path: Path
-) -> None:
+def test_another_model_never_hits_the_shared_file(settings: ServerSettings, tmp_path: Path) -> None:
     shared = cached(settings, cache_path=tmp_path / "cache.sqlite")
     image = samples.compact(3)
     with TestClient(create_app(shared, lambda *_: FakeBackend(embed_dim=512))) as client:

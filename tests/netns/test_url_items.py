@@ -6,6 +6,7 @@ and the test would fail on the wrong answer, with no packet leaving the machine.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import re
@@ -75,10 +76,8 @@ class Images(BaseHTTPRequestHandler):
         if encoding:
             self.send_header("Content-Encoding", encoding)
         self.end_headers()
-        try:
+        with contextlib.suppress(OSError):  # the fetcher may hang up first
             self.wfile.write(body)
-        except OSError:
-            pass
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -162,7 +161,7 @@ def test_the_namespace_has_no_way_out() -> None:
     assert [name for _, name in socket.if_nameindex()] == ["lo"]
     with socket.socket() as sock:
         assert sock.connect_ex(("10.0.0.1", 80)) == errno.ENETUNREACH
-    with pytest.raises(OSError):
+    with pytest.raises(socket.gaierror):
         socket.getaddrinfo("example.com", 80)  # no DNS server reachable either
 
 
