@@ -342,3 +342,25 @@ def test_a_name_is_resolved_once_and_the_vetted_address_connected(
     assert np.array_equal(by_name, by_address)
     # httpcore was handed the address the guard checked, never the name to resolve again
     assert counting.connects == ["127.0.0.1", "127.0.0.1"]
+
+
+def test_fetches_beyond_the_cap_are_refused_at_once(server: str) -> None:
+    app = create_app(settings(url_max_fetches=1), lambda *_: FakeBackend())
+    with TestClient(app) as client:
+        stalled: list[Any] = []
+        holder = threading.Thread(
+            target=lambda: stalled.append(post(client, {"image": f"{server}/stall"}))
+        )
+        holder.start()
+        fetcher = app_context(app.state).fetcher
+        assert fetcher is not None
+        for _ in range(200):  # until the stalled fetch holds the one slot
+            if fetcher.in_flight:
+                break
+            time.sleep(0.01)
+        refused = post(client, {"image": f"{server}/img/1"})
+        holder.join()
+        assert refused.status_code == 429 and "Retry-After" in refused.headers
+        assert stalled[0].status_code == 422  # the stalled one timed out on its own
+        assert app_context(app.state).pipeline.admission.backlog_s == 0
+        assert vectors(post(client, {"image": f"{server}/img/1"})).shape == (1, 512)
