@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Names the namespace resolves (``multi on``: a name on two lines resolves to both addresses).
 HOSTS = """127.0.0.1 localhost images.test
 127.0.0.2 loopname.test
 10.1.2.3 internal.test
 169.254.169.254 metadata.test
 fd00::5 ula6.test
 ::ffff:127.0.0.9 mapped6.test
+127.0.0.1 mixed.test
+10.0.0.7 mixed.test
 """
 
 

@@ -236,6 +236,7 @@ DENIED = [
     ("metadata.test", "metadata"),
     ("ula6.test", "unique-local"),
     ("mapped6.test", "loopback"),
+    ("mixed.test", "private"),  # one allowed address beside a denied one: refused
 ]
 
 
