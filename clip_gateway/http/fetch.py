@@ -92,18 +92,21 @@ async def _resolve(host: str, port: int) -> list[str]:
 
 class Fetcher:
     """Fetches URL items for one worker under ``FetchOptions``; ``network`` is httpcore's
-    backend the pinned connections go through (a test counts the connections it is asked for)."""
+    backend the pinned connections go through (a test counts the connections it is asked for),
+    ``ssl_context`` the trust a test's own CA replaces."""
 
     def __init__(
         self,
         options: FetchOptions,
         network: httpcore.AsyncNetworkBackend | None = None,
         resolve: Resolver = _resolve,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.options = options
         self.network = network or httpcore.AnyIOBackend()
         self._resolve = resolve
-        self._ssl = ssl.create_default_context()
+        #: The system's trust store, certificates checked against the URL's host name.
+        self._ssl = ssl_context or ssl.create_default_context()
         self.in_flight = 0
 
     def slots(self, wanted: int) -> int:

@@ -6,11 +6,14 @@ and the test would fail on the wrong answer, with no packet leaving the machine.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import gzip
 import re
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -23,8 +26,11 @@ import pytest
 from litestar.testing import TestClient
 
 from clip_gateway.config.settings import ServerSettings
+from clip_gateway.errors import UrlFailed
 from clip_gateway.http.app import create_app
 from clip_gateway.http.context import app_context
+from clip_gateway.http.fetch import Fetcher, FetchOptions
+from clip_gateway.http.guard import Allowlist
 from tests import samples
 from tests.fakes import FakeBackend
 
@@ -365,3 +371,53 @@ def test_fetches_beyond_the_cap_are_refused_at_once(server: str) -> None:
         assert stalled[0].status_code == 422  # the stalled one timed out on its own
         assert app_context(app.state).pipeline.admission.backlog_s == 0
         assert vectors(post(client, {"image": f"{server}/img/1"})).shape == (1, 512)
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The image server over TLS with a certificate for ``images.test`` from a CA of its own;
+    its port and the CA file."""
+    tmp = tmp_path_factory.mktemp("tls")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "2", "-subj", "/CN=clip-gateway test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr",
+            "-subj", "/CN=images.test")  # fmt: skip
+    (tmp / "ext").write_text("subjectAltName=DNS:images.test\n")
+    openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext")  # fmt: skip
+    httpd = Server(("127.0.0.1", 0), Images)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp / "srv.pem", tmp / "srv.key")
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield str(httpd.server_address[1]), str(tmp / "ca.pem")
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_https_goes_to_the_vetted_address_with_the_name_in_sni_and_the_certificate(
+    tls_server: tuple[str, str],
+) -> None:
+    port, ca = tls_server
+    trust = ssl.create_default_context(cafile=ca)
+    trust.verify_flags &= ~ssl.VERIFY_X509_STRICT  # openssl's quick CA lacks strict extensions
+    counting = Counting()
+    fetcher = Fetcher(
+        FetchOptions(Allowlist.parse(["127.0.0.1/32"]), 2.0, 3.0, 1 << 20, 4),
+        network=counting,
+        ssl_context=trust,
+    )
+
+    async def scenario() -> None:
+        body = await fetcher.fetch(f"https://images.test:{port}/img/6", lambda _: None)
+        assert body == samples.compact(6)
+        # the address itself is no name the certificate holds: refused by the TLS check
+        with pytest.raises(UrlFailed):
+            await fetcher.fetch(f"https://127.0.0.1:{port}/img/6", lambda _: None)
+
+    asyncio.run(scenario())
+    assert counting.connects == ["127.0.0.1", "127.0.0.1"]
