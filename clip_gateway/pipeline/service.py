@@ -49,7 +49,7 @@ from clip_gateway.pipeline import cache as _cache
 from clip_gateway.pipeline.admission import METER_FLOOR_S, Admission, Reservation
 from clip_gateway.pipeline.batching import BatchDecoder, DecodeSample, Meter
 from clip_gateway.pipeline.canary import Canary
-from clip_gateway.pipeline.items import ImageItem, Item, TextItem, item_bytes
+from clip_gateway.pipeline.items import ImageItem, Item, TextItem
 from clip_gateway.pipeline.texts import TextEncoder
 
 
@@ -567,16 +567,16 @@ class _Probe:
 
 
 def _content(item: Item) -> tuple[str, bytes] | None:
-    """What the cache keys an item by: a text's UTF-8, an image's bytes (None: an item that
-    cannot be read, which the decoder refuses in its turn)."""
+    """What the cache keys an item by, each one C pass on the event loop at most: a text's
+    UTF-8, an image's bytes as sent (raw, or its base64 text: decoding it here would cost
+    several times the hash), None for an item that could not be fetched."""
     if isinstance(item, TextItem):
         return "text", item.text.encode("utf-8", "surrogatepass")
     if item.error is not None:
         return None
-    try:
-        return "image", item_bytes(item)
-    except EmbeddingError:
-        return None
+    if item.b64 is not None:
+        return "image-base64", item.b64.encode("utf-8", "surrogatepass")
+    return "image", item.data
 
 
 async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:
