@@ -298,6 +298,8 @@ class EmbeddingService:
             )
         parts = await _all([make() for make in work])
         self._remember(items, parts, reservation)
+        hit_texts = sum(isinstance(items[i], TextItem) for i in cached.indices)
+        cached_counts = (len(cached.indices) - hit_texts, hit_texts)
         if cached.indices:
             parts.append(cached)
         empty = np.empty((0, model.embed_dim), dtype=np.float32)
@@ -321,8 +323,9 @@ class EmbeddingService:
             decoded=image_part.decoded if image_part else (),
             decode_seconds=image_part.prepare_seconds if image_part else 0.0,
             infer_seconds=max((p.infer_seconds for p in parts), default=0.0),
-            images=len(image_part.indices) if image_part else 0,
-            texts=len(text_part.indices) if text_part else 0,
+            # answered from the cache or not, an item answered is counted (usage)
+            images=(len(image_part.indices) if image_part else 0) + cached_counts[0],
+            texts=(len(text_part.indices) if text_part else 0) + cached_counts[1],
             tokens=text_part.tokens if text_part else 0,
             tokenize_seconds=text_part.prepare_seconds if text_part else 0.0,
         )

@@ -28,6 +28,8 @@ def embed(client: TestClient, *images: bytes, texts: tuple[str, ...] = ()) -> np
     files += [("text", (None, text)) for text in texts]  # type: ignore[misc]
     response = client.post("/v1/embeddings", files=files, params={"normalize": "false"})
     assert response.status_code == 200, response.text
+    usage = response.json()["usage"]  # hits or not, every item answered is counted
+    assert (usage["images"], usage["texts"]) == (len(images), len(texts))
     return np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float32)
 
 
