@@ -33,6 +33,7 @@ from clip_gateway.http.fetch import Fetcher, FetchOptions
 from clip_gateway.http.guard import Allowlist
 from tests import samples
 from tests.fakes import FakeBackend
+from tests.metrics import sample
 
 BOMB = gzip.compress(b"\0" * (64 << 20), compresslevel=9)  # 64 MiB inflated, ~64 KiB sent
 
@@ -421,3 +422,17 @@ def test_https_goes_to_the_vetted_address_with_the_name_in_sni_and_the_certifica
 
     asyncio.run(scenario())
     assert counting.connects == ["127.0.0.1", "127.0.0.1"]
+
+
+def test_url_items_again_are_cache_hits_without_a_decode(server: str) -> None:
+    app = create_app(settings(cache_mib=8), lambda *_: FakeBackend(max_batch_size=32))
+    urls = [{"image": f"{server}/img/{n}"} for n in range(100, 132)]
+    with TestClient(app) as client:
+        first = vectors(post(client, *urls, normalize=False))
+        scrape = client.get("/metrics").text
+        decoded = sample(scrape, "gateway_images_total", format="jpeg")
+        again = vectors(post(client, *urls, normalize=False))
+        scrape = client.get("/metrics").text
+    assert np.array_equal(first, again)
+    assert sample(scrape, "gateway_images_total", format="jpeg") == decoded  # no decode
+    assert sample(scrape, "gateway_cache_lookups_total", kind="image", outcome="hit") == 32
