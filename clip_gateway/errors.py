@@ -72,6 +72,17 @@ class ModalityUnavailable(EmbeddingError):
     the reason says why."""
 
 
+class UrlRefused(EmbeddingError):
+    """A URL item the guard will not fetch: URL inputs off, a scheme other than http(s), or a
+    host that is (or resolves to) an address on the deny list. The reason names the rule, never
+    the address a name resolved to."""
+
+
+class UrlFailed(EmbeddingError):
+    """A URL item that was fetched but gave no image bytes: an error status, a timeout, a body
+    over the byte cap, a compressed body, too many redirects."""
+
+
 class ImageTooLarge(EmbeddingError):
     """An image whose header promises more pixels (or decoder memory) than the budget allows."""
 

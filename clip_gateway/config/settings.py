@@ -140,6 +140,28 @@ class ServerSettings(BaseSettings):
     #: derives the orchestrator's kill deadline from it.
     drain_s: float = Field(30.0, gt=0)
 
+    # --- URL items and the embedding cache --------------------------------------------------
+    #: Accept ``{"image": "https://..."}`` and ``{"type": "image_url", ...}`` items in JSON: the
+    #: gateway fetches them through its guard (docs/API.md "URL items"). Off: such an item is a
+    #: 400 saying how to turn it on.
+    url_inputs: bool = False
+    #: Hosts and networks (comma separated: ``images.internal,10.2.0.0/16``) a URL item may reach
+    #: although the guard's deny list (loopback, private, link-local, ...) covers them.
+    url_allow: Annotated[tuple[str, ...], NoDecode] = ()
+    #: Seconds to connect to a URL item's server, per connection.
+    url_connect_timeout_s: float = Field(3.0, gt=0)
+    #: Seconds one URL item may take, redirects and the whole body included.
+    url_timeout_s: float = Field(10.0, gt=0)
+    #: URL fetches in flight at once per worker; a request that finds none free gets 429.
+    url_max_fetches: int = Field(32, ge=1)
+    #: Content-addressed embedding cache in memory, in MiB per worker (0 = none): a repeated
+    #: image or text is answered without decoding it or running the model. Off by default: a
+    #: load test or benchmark that repeats its images would measure lookups, not the model.
+    cache_mib: int = Field(0, ge=0)
+    #: A SQLite file (WAL) that holds the cache instead, shared by the workers and kept across
+    #: restarts, bounded by ``cache_mib``.
+    cache_path: Path | None = None
+
     # --- readiness canary -------------------------------------------------------------------
     #: Seconds between canary inferences on a fixed image (0 = no canary).
     canary_interval_s: float = Field(15.0, ge=0)
@@ -182,7 +204,7 @@ class ServerSettings(BaseSettings):
     #: weights are that model (a checkpoint of it; random weights in tests).
     immich_aliases: Annotated[tuple[str, ...], NoDecode] = ()
 
-    @field_validator("immich_aliases", mode="before")
+    @field_validator("immich_aliases", "url_allow", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):

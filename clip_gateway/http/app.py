@@ -26,15 +26,33 @@ from clip_gateway.http import docs, head, immich, problems
 from clip_gateway.http.auth import load_api_keys, require_api_key
 from clip_gateway.http.connections import DeadlineProtocol
 from clip_gateway.http.context import KEY, AppContext
+from clip_gateway.http.fetch import Fetcher, FetchOptions
+from clip_gateway.http.guard import Allowlist
 from clip_gateway.http.routes import ROUTES
 from clip_gateway.imaging.paths import current as imaging_path
 from clip_gateway.observability.access import ObserveMiddleware
 from clip_gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
 from clip_gateway.observability.tracing import Telemetry, create_telemetry
+from clip_gateway.pipeline.cache import open_cache
 from clip_gateway.pipeline.fair import FairExecutor
 from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
 
 BackendFactory = Callable[[ServerSettings, Tracer], InferenceBackend]
+
+
+def fetcher_for(settings: ServerSettings) -> Fetcher | None:
+    """URL items' fetcher under the settings' guard and limits; None while they are off."""
+    if not settings.url_inputs:
+        return None
+    return Fetcher(
+        FetchOptions(
+            allow=Allowlist.parse(settings.url_allow),
+            connect_timeout_s=settings.url_connect_timeout_s,
+            total_timeout_s=settings.url_timeout_s,
+            max_bytes=settings.max_image_bytes,
+            max_fetches=settings.url_max_fetches,
+        )
+    )
 
 
 def triton_backend(settings: ServerSettings, tracer: Tracer) -> InferenceBackend:
@@ -94,12 +112,14 @@ def create_app(
         # served fairly between requests by their priced work (pipeline/fair.py)
         pool = FairExecutor(threads, thread_name_prefix="decode")
         backend = backend_factory(settings, telemetry.tracer)
+        cache = open_cache(settings.cache_mib << 20, settings.cache_path)
         pipeline = EmbeddingService(
             backend,
             pool,
             pipeline_options(settings, threads),
             tracer=telemetry.tracer,
             metrics=metrics,
+            cache=cache,
         )
         DeadlineProtocol.retry_after_s = lambda: pipeline.admission.backlog_s
         canary = pipeline.canary(
@@ -115,6 +135,7 @@ def create_app(
             api_keys=api_keys,
             http=http,
             imaging=imaging_path(),
+            fetcher=fetcher_for(settings),
         )
         canary_task = asyncio.create_task(canary.run()) if canary.enabled else None
         try:
@@ -126,6 +147,8 @@ def create_app(
                     await canary_task
             await http.aclose()
             await backend.close()
+            if cache is not None:
+                cache.close()
             pool.shutdown(wait=True, cancel_futures=True)
             telemetry.shutdown()
 

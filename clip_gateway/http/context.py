@@ -10,6 +10,7 @@ import httpx
 from litestar.datastructures import State
 
 from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.fetch import Fetcher
 from clip_gateway.imaging.paths import ImagingPath
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import Telemetry
@@ -31,6 +32,8 @@ class AppContext:
     http: httpx.AsyncClient
     #: Which PIL this process imported: it cannot change.
     imaging: ImagingPath
+    #: URL items' fetcher (http/fetch.py); None: URL items are off.
+    fetcher: Fetcher | None = None
 
 
 #: The key of the context on ``app.state``.

@@ -38,6 +38,7 @@ from clip_gateway.errors import (
     MalformedRequest,
     UnsupportedFormat,
 )
+from clip_gateway.http import url_items
 from clip_gateway.http.schemas import (
     FORM_OPTIONS,
     EmbeddingRequest,
@@ -345,6 +346,8 @@ def _items(values: list[str | InputObject], modality: Modality | None) -> list[I
 
 
 def _object_item(value: InputObject, index: int, modality: Modality | None) -> Item:
+    if value.type is not msgspec.UNSET or value.image_url is not msgspec.UNSET:
+        value = url_items.openai_part(value, index)
     has_text, has_image = value.text is not msgspec.UNSET, value.image is not msgspec.UNSET
     if has_text == has_image:
         raise InvalidFields(
@@ -358,6 +361,8 @@ def _object_item(value: InputObject, index: int, modality: Modality | None) -> I
         )
     if isinstance(value.text, str):
         return TextItem(value.text)
+    if url_items.is_url(str(value.image)):
+        return ImageItem(url=str(value.image))
     return ImageItem.encoded(str(value.image))
 
 

@@ -53,6 +53,8 @@ PROBLEMS: dict[type[Exception], ProblemKind] = {
     ),
     errors.InvalidImage: ProblemKind(422, "invalid-image", "Invalid image"),
     errors.InvalidText: ProblemKind(422, "invalid-text", "Invalid text"),
+    errors.UrlRefused: ProblemKind(422, "url-refused", "URL refused by the fetch guard"),
+    errors.UrlFailed: ProblemKind(422, "url-fetch-failed", "URL fetch gave no image"),
     errors.ImageTooLarge: ProblemKind(422, "image-too-large", "Image too large to decode"),
     errors.Overloaded: ProblemKind(429, "overloaded", "Too much work in flight"),
     errors.Overspent: ProblemKind(429, "decode-overspent", "Decode work over its admitted price"),

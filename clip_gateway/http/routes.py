@@ -27,7 +27,7 @@ from clip_gateway.errors import (
     UnknownModel,
     UnsupportedFormat,
 )
-from clip_gateway.http import encoding, parsing
+from clip_gateway.http import encoding, parsing, url_items
 from clip_gateway.http.auth import PUBLIC, key_of
 from clip_gateway.http.context import AppContext, app_context
 from clip_gateway.http.docs import PROTECTED, EmbeddingsOperation
@@ -41,7 +41,7 @@ from clip_gateway.http.schemas import (
     TextTokenizer,
 )
 from clip_gateway.pipeline.admission import Reservation
-from clip_gateway.pipeline.items import TextItem
+from clip_gateway.pipeline.items import ImageItem, TextItem
 from clip_gateway.pipeline.service import Embeddings, EmbeddingService
 
 JSON = "application/json"
@@ -127,7 +127,8 @@ async def _parse(
         body = await parsing.read_all(chunks)
         parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
         for item in parsed.items:
-            reservation.add(item)
+            if not (isinstance(item, ImageItem) and item.url):  # priced once fetched
+                reservation.add(item)
         return parsed
     raise UnsupportedFormat(
         f"Content-Type {media_type or '(none)'} is not accepted; send multipart/form-data "
@@ -170,6 +171,10 @@ async def create_embeddings(
     with admitted(request, context) as reservation:
         with tracer.start_as_current_span("receive") as span:
             parsed = await read_request(request, settings, reservation)
+            skip = _first(parsed.skip_invalid, skip_invalid, False)
+            items = await url_items.fetch_items(
+                parsed.items, context.fetcher, reservation, skip=skip
+            )
             texts = sum(isinstance(item, TextItem) for item in parsed.items)
             span.set_attributes(
                 {
@@ -186,8 +191,7 @@ async def create_embeddings(
         if parsed.dimensions is not None:
             await check_dimensions(pipeline, settings.model_id, parsed.dimensions)
         unit = _first(parsed.normalize, normalize, True)
-        skip = _first(parsed.skip_invalid, skip_invalid, False)
-        embedding = pipeline.embed(reservation, parsed.items, normalize=unit, skip_invalid=skip)
+        embedding = pipeline.embed(reservation, items, normalize=unit, skip_invalid=skip)
         result = await unless_disconnected(request, embedding)
         return encode(request, tracer, settings, result, parsed, dtype, skip)
 

@@ -14,11 +14,22 @@ BinaryDtype = Literal["float32", "float16"]
 Modality = Literal["text", "image"]
 
 
+class ImageUrl(msgspec.Struct, forbid_unknown_fields=False):
+    """OpenAI's ``image_url`` part: ``{"url": "https://..." or "data:image/...;base64,..."}``."""
+
+    url: str
+
+
 class InputObject(msgspec.Struct, forbid_unknown_fields=True):
-    """One item named by its kind: ``{"text": "a cat"}`` or ``{"image": "<base64 or data:>"}``."""
+    """One item named by its kind: ``{"text": "a cat"}``, ``{"image": "<base64, data: or an
+    http(s) URL>"}``, or OpenAI's ``{"type": "image_url", "image_url": {"url": ...}}`` (and
+    ``{"type": "text", "text": ...}``). URLs are fetched only where the operator turned URL
+    items on (``GATEWAY_URL_INPUTS``)."""
 
     text: str | msgspec.UnsetType = msgspec.UNSET
     image: str | msgspec.UnsetType = msgspec.UNSET
+    type: Literal["text", "image_url"] | msgspec.UnsetType = msgspec.UNSET
+    image_url: ImageUrl | msgspec.UnsetType = msgspec.UNSET
 
 
 class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=False):

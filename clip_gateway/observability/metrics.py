@@ -114,6 +114,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.cache_lookups = Counter(
+            "gateway_cache_lookups",
+            "Embedding cache lookups, by item kind and outcome (hit: no decode, no model call)",
+            ["kind", "outcome"],
+            registry=r,
+        )
         self.rejected = Counter(
             "gateway_rejected_requests", "Requests answered with an error", ["reason"], registry=r
         )

@@ -37,8 +37,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
+
+import numpy as np
 
 from clip_gateway.errors import LimitExceeded, Overloaded
 from clip_gateway.imaging import work as _work
@@ -60,6 +63,8 @@ _TOKENIZE_S_PER_CHAR = 2e-7
 _DECODE_S_PER_ITEM = 3e-4
 #: A declared body costs at least this per byte (below every format's measured byte factor).
 MIN_DECODE_S_PER_BYTE = 4e-9
+#: What an item the embedding cache answers costs (a lookup: no decode, no model call).
+CACHE_HIT_S = 1e-5
 #: Codings whose decode rate is learned (multipliers of imaging/work.py's measured factors).
 CODINGS = tuple(_work.FACTORS)
 #: What a request may spend on decodes: at least this many CPU seconds, whatever its price
@@ -252,6 +257,10 @@ class _BusyTime:
         return sample
 
 
+#: The cache's answer for an item: its key and the vector when cached; None: not cacheable.
+Probe = Callable[[Item], tuple[bytes, "np.ndarray | None"] | None]
+
+
 class Reservation:
     """One request's share of the backlog, grown item by item and held once its body is
     complete, and the body bytes it has received so far; released when it is answered."""
@@ -271,6 +280,12 @@ class Reservation:
         self._held_images = 0
         #: The CPU seconds its images' decodes were priced at (what the meter holds them to).
         self.decode_s = 0.0
+        #: The embedding cache's lookup for this request's model and preprocessing (the
+        #: service sets it): an item it answers is priced as a lookup, not a decode.
+        self.probe: Probe | None = None
+        #: What the probe found, by the item's ``id``: its cache key, and the vector on a hit.
+        self.keys: dict[int, bytes] = {}
+        self.hits: dict[int, np.ndarray] = {}
         admission._receiving[self] = time.monotonic()
 
     def received(self, count: int) -> None:
@@ -289,7 +304,16 @@ class Reservation:
     def add(self, item: Item) -> None:
         """One more item of the request, as soon as it is read: a text priced by its length,
         an image by the decode work its header promises under the request's plan. Admitted, or
-        refused (the request stops being read)."""
+        refused (the request stops being read). One the cache answers costs a lookup."""
+        if self.probe is not None:
+            found = self.probe(item)
+            if found is not None:
+                key, vector = found
+                self.keys[id(item)] = key
+                if vector is not None:
+                    self.hits[id(item)] = vector
+                    self._add(CACHE_HIT_S)
+                    return
         if isinstance(item, TextItem):
             self.add_text(len(item.text))
         else:

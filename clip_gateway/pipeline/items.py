@@ -1,5 +1,6 @@
 """Request items as the pipeline sees them, typed by the parser that read them: an image (its
-raw bytes, or the base64 text JSON carried, decoded in the pool), or a text."""
+raw bytes, the base64 text JSON carried, decoded in the pool, or the bytes fetched from its
+URL), or a text."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import base64
 import binascii
 from dataclasses import dataclass
 
-from clip_gateway.errors import InvalidImage
+from clip_gateway.errors import EmbeddingError, InvalidImage
 from clip_gateway.imaging import work
 
 
@@ -18,6 +19,10 @@ class ImageItem:
 
     data: bytes = b""
     b64: str | None = None
+    #: Where a URL item came from (http/fetch.py fetches it into ``data`` before the pipeline
+    #: sees it); ``error``: why it could not be, reported for its index (``skip_invalid``).
+    url: str | None = None
+    error: EmbeddingError | None = None
 
     @classmethod
     def encoded(cls, text: str) -> ImageItem:
@@ -47,7 +52,10 @@ def is_data_uri(text: str) -> bool:
 
 def item_bytes(item: ImageItem) -> bytes:
     """Raw bytes of an item; base64 and ``data:`` URIs are decoded strictly, except that line
-    breaks and spaces (MIME-wrapped base64, RFC 2045) are allowed."""
+    breaks and spaces (MIME-wrapped base64, RFC 2045) are allowed. A URL item that could not be
+    fetched raises why."""
+    if item.error is not None:
+        raise item.error
     if item.b64 is None:
         return item.data
     text = item.b64
@@ -80,6 +88,8 @@ def price(item: ImageItem, plan: work.Plan = work.DEFAULT_PLAN) -> work.Work:
     raw bytes as they are, base64 from its first ``work.HEADER_PREFIX`` bytes once decoded. An
     item whose header cannot be read, or breaks the decoder's budget, is priced as refused: the
     decoder refuses it before any work."""
+    if item.error is not None:
+        return work.REFUSED
     if item.b64 is None:
         return work.estimate(item.data, plan=plan)
     text = item.b64

@@ -45,6 +45,7 @@ from clip_gateway.errors import (
 )
 from clip_gateway.imaging.preprocess import Decoded, ImageOptions
 from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline import cache as _cache
 from clip_gateway.pipeline.admission import METER_FLOOR_S, Admission, Reservation
 from clip_gateway.pipeline.batching import BatchDecoder, DecodeSample, Meter
 from clip_gateway.pipeline.canary import Canary
@@ -140,8 +141,13 @@ class EmbeddingService:
         *,
         tracer: Tracer | None = None,
         metrics: Metrics | None = None,
+        cache: _cache.EmbeddingCache | None = None,
     ) -> None:
         self._backend = backend
+        #: Content-addressed embeddings (pipeline/cache.py), consulted as items are admitted.
+        self._cache = cache
+        #: The served model, once the backend has said (the cache's identity is made from it).
+        self._model: ModelInfo | None = None
         self._options = options
         self._metrics = metrics or Metrics()
         self.admission = Admission(
@@ -180,7 +186,19 @@ class EmbeddingService:
         run), its body bytes as they arrive (``Reservation.received``); ``embed`` takes it.
         Release it (``with``) once answered."""
         plan = self._image_options(self._preprocessing, immich).plan
-        return self.admission.reserve(declared_bytes, key, plan)
+        reservation = self.admission.reserve(declared_bytes, key, plan)
+        if self._cache is not None and self._model is not None:
+            reservation.probe = self._probe(self._model, immich)
+        return reservation
+
+    def _probe(self, model: ModelInfo, immich: bool) -> _Probe:
+        """The cache lookup for ``model`` and the preprocessing variant."""
+        assert self._cache is not None
+        identity = _cache.identity(
+            model.name, model.embed_dim, model.image_preprocessing, model.quantization,
+            model.canary, model.text, "immich" if immich else "open_clip",
+        )  # fmt: skip
+        return _Probe(self._cache, identity, self._metrics)
 
     def _image_options(self, pre: Preprocessing | None, immich: bool) -> ImageOptions:
         """How images are decoded for the served model (``pre``; before the backend has said,
@@ -258,9 +276,12 @@ class EmbeddingService:
     ) -> Embeddings:
         deadline = time.monotonic() + self._options.request_timeout_s
         model = await self._backend.model_info()
-        self._preprocessing = model.image_preprocessing
-        images = [i for i, item in enumerate(items) if not isinstance(item, TextItem)]
-        texts = [i for i, item in enumerate(items) if isinstance(item, TextItem)]
+        self._preprocessing, self._model = model.image_preprocessing, model
+        cached = self._cached(items, model, immich, reservation)
+        images = [i for i, item in enumerate(items)
+                  if not isinstance(item, TextItem) and i not in cached.indices]  # fmt: skip
+        texts = [i for i, item in enumerate(items)
+                 if isinstance(item, TextItem) and i not in cached.indices]  # fmt: skip
         work: list[Callable[[], Coroutine[Any, Any, _Part]]] = []
         refused: list[EmbeddingError] = []
         if texts:
@@ -276,6 +297,11 @@ class EmbeddingService:
                 )
             )
         parts = await _all([make() for make in work])
+        self._remember(items, parts, reservation)
+        hit_texts = sum(isinstance(items[i], TextItem) for i in cached.indices)
+        cached_counts = (len(cached.indices) - hit_texts, hit_texts)
+        if cached.indices:
+            parts.append(cached)
         empty = np.empty((0, model.embed_dim), dtype=np.float32)
         vectors = np.concatenate([p.vectors for p in parts]) if parts else empty
         indices = np.array([i for p in parts for i in p.indices], dtype=np.int64)
@@ -297,10 +323,53 @@ class EmbeddingService:
             decoded=image_part.decoded if image_part else (),
             decode_seconds=image_part.prepare_seconds if image_part else 0.0,
             infer_seconds=max((p.infer_seconds for p in parts), default=0.0),
-            images=len(image_part.indices) if image_part else 0,
-            texts=len(text_part.indices) if text_part else 0,
+            # answered from the cache or not, an item answered is counted (usage)
+            images=(len(image_part.indices) if image_part else 0) + cached_counts[0],
+            texts=(len(text_part.indices) if text_part else 0) + cached_counts[1],
             tokens=text_part.tokens if text_part else 0,
             tokenize_seconds=text_part.prepare_seconds if text_part else 0.0,
+        )
+
+    def _cached(
+        self, items: Sequence[Item], model: ModelInfo, immich: bool, reservation: Reservation
+    ) -> _Part:
+        """The items the cache answers, as a part of their own (no decode, no model call). The
+        items were probed as they were admitted; those that were not (the model was not known
+        yet) are probed now, and every probe made for another model is made again."""
+        empty = _Part("cached", np.empty((0, model.embed_dim), dtype=np.float32), ())
+        if self._cache is None:
+            return empty
+        probe = self._probe(model, immich)
+        made = reservation.probe
+        if not isinstance(made, _Probe) or made.identity != probe.identity:
+            reservation.keys.clear()
+            reservation.hits.clear()
+            for item in items:
+                found = probe(item)
+                if found is not None:
+                    reservation.keys[id(item)] = found[0]
+                    if found[1] is not None:
+                        reservation.hits[id(item)] = found[1]
+            reservation.probe = probe
+        hits = [(i, reservation.hits[id(item)]) for i, item in enumerate(items)
+                if id(item) in reservation.hits]  # fmt: skip
+        if not hits:
+            return empty
+        vectors = np.stack([v for _, v in hits]).astype(np.float32)
+        return _Part("cached", vectors, tuple(i for i, _ in hits))
+
+    def _remember(
+        self, items: Sequence[Item], parts: Sequence[_Part], reservation: Reservation
+    ) -> None:
+        """What the model answered (unnormalised), kept under each item's key."""
+        if self._cache is None:
+            return
+        keys = reservation.keys
+        self._cache.put(
+            (keys[id(items[i])], part.vectors[row])
+            for part in parts
+            for row, i in enumerate(part.indices)
+            if id(items[i]) in keys and id(items[i]) not in reservation.hits
         )
 
     def _meter(self, reservation: Reservation) -> Meter:
@@ -479,6 +548,38 @@ class _Tokens:
 
     def rows(self, start: int, stop: int) -> Self:
         return type(self)(self.tokens[start:stop])
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """One model's and preprocessing's cache lookup (``Reservation.probe``), counted by kind."""
+
+    cache: _cache.EmbeddingCache
+    identity: bytes
+    metrics: Metrics
+
+    def __call__(self, item: Item) -> tuple[bytes, np.ndarray | None] | None:
+        content = _content(item)
+        if content is None:
+            return None
+        kind, data = content
+        key = _cache.key(self.identity, kind, data)
+        vector = self.cache.get(key)
+        self.metrics.cache_lookups.labels(kind, "miss" if vector is None else "hit").inc()
+        return key, vector
+
+
+def _content(item: Item) -> tuple[str, bytes] | None:
+    """What the cache keys an item by, each one C pass on the event loop at most: a text's
+    UTF-8, an image's bytes as sent (raw, or its base64 text: decoding it here would cost
+    several times the hash), None for an item that could not be fetched."""
+    if isinstance(item, TextItem):
+        return "text", item.text.encode("utf-8", "surrogatepass")
+    if item.error is not None:
+        return None
+    if item.b64 is not None:
+        return "image-base64", item.b64.encode("utf-8", "surrogatepass")
+    return "image", item.data
 
 
 async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:
