@@ -218,3 +218,74 @@ def test_one_api_key_cannot_take_the_whole_horizon(control_triton, start_gateway
     assert body["key_share_s"] == 5.0 and 4 <= body["key_backlog_s"] < 4.01
     assert int(refused.headers["retry-after"]) == 2  # ceil(4.0x + 2 - 5)
     assert held["r"].status_code == 200 and held["o"].status_code == 200
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG's signature, IHDR (16-bit RGB) and an empty IDAT: 45 bytes declaring the canvas."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"")
+
+
+def test_a_huge_header_then_a_trickled_body_locks_nobody_out(control_triton, tmp_path) -> None:
+    """Issue 31: a 45-byte PNG header declaring 378 MP at 16 bits, its part complete, then the rest
+    of the body kept coming at 16 KiB/s (above the minimum upload rate). Before, it was priced as
+    soon as its part was read, at most of the horizon (here 2 s: 1.75 s of it), and every other
+    client's request of 8 photos got 429 until the body ended; now a price is held only once the
+    body is in, and an image over the decoder's pixel limit is priced at nothing: the others are
+    served meanwhile and the trickler gets a 4xx. A gateway of its own: fresh learned rates."""
+    env = {"GATEWAY_CANARY_INTERVAL_S": "0", "GATEWAY_DECODE_THREADS": "2",
+           "GATEWAY_ADMISSION_HORIZON_S": "2",
+           "GATEWAY_MIN_UPLOAD_BYTES_PER_S": "8192"}  # fmt: skip
+    header = png_header(19_000, 19_900)
+    assert len(header) == 45
+    tail = jpeg(photo(800, 600, seed=31))
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n'
+        + header
+        + b'\r\n--b\r\nContent-Disposition: form-data; name="image"; filename="b.jpg"\r\n\r\n'
+        + tail
+        + b"\r\n--b--\r\n"
+    )
+    first = body.index(b'filename="b.jpg"')  # the PNG part is complete before this
+    answer: list[bytes] = []
+    with GatewayProcess(
+        control_triton[0].grpc_url, env=env, log_path=tmp_path / "gateway.log"
+    ) as gateway:
+        gateway.wait_ready()
+
+        def trickler() -> None:
+            with socket.create_connection(address(gateway)) as sock:
+                sock.sendall(
+                    b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\n"
+                    b"Content-Type: multipart/form-data; boundary=b\r\n"
+                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                    + body[:first]
+                )  # fmt: skip
+                for at in range(first, len(body), 1638):  # 16 KiB/s in tenths of a second
+                    sock.sendall(body[at : at + 1638])
+                    time.sleep(0.1)
+                sock.settimeout(60)
+                answer.append(sock.recv(65536))
+
+        thread = threading.Thread(target=trickler)
+        thread.start()
+        try:
+            time.sleep(1.0)  # the header's part is in; the body keeps coming for seconds more
+            statuses = []
+            while thread.is_alive() and len(statuses) < 20:
+                photos = [samples.compact(len(statuses) + i) for i in range(8)]
+                statuses.append(post(gateway, photos).status_code)
+                assert httpx.get(f"{gateway.url}/healthz", timeout=1.0).status_code == 200
+            assert len(statuses) >= 3 and set(statuses) == {200}, statuses  # was 429 throughout
+        finally:
+            thread.join(60)
+    status = int(answer[0].split()[1])
+    assert 400 <= status < 500, answer[0][:300]
