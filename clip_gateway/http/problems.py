@@ -122,8 +122,30 @@ def headers_of(exc: errors.EmbeddingError, backlog_s: float = 0.0) -> dict[str, 
     return headers
 
 
+def released(exc: BaseException) -> None:
+    """Drop the tracebacks of an answered failure and of the failures chained to it.
+
+    A traceback holds every frame the failure passed through, and those frames hold the
+    request's items and the failure itself (``raise errors[0]`` with the list in a local, an
+    asyncio task that stored the failure): reference cycles that only a full collection frees,
+    which may not come for minutes, so a few failed uploads of tens of MB stayed in memory
+    (docs/RELIABILITY.md). Once the answer is built nothing needs them; logging comes first."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        failure = pending.pop()
+        if failure is None or id(failure) in seen:
+            continue
+        seen.add(id(failure))
+        failure.__traceback__ = None
+        pending += [failure.__cause__, failure.__context__]
+        if isinstance(failure, BaseExceptionGroup):
+            pending += failure.exceptions
+
+
 def respond(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Litestar exception handler for our errors and Litestar's HTTP errors; counted by reason."""
+    released(exc)
     if isinstance(exc, errors.EmbeddingError):
         service = getattr(request.app.state, "service", None)
         backlog = service.admission.backlog_s if service is not None else 0.0
@@ -148,6 +170,7 @@ def respond(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
 def internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """Anything not raised on purpose: log it, answer 500 without leaking its text."""
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    released(exc)
     app_context(request.app.state).metrics.rejected.labels("internal").inc()
     return Response(
         {"type": "about:blank", "title": "Internal Server Error", "status": 500},
