@@ -289,3 +289,41 @@ def test_a_huge_header_then_a_trickled_body_locks_nobody_out(control_triton, tmp
             thread.join(60)
     status = int(answer[0].split()[1])
     assert 400 <= status < 500, answer[0][:300]
+
+
+def test_predict_pays_for_the_full_size_decode_it_runs(control_triton, tmp_path) -> None:
+    """Issue 31: Immich's ``/predict`` decodes every pixel (no DCT scaling), but was priced as a
+    scaled decode: a flat 62 MP JPEG priced 0.02 s cost ~0.1 CPU-s here (up to 0.6 elsewhere).
+    Sixteen sent at once to a gateway admitting 1 s of work were all admitted then (~0.06 s of
+    backlog each); priced as they run, about half are refused at once (429 with Retry-After),
+    none fails otherwise, and the gateway answers throughout."""
+    import io
+    import json as json_module
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (7900, 7900), (120, 90, 60)).save(buffer, "JPEG", quality=90)
+    flat = buffer.getvalue()
+    entries = json_module.dumps({"clip": {"visual": {"modelName": "ViT-B-32__openai"}}})
+    env = {"GATEWAY_CANARY_INTERVAL_S": "0", "GATEWAY_DECODE_THREADS": "2",
+           "GATEWAY_ADMISSION_HORIZON_S": "1", "GATEWAY_IMMICH": "true",
+           "GATEWAY_IMMICH_ALIASES": "ViT-B-32__openai"}  # fmt: skip
+    with GatewayProcess(
+        control_triton[0].grpc_url, env=env, log_path=tmp_path / "gateway.log"
+    ) as gateway:
+        gateway.wait_ready()
+
+        def predict(_: int) -> httpx.Response:
+            files = [("entries", (None, entries)), ("image", ("blob", flat, "image/jpeg"))]
+            return httpx.post(f"{gateway.url}/predict", files=files, timeout=60)
+
+        with ThreadPoolExecutor(16) as senders:
+            replies = list(senders.map(predict, range(16)))
+            assert httpx.get(f"{gateway.url}/healthz", timeout=1.0).status_code == 200
+    statuses = sorted(r.status_code for r in replies)
+    assert set(statuses) <= {200, 429}, [r.text[:200] for r in replies]
+    assert statuses.count(429) >= 4, statuses  # was: all 16 admitted at 0.02 s each
+    refused = next(r for r in replies if r.status_code == 429)
+    assert refused.headers["retry-after"] and "s of work" in refused.json()["detail"]
