@@ -10,6 +10,7 @@ import httpx
 from litestar.datastructures import State
 
 from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.upstream import Upstream
 from clip_gateway.imaging.paths import ImagingPath
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import Telemetry
@@ -31,6 +32,8 @@ class AppContext:
     http: httpx.AsyncClient
     #: Which PIL this process imported: it cannot change.
     imaging: ImagingPath
+    #: Immich's own ML server(s) for what /predict does not serve (None: not configured).
+    upstream: Upstream | None = None
 
 
 #: The key of the context on ``app.state``.
