@@ -187,7 +187,6 @@ async def forward(
     """The request to the upstream as it arrives (under the body limit and the upload pace,
     never parsed or re-encoded), and the upstream's status, headers and body back."""
     settings = context.settings
-    request.state.forwarded = True
     body = parsing.body_chunks(
         request.receive,
         settings.max_body_bytes,
