@@ -66,3 +66,13 @@ def test_the_log_says_how_the_routes_are_protected() -> None:
     assert "anyone who can reach" in immich_protection(ServerSettings(host="0.0.0.0"))
     keyed = ServerSettings(host="0.0.0.0", api_keys=(SecretStr("k"),))
     assert "adds it" in immich_protection(keyed)
+
+
+def test_upstreams_are_http_urls_in_order() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    settings = ServerSettings(immich_upstream="http://ml-a:3003/, https://ml-b")
+    assert settings.immich_upstream == ("http://ml-a:3003", "https://ml-b")
+    with pytest.raises(ValidationError, match="not an http"):
+        ServerSettings(immich_upstream="ml-a:3003")
