@@ -7,6 +7,12 @@ falls on both). Triton's counters say how many requests its dynamic batcher merg
 execution. Every answer is checked against what that route gave the same preview on an idle
 gateway. Loopback only, bounded in time.
 
+The one-URL setup (docs/IMMICH.md) is what runs: the gateway has Immich's ML server behind
+it (``GATEWAY_IMMICH_UPSTREAM``, the stand-in process of tests/immich_upstream.py), so every
+``/predict`` row includes reading the form's ``entries`` to decide where it goes; the last row
+is CLIP on ``/predict`` with face requests forwarded beside it (``FACE_CLIENTS`` more clients),
+each forwarded answer checked byte for byte against the stand-in's.
+
 ``/predict`` decodes every pixel (Immich's transform, for Immich's embeddings);
 ``/v1/embeddings`` decodes JPEGs at the DCT scale the resize needs: on a CPU-bound machine that
 decode is the difference between the two.
@@ -31,10 +37,18 @@ from bench.load import Reply
 from bench.output import figure, write_results
 from bench.photos import immich_previews
 from bench.stack import running
+from tests.immich_upstream import UpstreamProcess
+from tests.immich_upstream import answer as upstream_answer
 
 NAME = "ViT-B-32__openai"
 CONCURRENCY = (1, 8, 32)
 ROUTES = ("predict", "embeddings")
+#: The one-URL row: CLIP clients on /predict, and face-detection clients beside them.
+ONE_URL_CONCURRENCY = 8
+FACE_CLIENTS = 4
+FACES = {"facial-recognition": {"detection": {"modelName": "buffalo_l",
+                                              "options": {"minScore": 0.7}},
+                                "recognition": {"modelName": "buffalo_l"}}}  # fmt: skip
 
 
 @dataclass
@@ -96,6 +110,35 @@ class Caller:
         await self.http.aclose()
 
 
+class FaceCaller:
+    """Immich's face-detection requests, forwarded by the gateway; each answer checked against
+    the bytes the stand-in upstream gives for that preview."""
+
+    def __init__(self, url: str, previews: list[bytes]) -> None:
+        self.previews = previews
+        self.bodies = []
+        for data in previews:
+            files = [("entries", (None, json.dumps(FACES))),
+                     ("image", ("blob", data, "application/octet-stream"))]  # fmt: skip
+            request = httpx.Request("POST", "http://bench/predict", files=files)
+            self.bodies.append((request.read(), request.headers["content-type"]))
+        self.expected = [upstream_answer(FACES, data, None) for data in previews]
+        self.http = httpx.AsyncClient(base_url=url, timeout=120)
+
+    async def __call__(self, index: int) -> Reply:
+        slot = index % len(self.bodies)
+        body, content_type = self.bodies[slot]
+        response = await self.http.post("/predict", content=body,
+                                        headers={"Content-Type": content_type})  # fmt: skip
+        if response.status_code != 200:
+            return Reply(response.status_code, 0)
+        return Reply(200, 1, len(body), len(response.content),
+                     response.content == self.expected[slot])  # fmt: skip
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
 def run(seconds: float, out: Path, smoke: bool = False, previews: int = 24) -> dict[str, Any]:
     half = 1.0 if smoke else seconds / 2
     images = [s.data for s in immich_previews(4 if smoke else previews)]
@@ -107,13 +150,22 @@ def run(seconds: float, out: Path, smoke: bool = False, previews: int = 24) -> d
         "preview_bytes_mean": int(np.mean([len(d) for d in images])),
         "cells": [],
     }  # fmt: skip
-    env = {"GATEWAY_IMMICH": "true", "GATEWAY_IMMICH_ALIASES": NAME}
+    upstream = UpstreamProcess()
+    with upstream:
+        results["cells"] = _measure(upstream, images, half)
+    return _finish(results, out)
+
+
+def _measure(upstream: UpstreamProcess, images: list[bytes], half: float) -> list[dict[str, Any]]:
+    env = {"GATEWAY_IMMICH": "true", "GATEWAY_IMMICH_ALIASES": NAME,
+           "GATEWAY_IMMICH_UPSTREAM": upstream.url}  # fmt: skip
     with running(env) as stack:
         url, metrics = stack.gateway.url, stack.triton.metrics_url
         routes = {name: Route(name, bodies(name, images), []) for name in ROUTES}
 
         async def measure() -> list[dict[str, Any]]:
             callers = {name: Caller(url, route) for name, route in routes.items()}
+            faces = FaceCaller(url, images)
             try:
                 for name, caller in callers.items():  # idle answers: the reference
                     for slot in range(len(images)):
@@ -135,24 +187,67 @@ def run(seconds: float, out: Path, smoke: bool = False, previews: int = 24) -> d
                             batches[name].append(server)
                     for name in ROUTES:
                         cells.append(cell(name, concurrency, found[name], batches[name], half))  # type: ignore[arg-type]
+                cells.append(await one_url(callers["predict"], faces, metrics, half * 2))
                 return cells
             finally:
                 for caller in callers.values():
                     await caller.close()
+                await faces.close()
 
-        results["cells"] = asyncio.run(measure())
+        return asyncio.run(measure())
+
+
+def _finish(results: dict[str, Any], out: Path) -> dict[str, Any]:
+    cells = results["cells"]
+    alone = next(
+        c for c in cells if (c["route"], c["concurrency"]) == ("predict", ONE_URL_CONCURRENCY)
+    )
+    beside = results["cells"][-1]
+    beside["vs_predict_alone"] = (
+        round(beside["images_per_s"] / alone["images_per_s"], 3) if alone["images_per_s"] else None
+    )
     for concurrency in CONCURRENCY:
-        pair = {c["route"]: c for c in results["cells"] if c["concurrency"] == concurrency}
+        pair = {c["route"]: c for c in results["cells"] if c["concurrency"] == concurrency
+                and c["route"] in ROUTES}  # fmt: skip
         base = pair["embeddings"]["images_per_s"]
         pair["predict"]["vs_embeddings"] = (
             round(pair["predict"]["images_per_s"] / base, 3) if base else None
         )
-    results["wrong"] = sum(int(c["wrong"]) for c in results["cells"])
+    results["wrong"] = sum(int(c["wrong"]) for c in results["cells"]) + int(
+        beside["faces"]["not_byte_identical"]
+    )
     results["unexpected_5xx"] = sum(
         n for c in results["cells"] for s, n in c["statuses"].items() if s.startswith("5")
     )
     write_results(out, "immich", results, markdown=markdown(results), plot=plot)
     return results
+
+
+async def one_url(clip: Caller, faces: FaceCaller, metrics: str, seconds: float) -> dict[str, Any]:
+    """CLIP on /predict at ``ONE_URL_CONCURRENCY`` while ``FACE_CLIENTS`` clients send face
+    requests the gateway forwards, for the same time: one row, with the faces' own figures."""
+    before = triton_counters(metrics, "clip_image")
+    clip_records, face_records = await asyncio.gather(
+        load.closed_loop(clip, ONE_URL_CONCURRENCY, duration=seconds, warmup=4),
+        load.closed_loop(faces, FACE_CLIENTS, duration=seconds, warmup=2),
+    )
+    server = breakdown(before, triton_counters(metrics, "clip_image"))
+    row = cell("predict + faces forwarded", ONE_URL_CONCURRENCY, [clip_records],
+               [server] if server else [], seconds)  # fmt: skip
+    ok = [r for r in face_records if r.reply.status == 200]
+    statuses: dict[str, int] = {}
+    for r in face_records:
+        statuses[str(r.reply.status)] = statuses.get(str(r.reply.status), 0) + 1
+    row["faces"] = {
+        "clients": FACE_CLIENTS,
+        "per_s": round(len(ok) / seconds, 2),
+        "statuses": statuses,
+        "not_byte_identical": sum(1 for r in ok if r.reply.correct is False),
+        "p50_ms": round(float(np.percentile([r.latency for r in ok], 50)) * 1000, 1)
+        if ok
+        else None,
+    }
+    return row
 
 
 def cell(
@@ -212,13 +307,25 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {latency.get('p95', '-')} | {c['triton_mean_batch']} | {c['statuses']} "
             f"| {c['wrong']} |"
         )
+    beside = results["cells"][-1]
+    faces = beside["faces"]
+    lines += [
+        "",
+        f"One URL: CLIP at {beside['concurrency']} clients on `/predict` with "
+        f"{faces['clients']} face-detection clients beside it, forwarded by the gateway to "
+        f"Immich's ML server (a stand-in process on the same machine): CLIP "
+        f"{beside['images_per_s']} images/s, {beside.get('vs_predict_alone')} of `/predict` "
+        f"alone at {beside['concurrency']} clients; faces {faces['per_s']}/s (p50 "
+        f"{faces['p50_ms']} ms, statuses {faces['statuses']}, "
+        f"{faces['not_byte_identical']} not byte-identical to the upstream's answer).",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
     with figure(path, dpi=100, ncols=2, figsize=(10, 4)) as (_, (rate, batch)):
         for offset, route in enumerate(ROUTES):
-            cells = [c for c in results["cells"] if c["route"] == route]
+            cells = [c for c in results["cells"] if c["route"] == route][: len(CONCURRENCY)]
             xs = [i + 0.4 * offset for i in range(len(cells))]
             rate.bar(xs, [c["images_per_s"] for c in cells], width=0.4, label=route)
             batch.bar(xs, [c["triton_mean_batch"] or 0 for c in cells], width=0.4, label=route)

@@ -94,6 +94,8 @@ def _click_type(annotation: Any) -> click.ParamType[Any]:
     choices = _literals(annotation)
     if choices is not None:
         return click.Choice(choices)
+    if get_origin(annotation) is tuple:
+        return click.STRING  # a list given as the environment variable spells it: a,b
     arms = set(get_args(annotation)) - {type(None)} or {annotation}
     if arms == {Path}:
         return click.Path(path_type=Path)

@@ -30,6 +30,7 @@ SERVE_FLAGS = (
     Flag("launch", "cache_dir"),
     Flag("launch", "log_file"),
     Flag("server", "immich"),
+    Flag("server", "immich_upstream"),
 )
 
 

@@ -203,6 +203,28 @@ class ServerSettings(BaseSettings):
     #: More names ``/predict`` answers to (comma separated): the operator vouching that these
     #: weights are that model (a checkpoint of it; random weights in tests).
     immich_aliases: Annotated[tuple[str, ...], NoDecode] = ()
+    #: Immich's own machine-learning server(s) (comma separated, tried in order), e.g.
+    #: ``http://immich-machine-learning:3003``: a ``/predict`` this gateway does not serve
+    #: (faces, OCR, another model, several tasks) is forwarded there unchanged, so Immich needs
+    #: one URL (docs/IMMICH.md). Unset: such requests get 501/409 and Immich tries its next URL.
+    immich_upstream: Annotated[tuple[str, ...], NoDecode] = ()
+    #: Seconds one forwarded request may take in all (sending the body, the upstream's answer);
+    #: beyond it 504. The connection itself must open within 5 s (or this, if shorter), else the
+    #: next upstream is tried, then 503.
+    immich_upstream_timeout_s: float = Field(60.0, gt=0)
+    #: Forwarded requests in flight at once per worker; one more gets 503 at once. Forwards never
+    #: take a decode thread or admission's budget: this is what bounds them.
+    immich_upstream_concurrency: int = Field(32, ge=1)
+
+    @field_validator("immich_upstream", mode="before")
+    @classmethod
+    def _upstream_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [url.strip() for url in value.split(",") if url.strip()]
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"immich_upstream: {url!r} is not an http:// or https:// URL")
+        return tuple(url.rstrip("/") for url in value)
 
     @field_validator("immich_aliases", "url_allow", mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from clip_gateway.http.context import KEY, AppContext
 from clip_gateway.http.fetch import Fetcher, FetchOptions
 from clip_gateway.http.guard import Allowlist
 from clip_gateway.http.routes import ROUTES
+from clip_gateway.http.upstream import Upstream
 from clip_gateway.imaging.paths import current as imaging_path
 from clip_gateway.observability.access import ObserveMiddleware
 from clip_gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
@@ -126,6 +127,13 @@ def create_app(
             settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
         )
         http = httpx.AsyncClient(timeout=5.0)
+        upstream = None
+        if settings.immich and settings.immich_upstream:
+            upstream = Upstream(
+                settings.immich_upstream,
+                settings.immich_upstream_timeout_s,
+                settings.immich_upstream_concurrency,
+            )
         app.state[KEY] = AppContext(
             settings=settings,
             pipeline=pipeline,
@@ -136,11 +144,19 @@ def create_app(
             http=http,
             imaging=imaging_path(),
             fetcher=fetcher_for(settings),
+            upstream=upstream,
         )
         canary_task = asyncio.create_task(canary.run()) if canary.enabled else None
+        watch = asyncio.create_task(upstream.watch()) if upstream is not None else None
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+                assert upstream is not None
+                await upstream.aclose()
             if canary_task is not None:
                 canary_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -153,7 +169,11 @@ def create_app(
             telemetry.shutdown()
 
     app = Litestar(
-        route_handlers=[*ROUTES, *(immich.ROUTES if settings.immich else ()), docs.assets()],
+        route_handlers=[
+            *ROUTES,
+            *(immich.routes(settings) if settings.immich else ()),
+            docs.assets(),
+        ],
         lifespan=[lifespan],
         middleware=_middleware(telemetry, metrics),
         guards=[require_api_key],

@@ -11,6 +11,7 @@ from litestar.datastructures import State
 
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.http.fetch import Fetcher
+from clip_gateway.http.upstream import Upstream
 from clip_gateway.imaging.paths import ImagingPath
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import Telemetry
@@ -34,6 +35,8 @@ class AppContext:
     imaging: ImagingPath
     #: URL items' fetcher (http/fetch.py); None: URL items are off.
     fetcher: Fetcher | None = None
+    #: Immich's own ML server(s) for what /predict does not serve (None: not configured).
+    upstream: Upstream | None = None
 
 
 #: The key of the context on ``app.state``.

@@ -4,31 +4,48 @@
 error map as ``/v1/embeddings``. Answers keep Immich's shapes; statuses come from the map:
 malformed ``entries`` 422, neither image nor text 400, faces/OCR/several tasks 501, a model
 name not served 409, so Immich's server tries the next URL in its list and never stores
-another model's vector.
+another model's vector. With an upstream (``GATEWAY_IMMICH_UPSTREAM``, http/upstream.py) every
+``/predict`` but one CLIP encoding of a served model goes there instead, unchanged: the route
+reads the form's ``entries`` first (Immich sends it first), outside admission and bounded, and
+decides.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response, get, post
 from litestar.datastructures import State
+from litestar.types import Receive, ReceiveMessage
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import (
+    ClientGone,
     InvalidFields,
     LimitExceeded,
     MalformedRequest,
     OtherModel,
     UnsupportedTask,
 )
+from clip_gateway.http import parsing
 from clip_gateway.http.auth import PUBLIC
-from clip_gateway.http.context import app_context
+from clip_gateway.http.context import AppContext, app_context
 from clip_gateway.http.parsing import MAX_BYTES_PER_CHAR, decode_text, text_codec
-from clip_gateway.http.routes import JSON, admitted, body_of, in_time, unless_disconnected
+from clip_gateway.http.routes import (
+    JSON,
+    admitted,
+    body_of,
+    in_time,
+    refuse_encoded,
+    refuse_oversized,
+    unless_disconnected,
+)
+from clip_gateway.http.upstream import REQUEST_HEADERS, Upstream
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
 
@@ -40,6 +57,12 @@ MAX_PARTS = 8
 #: What each CLIP model type needs from the form.
 NEEDS = {"visual": "image", "textual": "text"}
 _TEXT = "form field 'text'"
+#: With an upstream, the most of a body read before ``entries`` must have been seen; a form
+#: that puts it later (Immich never does) is forwarded: the upstream serves everything.
+PEEK_BYTES = 64 << 10
+#: Immich's ``clean_name`` (``immich_ml/config.py``): the last path segment of a model name,
+#: ``:`` ``\\`` ``/`` made ``_``, ``.`` dropped: ``immich-app/ViT-B-32__openai`` is that model.
+_CLEAN_NAME = str.maketrans(":\\/", "___", ".")
 
 
 @get("/", include_in_schema=False, opt={PUBLIC: True}, security=[{}])
@@ -59,8 +82,20 @@ async def immich_ping() -> str:
 @post("/predict", include_in_schema=False, status_code=200)
 async def immich_predict(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     """One CLIP encoding, Immich's way: an ``entries`` form field naming the task, and an
-    ``image`` part (a preview, JPEG or WebP, found by content) or a ``text`` field."""
+    ``image`` part (a preview, JPEG or WebP, found by content) or a ``text`` field; with an
+    upstream, anything else is forwarded there."""
     context = app_context(state)
+    if context.upstream is not None:
+        refuse_encoded(request)
+        refuse_oversized(request, context.settings.max_body_bytes)
+        head = await in_time(context.settings, peek(request))
+        request.receive = head.replay(request.receive)
+        if not served_here(head.entries, context.settings):
+            return await forward(request, context, context.upstream)
+    return await serve(request, context)
+
+
+async def serve(request: Request[Any, Any, Any], context: AppContext) -> Response[bytes]:
     settings, pipeline = context.settings, context.pipeline
     # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
     # decode work their headers promise, each API key within its share
@@ -78,6 +113,93 @@ async def immich_predict(request: Request[Any, Any, Any], state: State) -> Respo
         decoded = result.decoded[0]
         body["imageHeight"], body["imageWidth"] = decoded.height, decoded.width
     return Response(msgspec.json.encode(body), media_type=JSON)
+
+
+@dataclass
+class Head:
+    """The start of a body, read to find ``entries``: the ASGI messages, replayed in front of
+    the rest to whichever path takes the request."""
+
+    messages: list[ReceiveMessage] = field(default_factory=list)
+    entries: bytes | None = None
+
+    def replay(self, receive: Receive) -> Receive:
+        pending = deque(self.messages)
+
+        async def replayed() -> ReceiveMessage:
+            return pending.popleft() if pending else await receive()
+
+        return replayed
+
+
+async def peek(request: Request[Any, Any, Any]) -> Head:
+    """The body up to its ``entries`` field (at most ``PEEK_BYTES`` of it): what decides where
+    the request goes. Any body it cannot read as a form is left for the upstream to answer."""
+    head = Head()
+    _, options = request.content_type
+    boundary = options.get("boundary")
+    parser = PushMultipartParser(boundary) if boundary else None
+    seen, name, buffer = 0, None, bytearray()
+    while seen <= PEEK_BYTES:
+        message = await request.receive()
+        if message["type"] != "http.request":
+            raise ClientGone("client disconnected while sending the request body")
+        head.messages.append(message)
+        chunk = message.get("body", b"")
+        seen += len(chunk)
+        try:
+            for event in parser.parse(chunk) if parser is not None else ():
+                if isinstance(event, MultipartSegment):
+                    name, buffer = event.name, bytearray()
+                elif event is not None:
+                    buffer += event
+                elif name == "entries":
+                    head.entries = bytes(buffer)
+                    return head
+        except ParserError:
+            return head
+        if not message.get("more_body", False):
+            return head
+    return head
+
+
+def served_here(entries: bytes | None, settings: ServerSettings) -> bool:
+    """One CLIP encoding of a model served here; everything else is the upstream's. A mixed
+    request goes there whole, as Immich's server answers one (docs/IMMICH.md)."""
+    if entries is None:
+        return False
+    try:
+        tasks = parse_entries(entries)
+    except InvalidFields:
+        return False  # the upstream answers it as Immich does (422)
+    if len(tasks) != 1:
+        return False
+    task, kind, name = tasks[0]
+    return task == "clip" and kind in NEEDS and clean_name(name) in settings.immich_names
+
+
+def clean_name(name: str) -> str:
+    """A model name as Immich's ML server reads it (``immich_ml/config.py``'s ``clean_name``)."""
+    return name.split("/")[-1].translate(_CLEAN_NAME)
+
+
+async def forward(
+    request: Request[Any, Any, Any], context: AppContext, upstream: Upstream
+) -> Response[bytes]:
+    """The request to the upstream as it arrives (under the body limit and the upload pace,
+    never parsed or re-encoded), and the upstream's status, headers and body back."""
+    settings = context.settings
+    body = parsing.body_chunks(
+        request.receive,
+        settings.max_body_bytes,
+        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
+    )
+    headers = {name: request.headers[name] for name in REQUEST_HEADERS if name in request.headers}
+    headers["accept-encoding"] = "identity"  # the answer's bytes as the upstream made them
+    answer = await upstream.forward(headers, body)
+    media_type = answer.headers.pop("content-type", None)
+    return Response(answer.body, status_code=answer.status, headers=answer.headers,
+                    media_type=media_type or "application/octet-stream")  # fmt: skip
 
 
 class Form(msgspec.Struct):
@@ -195,7 +317,7 @@ def check_form(form: Form, settings: ServerSettings) -> tuple[str, Item]:
             f"not {asked}: Immich's next machine-learning URL serves it"
         )
     _, kind, name = tasks[0]
-    if name not in settings.immich_names:
+    if clean_name(name) not in settings.immich_names:
         served = ", ".join(settings.immich_names) or "no Immich name (GATEWAY_IMMICH_ALIASES)"
         raise OtherModel(f"model {name!r} is not served here; served: {served}")
     if kind == "visual":
@@ -235,4 +357,25 @@ def parse_entries(raw: bytes) -> list[tuple[str, str, str]]:
     return out
 
 
+@get("/immich/upstream", include_in_schema=False)
+async def immich_upstream(state: State) -> dict[str, Any]:
+    """Each configured upstream as its ``/ping`` answers now: ``up`` or ``down`` and why (in
+    fixed words: never an address beyond the configured URL)."""
+    upstream = app_context(state).upstream
+    assert upstream is not None  # the route exists only with one
+    await upstream.check()
+    return {
+        "upstreams": [
+            {"url": s.url, "state": s.state, **({"detail": s.detail} if s.detail else {})}
+            for s in upstream.states
+        ],
+        "forwards_in_flight": upstream.in_flight,
+    }
+
+
 ROUTES = [immich_root, immich_ping, immich_predict]
+
+
+def routes(settings: ServerSettings) -> list[Any]:
+    """Immich's routes, and the upstream's status route when one is configured."""
+    return [*ROUTES, immich_upstream] if settings.immich_upstream else ROUTES

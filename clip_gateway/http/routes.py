@@ -55,13 +55,18 @@ def admitted(
     body: a declared length over the limit is refused at once, and the declared size already
     costs its cheapest decode, charged to the request's API key. ``immich``: its images will be
     decoded Immich's way (every pixel), and priced so."""
-    limit, declared = context.settings.max_body_bytes, request.content_length
+    refuse_oversized(request, context.settings.max_body_bytes)
+    return context.pipeline.admit(request.content_length, key_of(request), immich=immich)
+
+
+def refuse_oversized(request: Request[Any, Any, Any], limit: int) -> None:
+    """413 at once for a declared length over the body limit (nothing of it is read)."""
+    declared = request.content_length
     if declared is not None and declared > limit:
         raise LimitExceeded(
             f"request body of {declared} bytes; the limit is {limit}",
             limit=limit,
         )
-    return context.pipeline.admit(declared, key_of(request), immich=immich)
 
 
 async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
@@ -75,6 +80,16 @@ async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
         ) from exc
 
 
+def refuse_encoded(request: Request[Any, Any, Any]) -> None:
+    """415 for a compressed body: never decompressed here (images are compressed already)."""
+    coding = request.headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedFormat(
+            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
+            "are compressed already)"
+        )
+
+
 def body_of(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> AsyncIterator[bytes]:
@@ -82,12 +97,7 @@ def body_of(
     its size, the minimum upload rate (408), and the bodies in flight, counted on the
     reservation by the bytes as they arrive (429). Every route that reads a body reads it
     through this."""
-    coding = request.headers.get("content-encoding", "").strip().lower()
-    if coding not in ("", "identity"):
-        raise UnsupportedFormat(
-            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
-            "are compressed already)"
-        )
+    refuse_encoded(request)
     return parsing.body_chunks(
         request.receive,
         settings.max_body_bytes,

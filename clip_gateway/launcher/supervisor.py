@@ -358,6 +358,8 @@ class Supervisor:
             env["GATEWAY_IMMICH"] = "true"  # --immich reaches the HTTP process too
             if "immich_name" not in server.model_fields_set:
                 env["GATEWAY_IMMICH_NAME"] = immich_name(manifest) or ""
+            if server.immich_upstream:  # --immich-upstream reaches it too
+                env["GATEWAY_IMMICH_UPSTREAM"] = ",".join(server.immich_upstream)
         if workers.workers > 1:
             # each worker counts for itself; prometheus-client sums them through files here
             metrics_dir = self.scratch / "metrics"

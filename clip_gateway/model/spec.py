@@ -182,14 +182,30 @@ def model_identity(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
+#: The open_clip models Immich names otherwise than ``<model>__<tag>``
+#: (``immich_ml/models/constants.py``'s ``_OPENCLIP_MODELS``): hyphens for some LAION tags,
+#: capitals for the XLM-RoBERTa towers. Every other name there is ``<model>__<tag>`` as spelt.
+IMMICH_SPELLINGS = {
+    ("ViT-B-32", "laion2b_s34b_b79k"): "ViT-B-32__laion2b-s34b-b79k",
+    ("ViT-H-14", "laion2b_s32b_b79k"): "ViT-H-14__laion2b-s32b-b79k",
+    ("ViT-L-14", "laion2b_s32b_b82k"): "ViT-L-14__laion2b-s32b-b82k",
+    ("ViT-g-14", "laion2b_s12b_b42k"): "ViT-g-14__laion2b-s12b-b42k",
+    ("xlm-roberta-base-ViT-B-32", "laion5b_s13b_b90k"):
+        "XLM-Roberta-Base-ViT-B-32__laion5b_s13b_b90k",
+    ("xlm-roberta-large-ViT-H-14", "frozen_laion5b_s13b_b90k"):
+        "XLM-Roberta-Large-ViT-H-14__frozen_laion5b_s13b_b90k",
+}  # fmt: skip
+
+
 def immich_name(manifest: dict[str, Any]) -> str | None:
     """The export's model as Immich names it (``ViT-B-32__openai``: the open_clip model and its
-    pretrained tag), or None when its weights are not a pretrained tag: random weights or a
-    checkpoint never claim a pretrained model's name on their own."""
+    pretrained tag, in Immich's spelling), or None when its weights are not a pretrained tag:
+    random weights or a checkpoint never claim a pretrained model's name on their own."""
     weights = manifest["weights"]
     if weights["kind"] != "pretrained":
         return None
-    return f"{manifest['model']}__{weights['value']}"
+    model, tag = manifest["model"], weights["value"]
+    return IMMICH_SPELLINGS.get((model, tag), f"{model}__{tag}")
 
 
 def tokenizer_id(directory: Path) -> str:

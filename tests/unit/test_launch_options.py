@@ -36,6 +36,7 @@ CASES: dict[str, tuple[str, str]] = {
     "cache_dir": ("/env/cache", "/flag/cache"),
     "log_file": ("/env/serve.log", "/flag/serve.log"),
     "immich": ("true", "false"),
+    "immich_upstream": ("http://ml-a:3003,http://ml-b:3003", "http://ml-c:3003"),
 }
 
 
