@@ -115,13 +115,14 @@ def recorded(record: Path, gpu: str, model: str) -> Calibration | None:
     return result
 
 
-def workload(batch_sizes: tuple[int, ...], callers: int) -> list[list[int]]:
+def workload(
+    batch_sizes: tuple[int, ...], callers: int, requests: int = REQUESTS_PER_CALLER
+) -> list[list[int]]:
     """Per caller, the batch sizes it sends in a round: every size, offset per caller so the
     batcher sees a mix at every moment."""
     sizes = list(batch_sizes)
     return [
-        [sizes[(caller + i) % len(sizes)] for i in range(REQUESTS_PER_CALLER)]
-        for caller in range(callers)
+        [sizes[(caller + i) % len(sizes)] for i in range(requests)] for caller in range(callers)
     ]
 
 
@@ -133,9 +134,11 @@ def measure(
     *,
     budget_s: float,
     callers: int,
+    requests_per_caller: int = REQUESTS_PER_CALLER,
 ) -> list[float]:
     """Images per second per round with ``profile`` loaded in a tritonserver of its own
-    (started within ``budget_s`` and stopped here, in a private scratch directory)."""
+    (started within ``budget_s`` and stopped here, in a private scratch directory). Fewer than
+    ``ROUNDS`` are counted (at least one) where the next would not end within the budget."""
     from clip_gateway.backend.protocol import ImageBatch
     from clip_gateway.backend.triton import TritonBackend
     from clip_gateway.launcher.local import LocalTriton
@@ -165,8 +168,12 @@ def measure(
                 if stop.is_set():
                     raise Interrupted("stop requested during calibration")
                 started = time.perf_counter()
-                images = await asyncio.gather(*map(caller, workload(sizes, callers)))
-                found.append(sum(images) / (time.perf_counter() - started))
+                sent = workload(sizes, callers, requests_per_caller)
+                images = await asyncio.gather(*map(caller, sent))
+                took = time.perf_counter() - started
+                found.append(sum(images) / took)
+                if len(found) >= 2 and deadline - time.monotonic() < 1.5 * took:
+                    break
             return found[1:]
         finally:
             await backend.close()
