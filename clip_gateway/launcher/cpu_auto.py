@@ -149,6 +149,11 @@ def measure(
     failures: dict[str, str] = {}
     refused: dict[str, str] = {p: why for p, why in candidates.items() if why is not None}
     runnable = [p for p, why in candidates.items() if why is None]
+    if len(runnable) == 1:  # nothing to compare: no Triton started to time it
+        (only,) = runnable
+        lost = "; ".join(f"{p} refused: {w}" for p, w in refused.items())
+        return Choice(only, f"the only CPU profile the gate lets through here ({lost})",
+                      dict(sig), refused=refused)  # fmt: skip
     for index, profile in enumerate(runnable):
         share = (ends - clock()) / (len(runnable) - index)
         try:

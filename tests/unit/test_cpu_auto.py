@@ -147,8 +147,18 @@ def test_a_refused_or_failing_candidate_is_not_chosen(tmp_path: Path) -> None:
     assert choice.profile == "cpu" and timer.timed == ["cpu-bf16", "cpu"]
     assert choice.refused == {"cpu-int8": "INT8 refused"}
     assert choice.failures == {"cpu-bf16": "cpu-bf16 did not load"}
-    nothing = cpu_auto.measure({"cpu": None}, Timer({}), {}, budget_s=60)
+    nothing = cpu_auto.measure({"cpu-int8": None, "cpu": None}, Timer({}), {}, budget_s=60)
     assert nothing.profile == "cpu" and "nothing measured" in nothing.reason
+
+
+def test_a_single_gated_candidate_is_served_without_timing(tmp_path: Path) -> None:
+    """The container image's baked export has no INT8 files and its onnxruntime backend no
+    OpenVINO: FP32 is all there is, and no Triton is started to time it."""
+    candidates: dict[Profile, str | None] = {"cpu-int8": "no INT8 files",
+                                             "cpu-bf16": "no OpenVINO", "cpu": None}  # fmt: skip
+    choice = cpu_auto.measure(candidates, must_not_measure, {}, budget_s=60)
+    assert choice.profile == "cpu" and "only CPU profile" in choice.reason
+    assert choice.refused == {"cpu-int8": "no INT8 files", "cpu-bf16": "no OpenVINO"}
 
 
 def test_the_budget_is_shared_between_the_candidates_left() -> None:
