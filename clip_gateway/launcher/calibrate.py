@@ -10,8 +10,10 @@ cannot be measured (does not load, times out) loses, with its reason logged and 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import math
 import statistics
 import tempfile
 import threading
@@ -35,6 +37,9 @@ MARGIN = 0.10
 ROUNDS = 3
 #: Requests per caller per round.
 REQUESTS_PER_CALLER = 8
+#: A time-boxed round's requests still in flight when its time is up may finish this long after
+#: the budget (one batch of 32 on a slow CPU takes seconds).
+TAIL_S = 60.0
 
 
 class CalibrationFailed(RuntimeError):
@@ -115,14 +120,13 @@ def recorded(record: Path, gpu: str, model: str) -> Calibration | None:
     return result
 
 
-def workload(
-    batch_sizes: tuple[int, ...], callers: int, requests: int = REQUESTS_PER_CALLER
-) -> list[list[int]]:
+def workload(batch_sizes: tuple[int, ...], callers: int) -> list[list[int]]:
     """Per caller, the batch sizes it sends in a round: every size, offset per caller so the
     batcher sees a mix at every moment."""
     sizes = list(batch_sizes)
     return [
-        [sizes[(caller + i) % len(sizes)] for i in range(requests)] for caller in range(callers)
+        [sizes[(caller + i) % len(sizes)] for i in range(REQUESTS_PER_CALLER)]
+        for caller in range(callers)
     ]
 
 
@@ -134,11 +138,15 @@ def measure(
     *,
     budget_s: float,
     callers: int,
-    requests_per_caller: int = REQUESTS_PER_CALLER,
+    timeboxed: bool = False,
 ) -> list[float]:
     """Images per second per round with ``profile`` loaded in a tritonserver of its own
-    (started within ``budget_s`` and stopped here, in a private scratch directory). Fewer than
-    ``ROUNDS`` are counted (at least one) where the next would not end within the budget."""
+    (started within ``budget_s`` and stopped here, in a private scratch directory).
+
+    ``timeboxed`` (the CPU profiles, launcher/cpu_auto.py): the budget left once the model is
+    READY is shared between the rounds, and each caller keeps sending until its round's time is
+    up (the requests in flight then finish, up to ``TAIL_S`` past the budget): however slow the
+    machine, each profile is measured in its share of the budget instead of timing out."""
     from clip_gateway.backend.protocol import ImageBatch
     from clip_gateway.backend.triton import TritonBackend
     from clip_gateway.launcher.local import LocalTriton
@@ -158,22 +166,26 @@ def measure(
                 b: ImageBatch(rng.integers(0, 256, (b, *shape), dtype=np.uint8)) for b in sizes
             }
 
-            async def caller(batches: list[int]) -> int:
-                for batch in batches:
-                    await backend.embed_images(pixels[batch], deadline=deadline)
-                return sum(batches)
+            async def caller(batches: list[int], until: float) -> int:
+                sent = 0
+                for batch in itertools.cycle(batches) if until < math.inf else batches:
+                    if time.monotonic() >= until:
+                        break
+                    await backend.embed_images(pixels[batch], deadline=hard)
+                    sent += batch
+                return sent
 
+            hard = deadline + TAIL_S if timeboxed else deadline
+            window = (deadline - time.monotonic()) / (ROUNDS + 1)
             found = []
             for _ in range(ROUNDS + 1):  # the first round warms up and is not counted
                 if stop.is_set():
                     raise Interrupted("stop requested during calibration")
                 started = time.perf_counter()
-                sent = workload(sizes, callers, requests_per_caller)
-                images = await asyncio.gather(*map(caller, sent))
-                took = time.perf_counter() - started
-                found.append(sum(images) / took)
-                if len(found) >= 2 and deadline - time.monotonic() < 1.5 * took:
-                    break
+                until = time.monotonic() + window if timeboxed else math.inf
+                sent = workload(sizes, callers)
+                images = await asyncio.gather(*(caller(batches, until) for batches in sent))
+                found.append(sum(images) / (time.perf_counter() - started))
             return found[1:]
         finally:
             await backend.close()

@@ -31,9 +31,9 @@ RECORD = "cpu-choice.json"
 #: Candidates in the order they are measured; the first is also what serves when nothing could
 #: be measured (FP32 always passes the gate: it is the reference).
 CANDIDATES: tuple[Profile, ...] = ("cpu-int8", "cpu-bf16", "cpu")
-#: The timing workload: callers at once, requests each per round (of the gateway's batch sizes,
-#: launcher/calibrate.py ``workload``): about a hundred images a round, a few seconds on a CPU.
-CALLERS, REQUESTS = 4, 2
+#: Callers at once while timing (launcher/calibrate.py ``measure``, time-boxed rounds of the
+#: gateway's batch sizes): as the issue's reference load, batch 32 x 4 clients.
+CALLERS = 4
 #: Python distributions in the Triton env whose versions decide the speed of a CPU profile.
 RUNTIMES = ("onnxruntime", "openvino")
 

@@ -410,7 +410,7 @@ class Supervisor:
             settings = Settings(self.settings.server, planned, self.settings.launch)
             return calibrate.measure(profile, export_dir, settings, self.stop_requested,
                                      budget_s=budget, callers=cpu_auto.CALLERS,
-                                     requests_per_caller=cpu_auto.REQUESTS)  # fmt: skip
+                                     timeboxed=True)  # fmt: skip
 
         return timer
 
