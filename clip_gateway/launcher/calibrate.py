@@ -169,23 +169,27 @@ def measure(
             async def caller(batches: list[int], until: float) -> int:
                 sent = 0
                 for batch in itertools.cycle(batches) if until < math.inf else batches:
-                    if time.monotonic() >= until:
-                        break
                     await backend.embed_images(pixels[batch], deadline=hard)
                     sent += batch
+                    if time.monotonic() >= until:
+                        break
                 return sent
 
             hard = deadline + TAIL_S if timeboxed else deadline
-            window = (deadline - time.monotonic()) / (ROUNDS + 1)
-            found = []
-            for _ in range(ROUNDS + 1):  # the first round warms up and is not counted
+            # a time-boxed round ends when its last requests do: the callers' last batches
+            # (the queue to drain) are allowed for from the previous round's rate
+            drain = 0.0
+            found: list[float] = []
+            for left in range(ROUNDS + 1, 0, -1):  # the first round warms up, not counted
                 if stop.is_set():
                     raise Interrupted("stop requested during calibration")
                 started = time.perf_counter()
+                window = max(0.0, (deadline - time.monotonic()) / left - drain)
                 until = time.monotonic() + window if timeboxed else math.inf
                 sent = workload(sizes, callers)
                 images = await asyncio.gather(*(caller(batches, until) for batches in sent))
                 found.append(sum(images) / (time.perf_counter() - started))
+                drain = callers * statistics.mean(sizes) / found[-1]
             return found[1:]
         finally:
             await backend.close()
