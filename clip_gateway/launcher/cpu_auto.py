@@ -6,7 +6,8 @@ beats ``cpu-int8``'s on a Xeon with AMX and loses to it through Triton. So each 
 started in a tritonserver of its own with the core plan's instances and threads and sent the
 gateway's batch sizes from several callers (launcher/calibrate.py ``measure``), within one
 bounded budget. The record holds for one machine signature (CPU model, flags, usable cores,
-runtime versions, Triton backend, model identity): any change measures again.
+runtime versions, Triton backend, model identity, the gate's thresholds): any change measures
+again.
 """
 
 from __future__ import annotations
@@ -111,11 +112,12 @@ def signature(
     runtimes: Mapping[str, str],
     backend: str,
     model: str,
+    gate: Mapping[str, float],
 ) -> dict[str, Any]:
     """What a measurement holds for; the flags as a digest (hundreds of them)."""
     digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
     return {"cpu": cpu, "flags": digest, "cpus": cpus, "runtimes": dict(runtimes),
-            "backend": backend, "model": model}  # fmt: skip
+            "backend": backend, "model": model, "gate": dict(gate)}  # fmt: skip
 
 
 def recorded(record: Path, wanted: Mapping[str, Any]) -> Choice | None:

@@ -349,9 +349,11 @@ class Supervisor:
         if repository.cpu_backend == "onnxruntime":
             runtimes["onnxruntime-backend"] = engines.runtime_versions(install.backend_dir)[1]
         flags = bf16.cpu_flags()
+        # the gate's thresholds too: a stricter gate may refuse what was chosen
         signature = cpu_auto.signature(cpu=cpu_auto.cpu_model(), flags=flags,
                                        cpus=plan.usable_cpus(), runtimes=runtimes,
-                                       backend=repository.cpu_backend, model=identity)  # fmt: skip
+                                       backend=repository.cpu_backend, model=identity,
+                                       gate=self.thresholds().as_dict())  # fmt: skip
         # beside the export (the model cache); a read-only baked export: the cache volume
         records = [export_dir / cpu_auto.RECORD,
                    Path(repository.trt_cache_path) / cpu_auto.RECORD]  # fmt: skip

@@ -121,6 +121,7 @@ def test_the_next_start_reuses_the_recorded_choice_without_measuring(
         ("cpus", 64),
         ("runtimes", {"onnxruntime": "0.1"}),
         ("model", "other-weights"),
+        ("gate", {"min_mean_cosine": 0.9999, "min_cosine": 0.999}),
     ],
 )
 def test_another_machine_runtime_or_model_measures_again(
