@@ -140,6 +140,12 @@ def test_another_machine_runtime_or_model_measures_again(
     assert json.loads(record.read_text())["profile"] == "cpu-int8"
 
 
+def test_a_chosen_profile_that_does_not_load_falls_back_to_fp32() -> None:
+    from clip_gateway.launcher.profiles import FALLBACK
+
+    assert {FALLBACK[p] for p in ("cpu-int8", "cpu-bf16")} == {"cpu"}
+
+
 def test_a_refused_or_failing_candidate_is_not_chosen(tmp_path: Path) -> None:
     timer = Timer({"cpu": 40.0})  # cpu-bf16 "does not load"
     candidates: dict[Profile, str | None] = {"cpu-int8": "INT8 refused", "cpu-bf16": None,
