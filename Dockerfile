@@ -99,10 +99,11 @@ COPY --from=export /models/export /models/export
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin clip \
  && mkdir -p /var/cache/clip-gateway/trt && chown -R clip:clip /var/cache/clip-gateway
 # GATEWAY_WORKERS=0: the worker plan comes from the CPUs the container may use (cgroup quota,
-# clip_gateway/config/plan.py). CPU_BACKEND: without a GPU, `auto` chooses the cpu profile, which
-# in the NGC image runs on Triton's onnxruntime backend (its Python backend has no ONNX Runtime);
-# a base without that backend but with ONNX Runtime in the Python backend's interpreter passes
-# `python`.
+# clip_gateway/config/plan.py). CPU_BACKEND: without a GPU, `auto` serves the fastest CPU profile
+# that passes the quality gate (docs/PROFILES.md "auto on a CPU host"); here that is the cpu
+# profile, the only candidate: the baked export has no INT8 files, and the NGC image's
+# onnxruntime backend (its Python backend has no ONNX Runtime) no OpenVINO. A base without that
+# backend but with ONNX Runtime in the Python backend's interpreter passes `python`.
 ARG CPU_BACKEND=onnxruntime
 ENV PATH=/opt/venv/bin:$PATH \
     GATEWAY_MODEL_DIR=/models/export \

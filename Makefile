@@ -19,7 +19,9 @@ CLIP_WEIGHTS ?=
 CLIP_TOKENIZER ?=
 # Triton profile: cpu | cpu-int8 | cpu-bf16 | cuda | tensorrt | auto (GPU profiles need an NGC
 # tritonserver; deploy/). cpu-int8: the INT8 graphs, quantized on first use and held to the quality
-# gate. cpu-bf16: OpenVINO BF16 on CPUs with AVX-512 BF16/AMX, held to the same gate.
+# gate. cpu-bf16: OpenVINO BF16 on CPUs with AVX-512 BF16/AMX, held to the same gate. Unset: auto,
+# which on a CPU host times the profiles that pass the gate once and serves the fastest
+# (docs/PROFILES.md "auto on a CPU host"); on a GPU host, the GPU's profile.
 PROFILE ?=
 HOST ?=
 # pillow-simd: Pillow's API with SIMD resampling (the resize is 5-8x faster here than stock

@@ -272,9 +272,10 @@ class RepositorySettings(BaseSettings):
     #: the export's INT8 files, held to the quality gate), ``cpu-bf16`` (the FP32 files on
     #: OpenVINO at BF16 inference precision, held to the same gate; CPUs with BF16 units only),
     #: ``cuda`` (ORT CUDA EP), ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``: chosen by the
-    #: launcher for the GPU it finds, or without one for the CPU's flags
-    #: (clip_gateway/launcher/profiles.py). Rendering needs a concrete one.
-    profile: Profile | Literal["auto"] = "cpu"
+    #: launcher for the GPU it finds
+    #: (clip_gateway/launcher/profiles.py); without a GPU by timing the gated CPU profiles on
+    #: this machine (clip_gateway/launcher/cpu_auto.py). Rendering needs a concrete one.
+    profile: Profile | Literal["auto"] = "auto"
     #: Largest batch Triton accepts; the gateway splits bigger requests to fit.
     max_batch_size: int = Field(32, ge=1, le=1024)
     #: Batch sizes the dynamic batcher sends as soon as it has them (values above max are dropped).
@@ -374,6 +375,10 @@ class LaunchSettings(BaseSettings):
     cache_dir: Path | None = None
     #: Measure both GPU profiles on first start and keep the winner (cached with the engines).
     calibrate: bool = False
+    #: ``auto`` without a GPU: seconds the first start may spend timing the CPU profiles that
+    #: pass the quality gate through Triton (launcher/cpu_auto.py); the figures and the choice
+    #: are kept beside the export, so later starts on the same machine measure nothing.
+    auto_measure_s: float = Field(120.0, gt=0)
     #: ``cpu-int8`` when the quality gate refuses the export's INT8 files: serve the FP32 files
     #: (saying so in the log and in /v1/models) instead of refusing to start.
     int8_fallback: bool = False

@@ -177,6 +177,7 @@ def render(
     link: bool = True,
     int8_fallback: str | None = None,
     bf16: dict[str, Any] | None = None,
+    profile_choice: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``out_dir/<model>/{config.pbtxt,1/...}`` for ``settings.profile``; return ``out_dir``.
 
@@ -193,7 +194,41 @@ def render(
     ``cpu-bf16`` renders the FP32 files for OpenVINO at BF16; ``bf16`` is what the launcher's
     gate measured (launcher/bf16.py ``section``), shown per tower in /v1/models; with its
     ``fallback`` set (why BF16 is not served) the ``cpu`` profile instead, the configs saying so.
+
+    ``profile_choice``: what ``auto`` measured on this CPU and chose (launcher/cpu_auto.py),
+    added to each tower's quantization parameter for /v1/models.
     """
+    _render(settings, export_dir, out_dir, templates, link=link, int8_fallback=int8_fallback,
+            bf16=bf16)  # fmt: skip
+    if profile_choice is not None:
+        _note_choice(out_dir, profile_choice)
+    return out_dir
+
+
+def _note_choice(out_dir: Path, choice: dict[str, Any]) -> None:
+    for model_name in (TRITON_MODEL_NAME, TEXT_MODEL_NAME):
+        path = out_dir / model_name / "config.pbtxt"
+        if not path.exists():
+            continue
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+        known = config.parameters[QUANTIZATION_PARAMETER].string_value
+        value = json.loads(known) if known else {"precision": "fp32"}
+        config.parameters[QUANTIZATION_PARAMETER].string_value = json.dumps(
+            value | {"profile_choice": choice}
+        )
+        path.write_text(text_format.MessageToString(config))
+
+
+def _render(
+    settings: RepositorySettings,
+    export_dir: Path,
+    out_dir: Path,
+    templates: Path | None,
+    *,
+    link: bool,
+    int8_fallback: str | None,
+    bf16: dict[str, Any] | None,
+) -> Path:
     templates = templates or settings.templates_dir or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
     if settings.profile == "cpu-bf16" and bf16 is not None and bf16.get("fallback"):

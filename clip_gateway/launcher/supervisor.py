@@ -49,7 +49,7 @@ from clip_gateway.config.settings import (
     immich_protection,
 )
 from clip_gateway.imaging import paths
-from clip_gateway.launcher import bf16, calibrate, engines, exports, profiles
+from clip_gateway.launcher import bf16, calibrate, cpu_auto, engines, exports, profiles
 from clip_gateway.launcher.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from clip_gateway.launcher.repository import default_templates, render, rendered_config
 from clip_gateway.model import gate
@@ -64,8 +64,16 @@ OK, FAILED, MISCONFIGURED = 0, 1, 2
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        progress: Callable[[str], None] | None = None,
+        *,
+        cpu_timer: cpu_auto.Timer | None = None,
+    ) -> None:
         self.settings = settings
+        #: ``auto`` without a GPU: times a CPU profile (default: through a Triton of its own)
+        self.cpu_timer = cpu_timer
         self.progress = progress or (lambda line: log.info("%s", line))
         self.timings = timings.derive(settings)
         self.stop_requested = threading.Event()
@@ -80,6 +88,8 @@ class Supervisor:
         self.int8_fallback: str | None = None
         #: ``cpu-bf16``: what its gate measured, and why FP32 serves instead where it refused
         self.bf16: dict[str, Any] | None = None
+        #: ``auto`` without a GPU: the measured figures and the choice, shown in /v1/models
+        self.profile_choice: dict[str, Any] | None = None
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         # only flags here: printing from a signal handler can re-enter a stream's write
@@ -121,12 +131,14 @@ class Supervisor:
         deadline = time.monotonic() + launch.startup_timeout_s
         for problem in self.timings.problems():
             log.warning("%s", problem)
-        int8 = self.settings.repository.profile == "cpu-int8"
+        automatic = self.settings.repository.profile == "auto"
+        gpu = profiles.detect() if automatic else None
+        # auto without a GPU measures cpu-int8 too: its files are made at the first start
+        int8 = self.settings.repository.profile == "cpu-int8" or (automatic and gpu is None)
         export_dir = exports.find_or_export(launch, self.progress, self.stop_requested, int8=int8)
-        if int8:
+        if self.settings.repository.profile == "cpu-int8":
             self.int8_fallback = self.int8_gate(export_dir)
         identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
-        gpu = profiles.detect() if self.settings.repository.profile == "auto" else None
         if gpu is not None:
             memory = "memory unknown" if gpu.memory_gib is None else f"{gpu.memory_gib:.0f} GiB"
             log.info("GPU: %s, compute capability %s, %s", gpu.name, gpu.compute_capability,
@@ -144,7 +156,10 @@ class Supervisor:
         engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity,
                                        build)  # fmt: skip
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
-        profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
+        if automatic and gpu is None:
+            profile, reason = self.measure_cpu(export_dir, identity, repository, deadline)
+        else:
+            profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         if profile == "cpu-bf16":
             profile, reason = self.bf16_gate(export_dir, reason, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
@@ -208,7 +223,8 @@ class Supervisor:
             log.info("core plan: %d model instance(s) x %d ORT thread(s) per tower",
                      model.instances, model.threads)  # fmt: skip
         rendered = render(repository, export_dir, self.scratch / "model_repository",
-                          int8_fallback=self.int8_fallback, bf16=self.bf16)  # fmt: skip
+                          int8_fallback=self.int8_fallback, bf16=self.bf16,
+                          profile_choice=self.profile_choice)  # fmt: skip
         backend = rendered_config(rendered).backend
         if not (install.backend_dir / backend).is_dir():
             raise LaunchError(
@@ -273,7 +289,32 @@ class Supervisor:
         FP32 graphs serve, the log and /v1/models saying why."""
         launch = self.settings.launch
         automatic = self.settings.repository.profile == "auto"
-        thresholds = gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
+        thresholds = self.thresholds()
+        if self.bf16 is not None and not self.bf16.get("fallback"):
+            return "cpu-bf16", reason  # held to the gate moments ago, as a candidate of auto
+        version, measured, refused = self.bf16_check(export_dir, deadline)
+        if refused is None:
+            self.bf16 = bf16.section(version, measured, thresholds, None)
+            return "cpu-bf16", reason
+        if not (automatic or launch.bf16_fallback):
+            raise LaunchError(
+                f"the cpu-bf16 profile is refused: {refused}. Serve the cpu or cpu-int8 "
+                "profile, or set GATEWAY_BF16_FALLBACK=true to fall back to cpu"
+            )
+        log.warning("cpu-bf16 refused (%s); serving the cpu profile's FP32 graphs", refused)
+        self.progress(f"BF16 refused, serving FP32 (cpu profile): {refused}")
+        self.bf16 = bf16.section(version, measured, thresholds, refused)
+        return "cpu-bf16", f"BF16 refused, FP32 serves: {refused}"
+
+    def thresholds(self) -> gate.Thresholds:
+        launch = self.settings.launch
+        return gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
+
+    def bf16_check(
+        self, export_dir: Path, deadline: float
+    ) -> tuple[str | None, dict[str, Any], str | None]:
+        """(OpenVINO version, BF16 vs FP32 figures, refusal or None) for an export."""
+        thresholds = self.thresholds()
         version: str | None = None
         measured: dict[str, Any] = {}
         refused: str | None = None
@@ -295,18 +336,85 @@ class Supervisor:
                 refused = bf16.refusal(measured, thresholds)
             except bf16.Bf16Unavailable as exc:
                 refused = str(exc)
-        if refused is None:
-            self.bf16 = bf16.section(version, measured, thresholds, None)
-            return "cpu-bf16", reason
-        if not (automatic or launch.bf16_fallback):
-            raise LaunchError(
-                f"the cpu-bf16 profile is refused: {refused}. Serve the cpu or cpu-int8 "
-                "profile, or set GATEWAY_BF16_FALLBACK=true to fall back to cpu"
+        return version, measured, refused
+
+    def measure_cpu(
+        self, export_dir: Path, identity: str, repository: RepositorySettings, deadline: float
+    ) -> tuple[Profile, str]:
+        """``auto`` without a GPU: the choice recorded for this machine and model, else the
+        fastest CPU profile that passes the gate, timed now within ``auto_measure_s``."""
+        install = TritonInstall.discover()
+        python = (install.python_bin_dir or Path("/usr/bin")) / "python3"
+        runtimes = cpu_auto.runtime_versions(python)
+        if repository.cpu_backend == "onnxruntime":
+            runtimes["onnxruntime-backend"] = engines.runtime_versions(install.backend_dir)[1]
+        flags = bf16.cpu_flags()
+        # the gate's thresholds too: a stricter gate may refuse what was chosen
+        signature = cpu_auto.signature(cpu=cpu_auto.cpu_model(), flags=flags,
+                                       cpus=plan.usable_cpus(), runtimes=runtimes,
+                                       backend=repository.cpu_backend, model=identity,
+                                       gate=self.thresholds().as_dict())  # fmt: skip
+        # beside the export (the model cache); a read-only baked export: the cache volume
+        records = [export_dir / cpu_auto.RECORD,
+                   Path(repository.trt_cache_path) / cpu_auto.RECORD]  # fmt: skip
+        for record in records:
+            if (choice := cpu_auto.recorded(record, signature)) is not None:
+                self.profile_choice = choice.section(f"measured here earlier ({record})")
+                return choice.profile, f"auto, measured here earlier: {choice.reason}"
+        candidates = self.cpu_candidates(export_dir, repository.cpu_backend, flags, deadline)
+        budget = min(self.settings.launch.auto_measure_s, deadline - time.monotonic())
+        self.progress(f"auto: timing {', '.join(p for p, w in candidates.items() if w is None)} "
+                      f"through Triton on this machine (at most {budget:.0f} s, once)")  # fmt: skip
+        choice = cpu_auto.measure(candidates, self.cpu_timer or self.triton_timer(
+            export_dir, repository), signature, budget_s=budget)  # fmt: skip
+        kept = cpu_auto.keep(choice, records)
+        self.profile_choice = choice.section(f"measured now (kept in {kept})")
+        if choice.profile != "cpu-bf16":
+            self.bf16 = None  # measured as a candidate; not what serves
+        return choice.profile, f"auto, measured now in {choice.seconds:.0f} s: {choice.reason}"
+
+    def cpu_candidates(
+        self, export_dir: Path, cpu_backend: str, flags: frozenset[str], deadline: float
+    ) -> dict[Profile, str | None]:
+        """Each CPU profile ``auto`` may serve here, with why it may not (None: it may)."""
+        manifest = json.loads((export_dir / "manifest.json").read_text())
+        int8 = manifest.get("int8") or {}
+        found: dict[Profile, str | None] = {
+            "cpu-int8": gate.refusal(int8.get("figures") or {}, self.thresholds())
+            if int8.get("files")
+            else "the export has no INT8 files",
+            "cpu-bf16": None,
+            "cpu": None,
+        }
+        if bf16.auto_unit(cpu_backend, flags) is None:
+            found["cpu-bf16"] = (
+                "OpenVINO runs in the Python backend only" if bf16.bf16_flag(flags)
+                else "this CPU has no BF16 units"
+            )  # fmt: skip
+        else:
+            version, measured, refused = self.bf16_check(export_dir, deadline)
+            found["cpu-bf16"] = refused
+            if refused is None:
+                self.bf16 = bf16.section(version, measured, self.thresholds(), None)
+        return found
+
+    def triton_timer(self, export_dir: Path, repository: RepositorySettings) -> cpu_auto.Timer:
+        """Times a CPU profile as it would serve: the core plan's instances and threads, a
+        Triton of its own, the gateway's batch sizes from several callers."""
+        cpus = plan.usable_cpus()
+
+        def timer(profile: Profile, budget: float) -> list[float]:
+            model = plan.model_plan(profile, cpus, repository.instance_count,
+                                    repository.cpu_threads)  # fmt: skip
+            planned = repository.model_copy(
+                update={"instance_count": model.instances, "cpu_threads": model.threads}
             )
-        log.warning("cpu-bf16 refused (%s); serving the cpu profile's FP32 graphs", refused)
-        self.progress(f"BF16 refused, serving FP32 (cpu profile): {refused}")
-        self.bf16 = bf16.section(version, measured, thresholds, refused)
-        return "cpu-bf16", f"BF16 refused, FP32 serves: {refused}"
+            settings = Settings(self.settings.server, planned, self.settings.launch)
+            return calibrate.measure(profile, export_dir, settings, self.stop_requested,
+                                     budget_s=budget, callers=cpu_auto.CALLERS,
+                                     timeboxed=True)  # fmt: skip
+
+        return timer
 
     def choose_profile(
         self,

@@ -6,6 +6,8 @@ amx_bf16): elsewhere the profile is refused, and that refusal is what runs."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -100,15 +102,29 @@ def test_without_bf16_units_an_explicit_cpu_bf16_is_refused(exported, launch) ->
     assert "this CPU has no BF16 units" in log and "tritonserver" not in log
 
 
-@needs_bf16
-def test_auto_without_a_gpu_serves_cpu_bf16_on_this_cpu(exported, launch) -> None:  # noqa: F811
-    from clip_gateway.launcher import profiles
+def test_auto_without_a_gpu_times_the_gated_cpu_profiles_and_serves_the_fastest(
+    exported_int8,
+    launch,  # noqa: F811
+) -> None:
+    """``auto`` on this CPU: each CPU profile that passes the gate timed through Triton, the
+    fastest served, the figures in the ready line and /v1/models; the next start measures
+    nothing (the choice is kept beside the export for this machine)."""
+    from clip_gateway.launcher import cpu_auto, profiles
 
     if profiles.detect() is not None:
         pytest.skip("a GPU is present: auto picks a GPU profile")
-    served = launch(GATEWAY_MODEL_DIR=str(exported.directory), GATEWAY_TRITON_PROFILE="auto")
-    wait_ready(served)
-    assert "Triton cpu-bf16 profile (no GPU; the CPU has" in served.log.read_text()
+    (exported_int8.directory / cpu_auto.RECORD).unlink(missing_ok=True)
+    env = {"GATEWAY_MODEL_DIR": str(exported_int8.directory), "GATEWAY_TRITON_PROFILE": "auto",
+           "GATEWAY_AUTO_MEASURE_S": "150"}  # fmt: skip
+    served = launch(**env)
+    served.wait_ready(timeout=600)
     card = model_card(served.url)
-    assert {tower: card["quantization"][tower]["precision"] for tower in ("image", "text")} == {
-        "image": "bf16", "text": "bf16"}  # fmt: skip
+    choice = card["quantization"]["image"]["profile_choice"]
+    measured = choice["images_per_s"]
+    print(f"\nauto on this CPU: {choice}")
+    expected = {"cpu-int8", "cpu"} | ({"cpu-bf16"} if HAS_BF16 else set())
+    assert set(measured) | set(choice["failed"]) == expected
+    assert choice["chosen"] == max(measured, key=measured.__getitem__)
+    assert f"Triton {choice['chosen']} profile (auto, measured now" in served.log.read_text()
+    kept = json.loads((exported_int8.directory / cpu_auto.RECORD).read_text())
+    assert kept["profile"] == choice["chosen"]

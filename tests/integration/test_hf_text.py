@@ -174,7 +174,9 @@ def test_serve_with_a_tokenizer_directory_serves_texts(tmp_path: Path) -> None:
     supervisor.serve("--model", name, "--weights", "random", "--tokenizer", str(source),
                      "--cache-dir", str(default_cache_dir()),
                      "--log-file", str(tmp_path / "children.log"),
-                     env={"GATEWAY_SCRATCH_DIR": str(tmp_path)})  # fmt: skip
+                     # the profile pinned: auto would time every CPU profile (test_bf16_served)
+                     env={"GATEWAY_SCRATCH_DIR": str(tmp_path),
+                          "GATEWAY_TRITON_PROFILE": "cpu"})  # fmt: skip
     url = supervisor.url
 
     try:

@@ -107,7 +107,8 @@ def launched(request, exported, tmp_path: Path) -> Iterator[Launched]:
         if request.param == "serve":
             # the cache the session's export lives in: `serve` finds the model there
             cache = exported.directory.parents[1]
-            supervisor.serve("--weights", "random", "--cache-dir", str(cache),
+            # the profile pinned: auto would time every CPU profile (test_bf16_served.py)
+            supervisor.serve("--weights", "random", "--cache-dir", str(cache), "--profile", "cpu",
                              "--log-file", str(tmp_path / "children.log"), env=env)  # fmt: skip
         else:
             # the profile named, not detected: the test must not depend on whether this host
@@ -344,7 +345,9 @@ def test_serve_runs_another_open_clip_model(exported, tmp_path: Path) -> None:
     supervisor.serve("--model", "ViT-B-16-SigLIP", "--weights", "random", "--immich",
                      "--cache-dir", str(exported.directory.parents[1]),
                      "--log-file", str(tmp_path / "children.log"),
-                     env={"GATEWAY_SCRATCH_DIR": str(tmp_path)})  # fmt: skip
+                     # the profile pinned: auto would time every CPU profile (test_bf16_served)
+                     env={"GATEWAY_SCRATCH_DIR": str(tmp_path),
+                          "GATEWAY_TRITON_PROFILE": "cpu"})  # fmt: skip
     url = supervisor.url
 
     try:

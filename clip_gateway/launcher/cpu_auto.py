@@ -1,0 +1,198 @@
+"""``auto`` without a GPU: measure the CPU profiles that pass the quality gate through Triton on
+this machine, serve the fastest, and keep the figures beside the export for the next start.
+
+Model-alone figures do not predict the whole server (docs/PROFILES.md): ``cpu-bf16``'s graph
+beats ``cpu-int8``'s on a Xeon with AMX and loses to it through Triton. So each candidate is
+started in a tritonserver of its own with the core plan's instances and threads and sent the
+gateway's batch sizes from several callers (launcher/calibrate.py ``measure``), within one
+bounded budget. The record holds for one machine signature (CPU model, flags, usable cores,
+runtime versions, Triton backend, model identity, the gate's thresholds): any change measures
+again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clip_gateway.config.processes import Interrupted
+from clip_gateway.config.settings import Profile
+
+log = logging.getLogger(__name__)
+
+RECORD = "cpu-choice.json"
+#: Candidates in the order they are measured; the first is also what serves when nothing could
+#: be measured (FP32 always passes the gate: it is the reference).
+CANDIDATES: tuple[Profile, ...] = ("cpu-int8", "cpu-bf16", "cpu")
+#: Callers at once while timing (launcher/calibrate.py ``measure``, time-boxed rounds of the
+#: gateway's batch sizes): as the issue's reference load, batch 32 x 4 clients.
+CALLERS = 4
+#: Python distributions in the Triton env whose versions decide the speed of a CPU profile.
+RUNTIMES = ("onnxruntime", "openvino")
+
+#: Measures one profile within ``budget_s`` seconds: images per second in each counted round.
+Timer = Callable[[Profile, float], list[float]]
+
+
+@dataclass(frozen=True)
+class Choice:
+    profile: Profile
+    reason: str
+    #: what the record is valid for (``signature``)
+    signature: dict[str, Any]
+    #: images per second in each counted round, per measured profile
+    throughput: dict[str, list[float]] = field(default_factory=dict)
+    #: why a candidate was not measured: its gate refused it, or it could not run here
+    refused: dict[str, str] = field(default_factory=dict)
+    #: why a measured candidate failed (did not load, ran out of budget)
+    failures: dict[str, str] = field(default_factory=dict)
+    #: seconds the measurement took
+    seconds: float = 0.0
+
+    def medians(self) -> dict[str, float]:
+        return {p: round(statistics.median(r), 1) for p, r in self.throughput.items()}
+
+    def section(self, source: str) -> dict[str, Any]:
+        """What /v1/models shows (each tower's ``quantization.profile_choice``)."""
+        return {
+            "chosen": self.profile,
+            "by": source,
+            "images_per_s": self.medians(),
+            "refused": self.refused,
+            "failed": self.failures,
+            "measured_s": round(self.seconds, 1),
+            "machine": {k: self.signature[k] for k in ("cpu", "cpus", "runtimes")},
+        }
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first processor's model name (``unknown`` where there is none)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def runtime_versions(python: Path | None) -> dict[str, str]:
+    """The CPU runtimes' versions in the Triton env's interpreter (``absent`` where missing)."""
+    if python is None:
+        return {}
+    script = (
+        "import importlib.metadata as m\n"
+        f"for name in {RUNTIMES!r}:\n"
+        "    try: print(name, m.version(name))\n"
+        "    except m.PackageNotFoundError: print(name, 'absent')\n"
+    )
+    try:
+        done = subprocess.run([str(python), "-c", script], capture_output=True, text=True,
+                              timeout=60, check=True)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("runtime versions unreadable in %s (%s)", python, exc)
+        return {}
+    return dict(line.split(" ", 1) for line in done.stdout.strip().splitlines() if " " in line)
+
+
+def signature(
+    *,
+    cpu: str,
+    flags: frozenset[str],
+    cpus: int,
+    runtimes: Mapping[str, str],
+    backend: str,
+    model: str,
+    gate: Mapping[str, float],
+) -> dict[str, Any]:
+    """What a measurement holds for; the flags as a digest (hundreds of them)."""
+    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
+    return {"cpu": cpu, "flags": digest, "cpus": cpus, "runtimes": dict(runtimes),
+            "backend": backend, "model": model, "gate": dict(gate)}  # fmt: skip
+
+
+def recorded(record: Path, wanted: Mapping[str, Any]) -> Choice | None:
+    """The recorded choice, if it was measured for exactly this signature."""
+    try:
+        data = json.loads(record.read_text())
+        choice = Choice(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+    return choice if choice.signature == dict(wanted) else None
+
+
+def fastest(throughput: Mapping[str, list[float]]) -> str:
+    """The profile with the highest median images per second."""
+    return max(throughput, key=lambda p: statistics.median(throughput[p]))
+
+
+def measure(
+    candidates: Mapping[Profile, str | None],
+    timer: Timer,
+    sig: Mapping[str, Any],
+    *,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> Choice:
+    """Time every candidate the gate let through (``candidates``: profile → refusal or None),
+    each in an equal share of ``budget_s`` (a share overrun by requests in flight is not taken
+    from the next one's); the fastest measured one wins."""
+    started = clock()
+    throughput: dict[str, list[float]] = {}
+    failures: dict[str, str] = {}
+    refused: dict[str, str] = {p: why for p, why in candidates.items() if why is not None}
+    runnable = [p for p, why in candidates.items() if why is None]
+    if len(runnable) == 1:  # nothing to compare: no Triton started to time it
+        (only,) = runnable
+        lost = "; ".join(f"{p} refused: {w}" for p, w in refused.items())
+        return Choice(only, f"the only CPU profile the gate lets through here ({lost})",
+                      dict(sig), refused=refused)  # fmt: skip
+    share = budget_s / max(1, len(runnable))
+    for profile in runnable:
+        try:
+            if share <= 0:
+                raise TimeoutError("no measuring budget left")
+            throughput[profile] = timer(profile, share)
+        except Interrupted:
+            raise
+        except Exception as exc:  # whatever kept it from loading or answering: it loses
+            text = str(exc).strip()
+            failures[profile] = text.splitlines()[0] if text else type(exc).__name__
+            log.warning("auto: the %s profile could not be measured: %s", profile,
+                        failures[profile])  # fmt: skip
+    seconds = clock() - started
+    if not throughput:
+        fallback: Profile = "cpu"
+        why = "; ".join(f"{p}: {w}" for p, w in (refused | failures).items())
+        return Choice(fallback, f"nothing measured ({why}); cpu, the FP32 reference", dict(sig),
+                      throughput, refused, failures, seconds)  # fmt: skip
+    winner: Profile = fastest(throughput)  # type: ignore[assignment]
+    medians = {p: statistics.median(r) for p, r in throughput.items()}
+    summary = ", ".join(f"{p} {m:.1f} img/s" for p, m in medians.items())
+    lost = "".join(f"; {p} {'refused' if p in refused else 'failed'}: {w}"
+                   for p, w in (refused | failures).items())  # fmt: skip
+    reason = f"fastest gated CPU profile measured here: {summary}{lost}"
+    return Choice(winner, reason, dict(sig), throughput, refused, failures, seconds)
+
+
+def keep(choice: Choice, records: list[Path]) -> Path | None:
+    """Write the choice to the first of ``records`` that can be written; where it went."""
+    text = json.dumps(asdict(choice), indent=1)
+    for record in records:
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(text)
+            return record
+        except OSError as exc:
+            log.info("cannot keep the CPU profile choice at %s (%s)", record, exc)
+    log.warning("the CPU profile choice could not be kept: the next start measures again")
+    return None
