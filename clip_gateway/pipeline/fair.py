@@ -84,14 +84,15 @@ class FairExecutor(Executor):
                     return  # closed and drained
                 start, _, future, call = heapq.heappop(self._queue)
                 self._virtual = max(self._virtual, start)
-            if not future.set_running_or_notify_cancel():
-                continue  # cancelled while queued
-            try:
-                result = call()
-            except BaseException as exc:  # handed to whoever waits on the future
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            if future.set_running_or_notify_cancel():  # else cancelled while queued
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)
+            # nothing of the task stays referenced by this idle thread (the call's closure holds
+            # the request's images and the batch it decoded into), as ThreadPoolExecutor's
+            # workers drop their work item
+            del future, call
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._ready:
