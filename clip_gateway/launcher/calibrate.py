@@ -18,7 +18,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -83,24 +83,41 @@ def decide(
     return default, f"{summary}: within {needed:.0%}, keeping {default}"
 
 
+def time_each(
+    profiles: Iterable[Profile],
+    timer: Callable[[Profile, float], list[float]],
+    budget_s: Callable[[], float],
+    what: str,
+    budget_name: str = "measuring",
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each profile timed in turn within ``budget_s()`` seconds (asked before each): its
+    figures, or why it could not be measured (whatever kept it from loading or answering: it
+    loses). Shared by GPU calibration and ``auto`` on a CPU host (launcher/cpu_auto.py)."""
+    throughput: dict[str, list[float]] = {}
+    failures: dict[str, str] = {}
+    for profile in profiles:
+        budget = budget_s()
+        try:
+            if budget <= 0:
+                raise TimeoutError(f"no {budget_name} budget left")
+            throughput[profile] = timer(profile, budget)
+        except Interrupted:
+            raise
+        except Exception as exc:
+            text = str(exc).strip()
+            failures[profile] = text.splitlines()[0] if text else type(exc).__name__
+            log.warning("%s: the %s profile could not be measured: %s", what, profile,
+                        failures[profile])  # fmt: skip
+    return throughput, failures
+
+
 def calibrate(
     gpu: str, model: str, timer: Timer, record: Path, *, default: Profile, deadline: float
 ) -> Calibration:
     """Measure both GPU profiles within the start-up deadline; record and return the result."""
-    throughput: dict[str, list[float]] = {}
-    failures: dict[str, str] = {}
-    for profile in ("cuda", "tensorrt"):
-        budget = deadline - time.monotonic()
-        try:
-            if budget <= 0:
-                raise TimeoutError("no start-up budget left")
-            throughput[profile] = timer(profile, budget)
-        except Interrupted:
-            raise
-        except Exception as exc:  # whatever kept it from loading or answering: it loses
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            failures[profile] = reason
-            log.warning("calibration: the %s profile could not be measured: %s", profile, reason)
+    throughput, failures = time_each(
+        ("cuda", "tensorrt"), timer, lambda: deadline - time.monotonic(), "calibration", "start-up"
+    )
     winner, reason = decide(throughput, failures, default)
     result = Calibration(gpu, model, winner, reason, throughput, failures)
     record.parent.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clip_gateway.config.processes import Interrupted
 from clip_gateway.config.settings import Profile
+from clip_gateway.launcher.calibrate import time_each
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,6 @@ def measure(
     each in an equal share of ``budget_s`` (a share overrun by requests in flight is not taken
     from the next one's); the fastest measured one wins."""
     started = clock()
-    throughput: dict[str, list[float]] = {}
-    failures: dict[str, str] = {}
     refused: dict[str, str] = {p: why for p, why in candidates.items() if why is not None}
     runnable = [p for p, why in candidates.items() if why is None]
     if len(runnable) == 1:  # nothing to compare: no Triton started to time it
@@ -157,18 +155,7 @@ def measure(
         return Choice(only, f"the only CPU profile the gate lets through here ({lost})",
                       dict(sig), refused=refused)  # fmt: skip
     share = budget_s / max(1, len(runnable))
-    for profile in runnable:
-        try:
-            if share <= 0:
-                raise TimeoutError("no measuring budget left")
-            throughput[profile] = timer(profile, share)
-        except Interrupted:
-            raise
-        except Exception as exc:  # whatever kept it from loading or answering: it loses
-            text = str(exc).strip()
-            failures[profile] = text.splitlines()[0] if text else type(exc).__name__
-            log.warning("auto: the %s profile could not be measured: %s", profile,
-                        failures[profile])  # fmt: skip
+    throughput, failures = time_each(runnable, timer, lambda: share, "auto")
     seconds = clock() - started
     if not throughput:
         fallback: Profile = "cpu"
