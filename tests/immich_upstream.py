@@ -34,6 +34,16 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import multipart
 from PIL import Image
 
+#: The entries Immich's server sends for faces and OCR (machine-learning.repository.ts).
+FACES = {"facial-recognition": {"detection": {"modelName": "buffalo_l",
+                                              "options": {"minScore": 0.7}},
+                                "recognition": {"modelName": "buffalo_l"}}}  # fmt: skip
+OCR = {"ocr": {"detection": {"modelName": "PP-OCRv5_mobile",
+                             "options": {"minScore": 0.5, "maxResolution": 736}},
+               "recognition": {"modelName": "PP-OCRv5_mobile",
+                               "options": {"minScore": 0.8}}}}  # fmt: skip
+
+
 TAG = "immich-upstream-stand-in"
 
 

@@ -17,15 +17,7 @@ from clip_gateway.config.settings import ServerSettings
 from clip_gateway.http.app import create_app
 from tests.api.test_immich import NAME, TEXTUAL, VISUAL, predict
 from tests.fakes import FakeBackend
-from tests.immich_upstream import UpstreamProcess, answer
-
-FACES = {"facial-recognition": {"detection": {"modelName": "buffalo_l",
-                                              "options": {"minScore": 0.7}},
-                                "recognition": {"modelName": "buffalo_l"}}}  # fmt: skip
-OCR = {"ocr": {"detection": {"modelName": "PP-OCRv5_mobile",
-                             "options": {"minScore": 0.5, "maxResolution": 736}},
-               "recognition": {"modelName": "PP-OCRv5_mobile",
-                               "options": {"minScore": 0.8}}}}  # fmt: skip
+from tests.immich_upstream import FACES, OCR, UpstreamProcess, answer
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ import pytest
 from bench.photos import immich_preview
 from clip_gateway.config.processes import GatewayProcess
 from tests import immich_reference, reference
-from tests.immich_upstream import UpstreamProcess
+from tests.immich_upstream import FACES, OCR, UpstreamProcess
 from tests.immich_upstream import answer as upstream_answer
 from tests.integration.test_immich_parity import immich_gateway
 
@@ -96,15 +96,6 @@ class ImmichServer:
 
     def ocr(self, image: bytes) -> tuple[str, dict]:
         return self.predict(OCR, image=image)
-
-
-FACES = {"facial-recognition": {"detection": {"modelName": "buffalo_l",
-                                              "options": {"minScore": 0.7}},
-                                "recognition": {"modelName": "buffalo_l"}}}  # fmt: skip
-OCR = {"ocr": {"detection": {"modelName": "PP-OCRv5_mobile",
-                             "options": {"minScore": 0.5, "maxResolution": 736}},
-               "recognition": {"modelName": "PP-OCRv5_mobile",
-                               "options": {"minScore": 0.8}}}}  # fmt: skip
 
 
 @dataclass
