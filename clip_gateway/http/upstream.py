@@ -96,6 +96,14 @@ class Upstream:
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
             follow_redirects=False,
         )
+        #: ``/ping`` has a client of its own: a pool full of stalled forwards must not queue
+        #: the availability check behind them (it would time out in the pool and call a
+        #: healthy-but-slow upstream down, and the status route would hang as long).
+        self.pings = httpx.AsyncClient(
+            timeout=CONNECT_S,
+            limits=httpx.Limits(max_connections=len(self.states), max_keepalive_connections=0),
+            follow_redirects=False,
+        )
 
     @property
     def urls(self) -> str:
@@ -161,7 +169,7 @@ class Upstream:
 
         async def ping(state: UpstreamState) -> None:
             try:
-                response = await self.client.get(f"{state.url}/ping", timeout=CONNECT_S)
+                response = await self.pings.get(f"{state.url}/ping")
             except httpx.HTTPError as exc:
                 state.mark(False, why(exc))
                 return
@@ -178,6 +186,7 @@ class Upstream:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.pings.aclose()
 
 
 async def _read(response: httpx.Response) -> Answer:

@@ -313,7 +313,8 @@ def test_a_stalled_upstream_holds_no_decode_thread_and_no_more_than_the_body_lim
             stalled = [stalled_clients.submit(httpx.post, f"{gateway.url}/predict",
                                               files=form(FACES, preview), timeout=120)
                        for _ in range(3)]  # fmt: skip
-            while httpx.get(f"{gateway.url}/immich/upstream").json()["forwards_in_flight"] < 3:
+            status = f"{gateway.url}/immich/upstream"
+            while httpx.get(status, timeout=60).json()["forwards_in_flight"] < 3:
                 time.sleep(0.1)
             # every forward slot is taken: one more is refused at once, not queued
             busy = httpx.post(f"{gateway.url}/predict", files=form(OCR, preview), timeout=120)
@@ -329,6 +330,11 @@ def test_a_stalled_upstream_holds_no_decode_thread_and_no_more_than_the_body_lim
                 )
                 assert clip.status_code == 200, clip.text
             assert not any(f.done() for f in stalled)
+            # the availability check is not queued behind the stalled forwards' connections:
+            # the stand-in's /ping still answers, so the upstream is up while all three hang
+            now = httpx.get(status, timeout=60).json()
+            assert now["forwards_in_flight"] == 3
+            assert [u["state"] for u in now["upstreams"]] == ["up"], now
             answers = [f.result() for f in stalled]
         assert [a.status_code for a in answers] == [504] * 3
         assert all(a.json()["type"].endswith("/upstream-timeout") for a in answers)
