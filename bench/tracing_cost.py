@@ -65,9 +65,12 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
                     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
                            "GATEWAY_CANARY_INTERVAL_S": "0", "GATEWAY_DECODE_THREADS": "2",
                            **MODES[mode]}  # fmt: skip
-                    with GatewayProcess(triton.grpc_url, env=env, log_path=work / "gw.log") as gw:
+                    log = work / "gw.log"
+                    with GatewayProcess(triton.grpc_url, env=env, log_path=log) as gw:
                         gw.wait_ready()
-                        measured[mode].append(asyncio.run(_measure(gw.url, pool, seconds)))
+                        point = asyncio.run(_measure(gw.url, pool, seconds))
+                    _require_answers(mode, point, log)
+                    measured[mode].append(point)
     sink.shutdown()
     results: dict[str, Any] = {"seconds_per_point": seconds, "rounds": rounds, "modes": {}}
     for mode, runs in measured.items():
@@ -103,6 +106,18 @@ async def _measure(url: str, pool: list[bytes], seconds: float) -> dict[str, Any
         finally:
             await client.close()
     return row
+
+
+def _require_answers(mode: str, point: dict[str, Any], log: Path) -> None:
+    """A point with no answered request has no latency to report: stop with what the
+    requests got and what the gateway said, rather than a table of nothing."""
+    failed = {key: row["statuses"] for key, row in point.items() if not row["ok"]}
+    if failed:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(
+            f"tracing {mode!r}: no request was answered in {sorted(failed)} "
+            f"(statuses {failed}; 599: the connection failed); the gateway's log ends:\n{tail}"
+        )
 
 
 def markdown(results: dict[str, Any]) -> str:
