@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     texts.add_argument("--out", type=Path, default=None)
     peers = commands.add_parser("peers", help="bench/peers.py")
     peers.add_argument("--smoke", action="store_true", help="one request per cell, for a check")
-    peers.add_argument("--systems", nargs="+", default=None, help="default: all four")
+    peers.add_argument("--systems", nargs="+", default=None, help="default: all (SYSTEMS)")
     peers.add_argument("--out", type=Path, default=None)
     quantization = commands.add_parser("quantization", help="bench/quantization.py")
     quantization.add_argument("--reps", type=int, default=5)

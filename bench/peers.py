@@ -1,6 +1,7 @@
 """``python -m bench peers``: Infinity (``infinity-emb``, its torch CPU engine) beside the gateway's
-``cpu`` and ``cpu-int8`` profiles, back to back in one run on loopback, with the machine's GEMM
-ceilings and the model alone measured in the same run (bench/ceilings.py).
+default (``auto``, which says what it chose) and each fixed CPU profile, back to back in one run
+on loopback, with the machine's GEMM ceilings and the model alone measured in the same run
+(bench/ceilings.py).
 
 Every system gets the same compact JPEGs (bench/photos.py, ~16-24 KB each) in batches of 1, 8
 and 32 from 1 and 4 concurrent clients (``CELLS``), each cell bounded by a request count and a
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER_ENV = ROOT / ".peer-env"
 #: (batch, concurrency) cells, measured for every system in this order.
 CELLS = tuple((batch, clients) for batch in (1, 8, 32) for clients in (1, 4))
-SYSTEMS = ("infinity", "gateway-cpu", "gateway-cpu-int8", "gateway-cpu-bf16")
+SYSTEMS = ("infinity", "gateway-auto", "gateway-cpu", "gateway-cpu-int8", "gateway-cpu-bf16")
 #: Run timed phases only below this 1-minute load average (the machine is shared).
 QUIET_LOAD = 0.6
 
@@ -243,10 +244,24 @@ def system(name: str, export_dir: Path, work: Path, limits: Limits,
     # the machine quiet before this system starts (its own idle threads are its business)
     quiet = wait_quiet(limits.quiet_wait_s)
     with server as url:
+        chose = _profile_choice(url) if name == "gateway-auto" else None
         started = time.monotonic()
         cells_found = asyncio.run(measure(make(url), limits, cells))
-    return {"before": quiet, "seconds": round(time.monotonic() - started, 1),
-            "env": env or {}, "cells": cells_found}  # fmt: skip
+    found = {"before": quiet, "seconds": round(time.monotonic() - started, 1),
+             "env": env or {}, "cells": cells_found}  # fmt: skip
+    if chose is not None:
+        found["profile_choice"] = chose
+    return found
+
+
+def _profile_choice(url: str) -> dict[str, Any] | None:
+    """What ``auto`` measured and chose, as the image model's /v1/models entry says it."""
+    for model in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]:
+        image = (model.get("quantization") or {}).get("image") or {}
+        if "profile_choice" in image:
+            chose: dict[str, Any] = image["profile_choice"]
+            return chose
+    return None
 
 
 def run(out: Path, limits: Limits, systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:

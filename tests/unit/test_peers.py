@@ -106,6 +106,27 @@ def test_the_five_times_goal_takes_the_better_of_int8_and_bf16() -> None:
     assert rows[f"best CPU profile (gateway cpu-int8): {goal}"] == ("2.00× (40.0 vs 20.0)", False)
 
 
+def test_the_default_is_held_to_the_best_profile_and_to_infinity(tmp_path: Path) -> None:
+    results = run_results(int8_b32=40.0, int8_p50=50.0, alone=60.0)
+    results["systems"]["gateway-auto"] = {
+        "before": {"load_1m": 0.2},
+        "cells": {"b1xc1": cell(50, 30.0), "b32xc4": cell(39.0, 1500.0)},
+        "profile_choice": {"chosen": "cpu-int8", "by": "measured", "measured_s": 60.0,
+                           "images_per_s": {"cpu-int8": 41.0, "cpu": 20.0}, "refused": {}},
+    }  # fmt: skip
+    rows = {g: (measured, met) for g, _, measured, met in peers_report.goals(results)}
+    default = "gateway default (auto → cpu-int8)"
+    assert rows[f"{default}: batch 32 x 4 img/s vs the best profile's (gateway cpu-int8)"] == (
+        "0.97× (39.0 vs 40.0)", True)  # fmt: skip
+    assert rows[f"{default}: batch 32 x 4 img/s vs Infinity's"] == ("1.95× (39.0 vs 20.0)", False)
+    assert rows[f"{default}: single-image p50 vs Infinity's"] == ("0.30× (30.0 vs 100.0 ms)", True)
+    results["systems"]["gateway-auto"]["cells"]["b32xc4"] = cell(37.0, 1500.0)  # 0.925x: missed
+    rows = {g: (measured, met) for g, _, measured, met in peers_report.goals(results)}
+    assert not rows[f"{default}: batch 32 x 4 img/s vs the best profile's (gateway cpu-int8)"][1]
+    peers_report.write(results, tmp_path)
+    assert "chose cpu-int8 (measured)" in (tmp_path / "peers.md").read_text()
+
+
 def test_vit_b32_operations_per_image() -> None:
     # 4.41 G multiply-adds: the figure ViT-B/32's papers give (4.4 GFLOPs as MACs)
     assert pytest.approx(8.82, abs=0.01) == ceilings.VIT_B32_GOP
