@@ -1,6 +1,6 @@
 """``python -m bench run --suite smoke|quick|full`` · ``overload`` · ``soak`` · ``tracing`` ·
 ``footprint`` · ``stops`` · ``texts`` · ``peers`` · ``quantization`` · ``plans`` · ``cost`` ·
-``gpu`` · ``host`` · ``immich``.
+``gpu`` · ``host`` · ``immich`` · ``fidelity``.
 
 ``run`` puts our gateway beside the report's baselines; ``overload`` drives the real stack at
 2x its capacity; ``soak`` holds steady load and watches the gateway's resources; ``tracing``
@@ -10,7 +10,8 @@ every process the real launch path starts; ``stops`` times SIGTERM → exit in e
 cpu-bf16 profiles with the machine's GEMM ceilings; ``quantization`` measures the INT8 methods
 (dynamic, static); ``plans`` the core plans; ``cost`` the gateway's CPU time per image against
 decode-only; ``host`` one GPU host end to end (the CPU wall, the engine through Triton, the
-ceilings beside it); ``immich`` Immich-shaped load on ``/predict`` beside ``/v1/embeddings``.
+ceilings beside it); ``immich`` Immich-shaped load on ``/predict`` beside ``/v1/embeddings``;
+``fidelity`` each CPU profile's served embeddings against open_clip FP32 on real photographs.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     quantization = commands.add_parser("quantization", help="bench/quantization.py")
     quantization.add_argument("--reps", type=int, default=5)
     quantization.add_argument("--out", type=Path, default=None)
+    fidelity = commands.add_parser("fidelity", help="bench/fidelity.py")
+    fidelity.add_argument("--profiles", nargs="+", default=None, help="default: auto and each")
+    fidelity.add_argument("--photos", type=Path, default=None, help="a folder of your photos")
+    fidelity.add_argument("--out", type=Path, default=None)
     plans = commands.add_parser("plans", help="bench/plans.py")
     plans.add_argument("--profiles", nargs="+", default=["cpu-int8", "cpu"])
     plans.add_argument("--out", type=Path, default=None)
@@ -191,6 +196,15 @@ def _quantization(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fidelity(args: argparse.Namespace) -> int:
+    from bench import fidelity
+
+    out = args.out or RESULTS / "fidelity"
+    found = fidelity.run(out, tuple(args.profiles or fidelity.PROFILES), args.photos)
+    print(out, flush=True)
+    return 0 if all("error" not in p for p in found["profiles"].values()) else 1
+
+
 def _plans(args: argparse.Namespace) -> int:
     from bench import plans as core_plans
 
@@ -232,6 +246,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "peers": _peers,
     "quantization": _quantization,
     "plans": _plans,
+    "fidelity": _fidelity,
     "run": _run,
 }
 
