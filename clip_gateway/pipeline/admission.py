@@ -122,6 +122,13 @@ class Admission:
         """CPU seconds one image of header price ``work`` is expected to decode in."""
         return _DECODE_S_PER_ITEM + self.decode_rate.get(work.coding, 1.0) * work.seconds
 
+    def meter_cost(self, work: Work) -> float:
+        """What the meter holds one image's decode to: its price, but never at a rate below the
+        measured factors (a machine that decodes faster than they say learns a rate under 1;
+        that must not make the backstop stricter than the factors, or a loaded machine's slower
+        decodes of the same images would be stopped as overspent)."""
+        return _DECODE_S_PER_ITEM + max(self.decode_rate.get(work.coding, 1.0), 1.0) * work.seconds
+
     def image_cost(self, work: Work) -> float:
         """Seconds one image of header price ``work`` adds to the backlog."""
         return self.decode_cost(work) / self.decode_threads + self.infer_s
@@ -278,8 +285,10 @@ class Reservation:
         #: Items admitted (held or pending).
         self.images = 0
         self._held_images = 0
-        #: The CPU seconds its images' decodes were priced at (what the meter holds them to).
+        #: The CPU seconds its images' decodes were priced at, and what the meter holds them
+        #: to (``Admission.meter_cost``).
         self.decode_s = 0.0
+        self.meter_s = 0.0
         #: The embedding cache's lookup for this request's model and preprocessing (the
         #: service sets it): an item it answers is priced as a lookup, not a decode.
         self.probe: Probe | None = None
@@ -323,6 +332,7 @@ class Reservation:
         """One more image: admitted, or Overloaded (the request stops being read)."""
         self._add(self.admission.image_cost(work))
         self.decode_s += self.admission.decode_cost(work)
+        self.meter_s += self.admission.meter_cost(work)
 
     def add_text(self, characters: int) -> None:
         """One more text: admitted, or Overloaded."""

@@ -374,9 +374,10 @@ class EmbeddingService:
 
     def _meter(self, reservation: Reservation) -> Meter:
         """The request's decode budget: ``overspend`` times what its images were priced at
-        (CPU seconds, at the learned rates), at least ``METER_FLOOR_S``."""
+        (CPU seconds, at the learned rates but never below the measured factors), at least
+        ``METER_FLOOR_S``."""
         admission = self.admission
-        budget = max(admission.overspend * reservation.decode_s, METER_FLOOR_S)
+        budget = max(admission.overspend * reservation.meter_s, METER_FLOOR_S)
         return Meter(reservation.decode_s, budget)
 
     def _check_texts(

@@ -74,3 +74,15 @@ def test_a_request_within_its_price_is_never_stopped(fake: FakeBackend) -> None:
     with TestClient(create_app(settings, lambda *_: fake)) as client:
         answer = client.post("/v1/embeddings", files=files(*[strip()] * 8))
         assert answer.status_code == 200, answer.text
+
+
+def test_a_rate_learned_below_the_factors_does_not_tighten_the_meter(fake: FakeBackend) -> None:
+    """A machine that decoded faster than the factors learns a rate under 1 (down to a quarter);
+    the same images decoding at the factors' speed (a loaded machine) are not overspent."""
+    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_images_per_request=16,
+                              admission_infer_s_per_image=0.01)  # fmt: skip
+    with TestClient(create_app(settings, lambda *_: fake)) as client:
+        admission = app_context(client.app.state).pipeline.admission
+        admission.decode_rate["jpeg-progressive"] = 0.25  # RATE_BOUNDS' floor
+        answer = client.post("/v1/embeddings", files=files(*[strip()] * 8))
+        assert answer.status_code == 200, answer.text
