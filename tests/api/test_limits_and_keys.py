@@ -90,7 +90,9 @@ def test_settings_refuse_a_horizon_longer_than_the_deadline() -> None:
 
 def test_request_deadline(fake: FakeBackend) -> None:
     fake.hold()  # never answers by itself
-    with make_client(fake, request_timeout_s=0.3, admission_horizon_s=0.3) as client:
+    # a deadline long enough for the decode to end on a loaded machine (0.3 s was not, once):
+    # the backend, which never answers, is what must run it out
+    with make_client(fake, request_timeout_s=2.0, admission_horizon_s=1.0) as client:
         response = client.post("/v1/embeddings", files=files(samples.compact(0)))
         assert response.status_code == 504
         assert response.json()["type"].endswith(("/deadline-exceeded", "/backend-timeout"))
