@@ -112,7 +112,9 @@ class ModelPlan:
 #: a copy of the model: ~600 MB for both FP32 towers). More than two was not measured.
 #: ``cpu-bf16``: cpu-int8's plan (its BF16 matrix products are as short as INT8's, so the
 #: single-threaded stretches between them weigh as much); docs/PERFORMANCE.md has its figures.
-CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2, "cpu-bf16": 2}
+#: ``cpu-int8-openvino``: the same, for the same reason (INT8 matrix products); not measured.
+CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2, "cpu-bf16": 2,
+                                       "cpu-int8-openvino": 2}  # fmt: skip
 
 
 def model_plan(profile: str, cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:

@@ -23,11 +23,14 @@ MiB = 1 << 20
 #: Triton execution profiles (triton/profiles/*.pbtxt); ``cpu-int8`` is the ``cpu`` profile
 #: serving the export's INT8 files (``python -m clip_gateway.export --int8``); ``cpu-bf16`` the
 #: export's FP32
-#: files on OpenVINO at BF16 inference precision (CPUs with AVX-512 BF16 or AMX, launcher/bf16.py).
-Profile = Literal["cpu", "cpu-int8", "cpu-bf16", "cuda", "tensorrt"]
-PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cuda", "tensorrt")
+#: files on OpenVINO at BF16 inference precision (CPUs with AVX-512 BF16 or AMX, launcher/bf16.py);
+#: ``cpu-int8-openvino`` OpenVINO's own INT8 of the FP32 files, built by NNCF at the first start
+#: (launcher/int8_openvino.py).
+Profile = Literal["cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cuda", "tensorrt"]
+PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cuda",
+                                 "tensorrt")  # fmt: skip
 #: The profiles that run the model on the CPU (the Python backend): the core plan applies.
-CPU_PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16")
+CPU_PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino")
 
 
 class ServerSettings(BaseSettings):
@@ -271,6 +274,8 @@ class RepositorySettings(BaseSettings):
     #: Execution profile: ``cpu`` (Python backend + ORT CPU EP), ``cpu-int8`` (the same, with
     #: the export's INT8 files, held to the quality gate), ``cpu-bf16`` (the FP32 files on
     #: OpenVINO at BF16 inference precision, held to the same gate; CPUs with BF16 units only),
+    #: ``cpu-int8-openvino`` (OpenVINO INT8 quantized by NNCF at the first start, held to the
+    #: same gate),
     #: ``cuda`` (ORT CUDA EP), ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``: chosen by the
     #: launcher for the GPU it finds
     #: (clip_gateway/launcher/profiles.py); without a GPU by timing the gated CPU profiles on
@@ -387,7 +392,7 @@ class LaunchSettings(BaseSettings):
     bf16_fallback: bool = False
     #: The INT8 quality gate (model/gate.py): mean and lowest cosine, INT8 vs FP32, each tower
     #: must reach on the export's calibration set, checked again at every ``cpu-int8`` start;
-    #: the ``cpu-bf16`` profile is held to the same thresholds (BF16 vs FP32).
+    #: the ``cpu-bf16`` and ``cpu-int8-openvino`` profiles are held to the same thresholds.
     int8_min_mean_cosine: float = Field(MIN_MEAN_COSINE, gt=0, le=1)
     #: The lowest cosine of any one calibration item under the same gate.
     int8_min_cosine: float = Field(MIN_COSINE, gt=0, le=1)

@@ -66,12 +66,18 @@ def auto_unit(cpu_backend: str, flags: frozenset[str]) -> str | None:
     return bf16_flag(flags) if cpu_backend == "python" else None
 
 
-def calibration_inputs(manifest: dict[str, Any], export_dir: Path) -> dict[str, np.ndarray]:
+def calibration_inputs(
+    manifest: dict[str, Any],
+    export_dir: Path,
+    photos: int = PHOTOS,
+    texts: int = TEXTS,
+    seed: int = SEED,
+) -> dict[str, np.ndarray]:
     """The calibration photos resized (short side, bicubic) and centre-cropped to the model's
     input, and the captions' token ids where the export has a usable tokenizer."""
     size = int(manifest["image_size"])
     crops = []
-    for photo in calibration.photos(PHOTOS, SEED):
+    for photo in calibration.photos(photos, seed):
         scale = size / min(photo.size)
         width = max(size, round(photo.width * scale))
         height = max(size, round(photo.height * scale))
@@ -84,7 +90,7 @@ def calibration_inputs(manifest: dict[str, Any], export_dir: Path) -> dict[str, 
         from clip_gateway.text.tokenizer import Tokenizer
 
         ours = Tokenizer.from_file(export_dir / tokenizer["file"], manifest["context_length"])
-        inputs["text"] = ours.encode_batch(calibration.texts(TEXTS, SEED))
+        inputs["text"] = ours.encode_batch(calibration.texts(texts, seed))
     return inputs
 
 
@@ -104,11 +110,11 @@ def openvino_version(python: Path) -> str:
     return done.stdout.strip()
 
 
-def _stats(values: np.ndarray) -> dict[str, float | int]:
+def stats(values: np.ndarray) -> dict[str, float | int]:
     return {"mean": float(values.mean()), "min": float(values.min()), "count": len(values)}
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     result: np.ndarray = (a64 * b64).sum(-1) / (
         np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
@@ -133,19 +139,7 @@ def measure(
         feed, out, err = (Path(scratch) / name for name in ("inputs.npz", "out.npz", "err.txt"))
         np.savez(feed, **inputs)  # type: ignore[arg-type]
         command = [str(python), str(script), str(export_dir), str(feed), str(out), str(threads)]
-        with open(err, "wb") as errors:
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
-            ends = time.monotonic() + timeout
-            while process.poll() is None:
-                if stop() or time.monotonic() >= ends:
-                    process.kill()
-                    process.wait()
-                    why = "the launch was stopped" if stop() else f"it took over {timeout:.0f} s"
-                    raise Bf16Unavailable(f"the BF16 check was ended: {why}")
-                time.sleep(0.2)
-        if process.returncode != 0:
-            lines = err.read_text(errors="replace").strip().splitlines() or ["(no output)"]
-            raise Bf16Unavailable(f"the BF16 check failed: {lines[-1]}")
+        run_check(command, err, timeout, stop, "the BF16 check", Bf16Unavailable)
         embeddings = dict(np.load(out))
     sets = {
         "image": f"{PHOTOS} generated photos (clip_gateway/model/calibration.py), resized and"
@@ -155,10 +149,35 @@ def measure(
     return {
         tower: {
             "set": sets[tower],
-            "vs_fp32": _stats(_cosine(embeddings[f"bf16_{tower}"], embeddings[f"fp32_{tower}"])),
+            "vs_fp32": stats(cosine(embeddings[f"bf16_{tower}"], embeddings[f"fp32_{tower}"])),
         }
         for tower in inputs
     }
+
+
+def run_check(
+    command: list[str],
+    err: Path,
+    timeout: float,
+    stop: Callable[[], bool],
+    what: str,
+    error: type[RuntimeError],
+) -> None:
+    """Run a check in the Triton env's interpreter: ended (``error``) if it outlasts
+    ``timeout`` or ``stop()`` says the launch is being stopped; its last error line if it fails."""
+    with open(err, "wb") as errors:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        ends = time.monotonic() + timeout
+        while process.poll() is None:
+            if stop() or time.monotonic() >= ends:
+                process.kill()
+                process.wait()
+                why = "the launch was stopped" if stop() else f"it took over {timeout:.0f} s"
+                raise error(f"{what} was ended: {why}")
+            time.sleep(0.2)
+    if process.returncode != 0:
+        lines = err.read_text(errors="replace").strip().splitlines() or ["(no output)"]
+        raise error(f"{what} failed: {lines[-1]}")
 
 
 def figures(

@@ -167,4 +167,5 @@ def choose(
 #: Runtime can; an operator's explicit choice never falls back.
 #: ``cpu-bf16`` or ``cpu-int8`` chosen by ``auto`` that does not load (it loaded when timed; a
 #: changed machine, memory): ``cpu``.
-FALLBACK: dict[Profile, Profile] = {"tensorrt": "cuda", "cpu-bf16": "cpu", "cpu-int8": "cpu"}
+FALLBACK: dict[Profile, Profile] = {"tensorrt": "cuda", "cpu-bf16": "cpu", "cpu-int8": "cpu",
+                                    "cpu-int8-openvino": "cpu"}  # fmt: skip

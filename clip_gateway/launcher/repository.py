@@ -14,6 +14,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from clip_gateway.config.settings import CPU_PROFILES, RepositorySettings
+from clip_gateway.launcher import int8_openvino
 from clip_gateway.model.contract import (
     CANARY_PARAMETER,
     CONTEXT_LENGTH_PARAMETER,
@@ -54,6 +55,8 @@ class Tower:
     fp32_file: str
     fp16_file: str
     int8_file: str
+    #: OpenVINO IR quantized by NNCF (``cpu-int8-openvino``), beside the export with its .bin
+    int8_openvino_file: str
     #: How warm-up requests are filled: pixels can be anything, token ids must be in the vocabulary.
     warmup_fill: str
 
@@ -61,13 +64,15 @@ class Tower:
 def image_tower(image_size: int, embed_dim: int) -> Tower:
     return Tower(TRITON_MODEL_NAME, INPUT_NAME, mc.TYPE_UINT8, "FORMAT_NHWC",
                  (image_size, image_size, 3), OUTPUT_NAME, embed_dim,
-                 "model.onnx", "model_fp16.onnx", "model_int8.onnx", "random_data")  # fmt: skip
+                 "model.onnx", "model_fp16.onnx", "model_int8.onnx",
+                 int8_openvino.FILES["image"], "random_data")  # fmt: skip
 
 
 def text_tower(context_length: int, embed_dim: int) -> Tower:
     return Tower(TEXT_MODEL_NAME, TEXT_INPUT_NAME, mc.TYPE_INT32, "FORMAT_NONE",
                  (context_length,), TEXT_OUTPUT_NAME, embed_dim,
-                 "text.onnx", "text_fp16.onnx", "text_int8.onnx", "zero_data")  # fmt: skip
+                 "text.onnx", "text_fp16.onnx", "text_int8.onnx",
+                 int8_openvino.FILES["text"], "zero_data")  # fmt: skip
 
 
 def default_templates() -> Path:
@@ -92,16 +97,19 @@ def render_text_config(
     context_length: int,
     embed_dim: int,
     templates: Path | None = None,
+    rest: str = "f32",
 ) -> mc.ModelConfig:
     """``clip_text``'s config: the same batching and profile, int32 token ids in."""
-    config = render_tower_config(settings, text_tower(context_length, embed_dim), templates)
+    config = render_tower_config(settings, text_tower(context_length, embed_dim), templates, rest)
     config.parameters[CONTEXT_LENGTH_PARAMETER].string_value = str(context_length)
     return config
 
 
 def render_tower_config(
-    settings: RepositorySettings, tower: Tower, templates: Path | None = None
+    settings: RepositorySettings, tower: Tower, templates: Path | None = None, rest: str = "f32"
 ) -> mc.ModelConfig:
+    """One tower's config; ``rest``: ``cpu-int8-openvino``'s precision for the operations NNCF
+    left unquantized (its build record's)."""
     if settings.profile == "auto":
         raise ValueError("profile 'auto' must be resolved (launcher/profiles.py) before rendering")
     templates = templates or settings.templates_dir or default_templates()
@@ -132,12 +140,14 @@ def render_tower_config(
     for part in ("base.pbtxt", f"profiles/{_profile_template(settings)}.pbtxt"):
         text = Template((templates / part).read_text()).substitute(values)
         text_format.Merge(text, config)
-    if settings.profile == "cpu-bf16":
+    if settings.profile in ("cpu-bf16", "cpu-int8-openvino"):
         if settings.cpu_backend != "python":
-            raise ValueError("the cpu-bf16 profile runs OpenVINO in the Python backend: "
-                             "GATEWAY_TRITON_CPU_BACKEND must be python")  # fmt: skip
+            raise ValueError(f"the {settings.profile} profile runs OpenVINO in the Python "
+                             "backend: GATEWAY_TRITON_CPU_BACKEND must be python")  # fmt: skip
         config.parameters[RUNTIME_PARAMETER].string_value = "openvino"
-        config.parameters[PRECISION_PARAMETER].string_value = "bf16"
+        config.parameters[PRECISION_PARAMETER].string_value = (
+            "bf16" if settings.profile == "cpu-bf16" else rest
+        )
     for batch in settings.warmup:
         warmup = config.model_warmup.add(name=f"batch_{batch}", batch_size=batch, count=1)
         tensor = warmup.inputs[tower.input_name]
@@ -165,6 +175,8 @@ def _onnx_file(settings: RepositorySettings, tower: Tower) -> str:
         return tower.fp16_file
     if settings.profile == "cpu-int8":
         return tower.int8_file
+    if settings.profile == "cpu-int8-openvino":
+        return tower.int8_openvino_file
     return tower.fp32_file
 
 
@@ -178,6 +190,7 @@ def render(
     int8_fallback: str | None = None,
     bf16: dict[str, Any] | None = None,
     profile_choice: dict[str, Any] | None = None,
+    gate: dict[str, float] | None = None,
 ) -> Path:
     """Write ``out_dir/<model>/{config.pbtxt,1/...}`` for ``settings.profile``; return ``out_dir``.
 
@@ -195,11 +208,15 @@ def render(
     gate measured (launcher/bf16.py ``section``), shown per tower in /v1/models; with its
     ``fallback`` set (why BF16 is not served) the ``cpu`` profile instead, the configs saying so.
 
+    ``cpu-int8-openvino`` renders the OpenVINO IR its build kept beside the export
+    (launcher/int8_openvino.py), at the precision it was built for, each config with its
+    tower's figures and ``gate``, the thresholds the launcher held them to.
+
     ``profile_choice``: what ``auto`` measured on this CPU and chose (launcher/cpu_auto.py),
     added to each tower's quantization parameter for /v1/models.
     """
     _render(settings, export_dir, out_dir, templates, link=link, int8_fallback=int8_fallback,
-            bf16=bf16)  # fmt: skip
+            bf16=bf16, gate=gate)  # fmt: skip
     if profile_choice is not None:
         _note_choice(out_dir, profile_choice)
     return out_dir
@@ -228,9 +245,17 @@ def _render(
     link: bool,
     int8_fallback: str | None,
     bf16: dict[str, Any] | None,
+    gate: dict[str, float] | None,
 ) -> Path:
     templates = templates or settings.templates_dir or default_templates()
     manifest = json.loads((export_dir / "manifest.json").read_text())
+    built: dict[str, Any] = {}
+    if settings.profile == "cpu-int8-openvino":
+        built = int8_openvino.kept(export_dir) or {}
+        if not built:
+            raise FileNotFoundError(f"{export_dir} has no OpenVINO INT8 build: the launcher "
+                                    "builds it at a cpu-int8-openvino start")  # fmt: skip
+    rest = str(built.get("rest", "f32"))
     if settings.profile == "cpu-bf16" and bf16 is not None and bf16.get("fallback"):
         served = settings.model_copy(update={"profile": "cpu"})
         render(served, export_dir, out_dir, templates, link=link)
@@ -243,7 +268,7 @@ def _render(
         return out_dir
     image = image_tower(manifest["image_size"], manifest["embed_dim"])
     image_settings = _tower_settings(settings, manifest, image)
-    config = render_tower_config(image_settings, image, templates)
+    config = render_tower_config(image_settings, image, templates, rest)
     _note_blockers(config, settings, manifest, image)
     if canary := manifest.get("canary_embedding"):
         config.parameters[CANARY_PARAMETER].string_value = canary
@@ -259,7 +284,7 @@ def _render(
     if "text" in manifest.get("towers", {}) and tokenizer.get("available"):
         text = text_tower(manifest["context_length"], manifest["embed_dim"])
         text_settings = _tower_settings(settings, manifest, text)
-        config = render_text_config(text_settings, text.dims[0], text.embed_dim, templates)
+        config = render_text_config(text_settings, text.dims[0], text.embed_dim, templates, rest)
         _note_blockers(config, settings, manifest, text)
         model_dir = _model_dir(text_settings, text, export_dir, out_dir, templates, link)
         _text_parameters(config, manifest, export_dir, model_dir, link)
@@ -268,7 +293,20 @@ def _render(
         _quantization(out_dir, manifest, None)
     if settings.profile == "cpu-bf16":
         _precision(out_dir, bf16 or {})
+    if settings.profile == "cpu-int8-openvino":
+        _openvino_int8(out_dir, built, gate)
     return out_dir
+
+
+def _openvino_int8(out_dir: Path, built: dict[str, Any], gate: dict[str, float] | None) -> None:
+    for model_name, kind in ((TRITON_MODEL_NAME, "image"), (TEXT_MODEL_NAME, "text")):
+        path = out_dir / model_name / "config.pbtxt"
+        if not path.exists():
+            continue
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+        value = int8_openvino.quantization(built, kind, gate)
+        config.parameters[QUANTIZATION_PARAMETER].string_value = json.dumps(value)
+        path.write_text(text_format.MessageToString(config))
 
 
 def _precision(out_dir: Path, bf16: dict[str, Any]) -> None:
@@ -374,6 +412,9 @@ def _model_dir(
         how = "--int8" if settings.profile == "cpu-int8" else "FP16 or set cuda_precision=fp32"
         raise FileNotFoundError(f"{source} is missing: export with {how}")
     _place(source, version_dir / onnx_name, link)
+    if onnx_name.endswith(".xml"):  # OpenVINO IR: the weights are in the .bin beside it
+        weights = onnx_name.removesuffix(".xml") + ".bin"
+        _place(export_dir / weights, version_dir / weights, link)
     if _python_backend(settings):  # the Python backend runs ONNX Runtime itself
         shutil.copy2(templates / "python" / "model.py", version_dir / "model.py")
     return model_dir

@@ -49,7 +49,15 @@ from clip_gateway.config.settings import (
     immich_protection,
 )
 from clip_gateway.imaging import paths
-from clip_gateway.launcher import bf16, calibrate, cpu_auto, engines, exports, profiles
+from clip_gateway.launcher import (
+    bf16,
+    calibrate,
+    cpu_auto,
+    engines,
+    exports,
+    int8_openvino,
+    profiles,
+)
 from clip_gateway.launcher.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from clip_gateway.launcher.repository import default_templates, render, rendered_config
 from clip_gateway.model import gate
@@ -162,6 +170,8 @@ class Supervisor:
             profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         if profile == "cpu-bf16":
             profile, reason = self.bf16_gate(export_dir, reason, deadline)
+        if profile == "cpu-int8-openvino":
+            self.int8_openvino_gate(export_dir, repository.cpu_backend, deadline)
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
         profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
         assert self.triton is not None
@@ -224,7 +234,8 @@ class Supervisor:
                      model.instances, model.threads)  # fmt: skip
         rendered = render(repository, export_dir, self.scratch / "model_repository",
                           int8_fallback=self.int8_fallback, bf16=self.bf16,
-                          profile_choice=self.profile_choice)  # fmt: skip
+                          profile_choice=self.profile_choice,
+                          gate=self.thresholds().as_dict())  # fmt: skip
         backend = rendered_config(rendered).backend
         if not (install.backend_dir / backend).is_dir():
             raise LaunchError(
@@ -306,6 +317,42 @@ class Supervisor:
         self.bf16 = bf16.section(version, measured, thresholds, refused)
         return "cpu-bf16", f"BF16 refused, FP32 serves: {refused}"
 
+    def int8_openvino_gate(self, export_dir: Path, cpu_backend: str, deadline: float) -> None:
+        """``cpu-int8-openvino``: built (or its build found) and its figures held to the gate;
+        refused, a LaunchError saying why (an operator who named it chose INT8 on OpenVINO:
+        nothing else is served in its place)."""
+        refused = self.int8_openvino_check(export_dir, cpu_backend, deadline)
+        if refused is not None:
+            raise LaunchError(f"the cpu-int8-openvino profile is refused: {refused}. Serve the "
+                              "cpu or cpu-int8 profile")  # fmt: skip
+
+    def int8_openvino_check(
+        self, export_dir: Path, cpu_backend: str, deadline: float
+    ) -> str | None:
+        """Why ``cpu-int8-openvino`` may not serve this export here, or None; builds its OpenVINO
+        INT8 files at the first start for the model (launcher/int8_openvino.py)."""
+        if cpu_backend != "python":
+            return "OpenVINO runs in the Python backend only (GATEWAY_TRITON_CPU_BACKEND=python)"
+        install = TritonInstall.discover()
+        python = (install.python_bin_dir or Path("/usr/bin")) / "python3"
+        script = default_templates() / "python" / "int8_openvino_build.py"
+        rest = int8_openvino.rest_precision(bf16.cpu_flags())
+        threads = plan.model_plan("cpu-int8-openvino", plan.usable_cpus()).threads
+        if int8_openvino.kept(export_dir) is None:
+            self.progress("cpu-int8-openvino: quantizing with NNCF (once per model; minutes)")
+        started = time.monotonic()
+        try:
+            record = int8_openvino.figures(
+                export_dir, python, script, threads, rest,
+                timeout=max(1.0, min(int8_openvino.BUILD_SECONDS, deadline - time.monotonic())),
+                stop=self.stop_requested.is_set,
+            )  # fmt: skip
+        except int8_openvino.Int8OpenvinoUnavailable as exc:
+            return str(exc)
+        log.info("cpu-int8-openvino: built or found in %.0f s: %s", time.monotonic() - started,
+                 json.dumps(record.get("figures")))  # fmt: skip
+        return int8_openvino.refusal(record, self.thresholds())
+
     def thresholds(self) -> gate.Thresholds:
         launch = self.settings.launch
         return gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
@@ -379,13 +426,12 @@ class Supervisor:
         """Each CPU profile ``auto`` may serve here, with why it may not (None: it may)."""
         manifest = json.loads((export_dir / "manifest.json").read_text())
         int8 = manifest.get("int8") or {}
-        found: dict[Profile, str | None] = {
-            "cpu-int8": gate.refusal(int8.get("figures") or {}, self.thresholds())
+        found: dict[Profile, str | None] = dict.fromkeys(cpu_auto.CANDIDATES)
+        found["cpu-int8"] = (
+            gate.refusal(int8.get("figures") or {}, self.thresholds())
             if int8.get("files")
-            else "the export has no INT8 files",
-            "cpu-bf16": None,
-            "cpu": None,
-        }
+            else "the export has no INT8 files"
+        )
         if bf16.auto_unit(cpu_backend, flags) is None:
             found["cpu-bf16"] = (
                 "OpenVINO runs in the Python backend only" if bf16.bf16_flag(flags)
@@ -396,6 +442,9 @@ class Supervisor:
             found["cpu-bf16"] = refused
             if refused is None:
                 self.bf16 = bf16.section(version, measured, self.thresholds(), None)
+        # last of the builds: the longest (NNCF), so a tight start-up budget cuts it, not the
+        # others
+        found["cpu-int8-openvino"] = self.int8_openvino_check(export_dir, cpu_backend, deadline)
         return found
 
     def triton_timer(self, export_dir: Path, repository: RepositorySettings) -> cpu_auto.Timer:

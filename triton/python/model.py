@@ -2,7 +2,9 @@
 (``execution_provider: cuda``, the ``cuda`` profile where Triton has no onnxruntime backend) on
 ORT's CUDA EP; or (``runtime: openvino``, the ``cpu-bf16`` profile) on OpenVINO's CPU plugin at
 the inference precision the config names (``bf16``: the weights stay FP32 in the file, OpenVINO
-runs the matrix products in BF16 on AVX-512 BF16 / AMX units).
+runs the matrix products in BF16 on AVX-512 BF16 / AMX units); the ``cpu-int8-openvino``
+profile's file is OpenVINO IR quantized by NNCF, the precision then that of the operations it left
+unquantized.
 
 Runs inside Triton's python backend stub (triton/README.md explains the interpreter it uses). The
 dynamic batcher hands `execute` several requests at once; they are concatenated into one ORT run
