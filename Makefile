@@ -17,9 +17,10 @@ CLIP_WEIGHTS ?=
 # exporter fetches its files from the hub, or takes them from CLIP_TOKENIZER=<dir> offline
 # (docs/MODELS.md). Unset and unreachable: the model serves images only.
 CLIP_TOKENIZER ?=
-# Triton profile: cpu | cpu-int8 | cpu-bf16 | cuda | tensorrt | auto (GPU profiles need an NGC
-# tritonserver; deploy/). cpu-int8: the INT8 graphs, quantized on first use and held to the quality
-# gate. cpu-bf16: OpenVINO BF16 on CPUs with AVX-512 BF16/AMX, held to the same gate. Unset: auto,
+# Triton profile: cpu | cpu-int8 | cpu-bf16 | cpu-int8-openvino | cuda | tensorrt | auto (GPU
+# profiles need an NGC tritonserver; deploy/). cpu-int8: the INT8 graphs, quantized on first use and
+# held to the quality gate. cpu-bf16: OpenVINO BF16 on CPUs with AVX-512 BF16/AMX, held to the same
+# gate. cpu-int8-openvino: OpenVINO INT8, quantized by NNCF on first use, same gate. Unset: auto,
 # which on a CPU host times the profiles that pass the gate once and serves the fastest
 # (docs/PROFILES.md "auto on a CPU host"); on a GPU host, the GPU's profile.
 PROFILE ?=

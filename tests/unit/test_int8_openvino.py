@@ -125,8 +125,8 @@ def test_auto_times_it_only_where_it_passes_the_gate(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, figures: dict[str, object], timed: bool
 ) -> None:
     export = int8_export(tmp_path / "e")
-    monkeypatch.setattr(int8_openvino, "figures",
-                        lambda *args, **kwargs: {"runtimes": RUNTIMES, "figures": figures})  # fmt: skip
+    record = {"runtimes": RUNTIMES, "figures": figures}
+    monkeypatch.setattr(int8_openvino, "figures", lambda *args, **kwargs: record)
     timer = Timer({"cpu-int8": 40.0, "cpu-int8-openvino": 70.0, "cpu": 20.0})
     supervisor = launcher(monkeypatch, tmp_path, timer)
     profile, reason = choose(supervisor, export)
