@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=None, help="default: bench/results/<suite>")
     run.add_argument(
         "--profile",
-        choices=("cpu", "cpu-int8", "cpu-bf16", "cuda", "tensorrt"),
+        choices=("cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cuda", "tensorrt"),
         default="cpu",
         help="Triton profile for B and C (GPU profiles need the NGC tritonserver)",
     )

@@ -12,6 +12,7 @@ LABELS = {
     "gateway-cpu": "gateway cpu (FP32)",
     "gateway-cpu-int8": "gateway cpu-int8",
     "gateway-cpu-bf16": "gateway cpu-bf16 (OpenVINO)",
+    "gateway-cpu-int8-openvino": "gateway cpu-int8-openvino (OpenVINO, NNCF)",
     "gateway-auto": "gateway default (auto)",
 }
 #: The systems that are one fixed profile (``auto`` is whichever of them it chose).
