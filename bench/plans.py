@@ -42,6 +42,20 @@ PLANS: dict[str, dict[str, str]] = {
         "GATEWAY_TRITON_CPU_SPINNING": "false", "GATEWAY_DECODE_THREADS": "1",
     },
 }  # fmt: skip
+#: The OpenVINO profiles' plans: its own threads (INFERENCE_NUM_THREADS, triton/python/model.py)
+#: per instance; ORT's spin-waiting does not apply.
+OPENVINO_PLANS: dict[str, dict[str, str]] = {
+    "1 instance x all CPUs, decode 1": {
+        "GATEWAY_TRITON_INSTANCE_COUNT": "1", "GATEWAY_TRITON_CPU_THREADS": "0",
+        "GATEWAY_DECODE_THREADS": "1",
+    },
+    "2 instances x 1 thread, decode 1": {
+        "GATEWAY_TRITON_INSTANCE_COUNT": "2", "GATEWAY_TRITON_CPU_THREADS": "1",
+        "GATEWAY_DECODE_THREADS": "1",
+    },
+}  # fmt: skip
+#: Which plans each profile is measured in (ONNX Runtime's by default).
+PLANS_OF = {"cpu-bf16": OPENVINO_PLANS, "cpu-int8-openvino": OPENVINO_PLANS}
 CELLS = ((32, 4), (32, 1), (8, 4), (1, 1), (1, 4))
 LIMITS = replace(FULL, seconds=15.0, requests=200)
 
@@ -57,7 +71,7 @@ def run(
                                "cells": [list(c) for c in CELLS], "plans": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-plans-") as tmp:
         for profile in profiles:
-            for name, env in PLANS.items():
+            for name, env in PLANS_OF.get(profile, PLANS).items():
                 key = f"{profile}: {name}"
                 results["plans"][key] = system(f"gateway-{profile}", exported.directory,
                                                Path(tmp), limits, env, CELLS)  # fmt: skip
