@@ -110,11 +110,14 @@ class ModelPlan:
 #: time and scale over threads, so one instance with every thread is as fast with 4 clients and
 #: far better for one client (single image ~58 vs ~94 ms) and in memory (each instance holds
 #: a copy of the model: ~600 MB for both FP32 towers). More than two was not measured.
-#: ``cpu-bf16``: cpu-int8's plan (its BF16 matrix products are as short as INT8's, so the
-#: single-threaded stretches between them weigh as much); docs/PERFORMANCE.md has its figures.
-#: ``cpu-int8-openvino``: the same, for the same reason (INT8 matrix products); not measured.
-CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2, "cpu-bf16": 2,
-                                       "cpu-int8-openvino": 2}  # fmt: skip
+#: The OpenVINO profiles (``cpu-bf16``, ``cpu-int8-openvino``): one instance with every thread.
+#: Through the whole gateway (bench/results/plans/openvino, 2-CPU EPYC) it is 1.57-1.63x the
+#: two single-thread instances at batch 32 x 4 (57.4 vs 36.5 img/s INT8, 34.5 vs 21.2 BF16) and
+#: better for one client too (single image 31 vs 38 ms, 41 vs 63 ms): OpenVINO runs its own
+#: stretches between the matrix products in parallel, so a second instance buys nothing but a
+#: second copy of the model.
+CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2, "cpu-bf16": 1,
+                                       "cpu-int8-openvino": 1}  # fmt: skip
 
 
 def model_plan(profile: str, cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:

@@ -117,11 +117,16 @@ def signature(
     backend: str,
     model: str,
     gate: Mapping[str, float],
+    plans: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
-    """What a measurement holds for; the flags as a digest (hundreds of them)."""
+    """What a measurement holds for; the flags as a digest (hundreds of them). ``plans``: the
+    core plan (instances, threads) each candidate is timed with: another plan, another race."""
     digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
-    return {"cpu": cpu, "flags": digest, "cpus": cpus, "runtimes": dict(runtimes),
-            "backend": backend, "model": model, "gate": dict(gate)}  # fmt: skip
+    found = {"cpu": cpu, "flags": digest, "cpus": cpus, "runtimes": dict(runtimes),
+             "backend": backend, "model": model, "gate": dict(gate)}  # fmt: skip
+    if plans is not None:
+        found["plans"] = {profile: list(pair) for profile, pair in plans.items()}
+    return found
 
 
 def recorded(record: Path, wanted: Mapping[str, Any]) -> Choice | None:

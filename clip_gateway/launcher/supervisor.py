@@ -397,10 +397,15 @@ class Supervisor:
             runtimes["onnxruntime-backend"] = engines.runtime_versions(install.backend_dir)[1]
         flags = bf16.cpu_flags()
         # the gate's thresholds too: a stricter gate may refuse what was chosen
-        signature = cpu_auto.signature(cpu=cpu_auto.cpu_model(), flags=flags,
-                                       cpus=plan.usable_cpus(), runtimes=runtimes,
-                                       backend=repository.cpu_backend, model=identity,
-                                       gate=self.thresholds().as_dict())  # fmt: skip
+        cpus = plan.usable_cpus()
+        plans = {profile: plan.model_plan(profile, cpus, repository.instance_count,
+                                          repository.cpu_threads)
+                 for profile in cpu_auto.CANDIDATES}  # fmt: skip
+        signature = cpu_auto.signature(cpu=cpu_auto.cpu_model(), flags=flags, cpus=cpus,
+                                       runtimes=runtimes, backend=repository.cpu_backend,
+                                       model=identity, gate=self.thresholds().as_dict(),
+                                       plans={p: (m.instances, m.threads)
+                                              for p, m in plans.items()})  # fmt: skip
         # beside the export (the model cache); a read-only baked export: the cache volume
         records = [export_dir / cpu_auto.RECORD,
                    Path(repository.trt_cache_path) / cpu_auto.RECORD]  # fmt: skip

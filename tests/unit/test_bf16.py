@@ -86,9 +86,11 @@ def test_the_gate_names_bf16_in_its_refusal() -> None:
     assert refusal({}, Thresholds()) == "no INT8 figures were recorded: export again with --int8"
 
 
-def test_cpu_bf16_is_a_cpu_profile_with_int8s_core_plan() -> None:
+def test_cpu_bf16_is_a_cpu_profile_with_openvinos_core_plan() -> None:
     assert "cpu-bf16" in PROFILES
-    assert plan.model_plan("cpu-bf16", 2) == plan.model_plan("cpu-int8", 2)
+    # one instance with every thread (bench/results/plans/openvino), not cpu-int8's 2 x 1
+    assert plan.model_plan("cpu-bf16", 2) == plan.ModelPlan(1, 2)
+    assert plan.model_plan("cpu-bf16", 8) == plan.ModelPlan(1, 8)
     assert RepositorySettings(profile="cpu-bf16").warmup == (1,)
     # chosen by auto and failing to load: the FP32 cpu profile, as tensorrt falls back to cuda
     assert profiles.FALLBACK["cpu-bf16"] == "cpu"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from clip_gateway.config import plan
 from clip_gateway.config.settings import Profile, RepositorySettings, Settings
 from clip_gateway.launcher import bf16, cpu_auto
 from clip_gateway.launcher import supervisor as module
@@ -107,6 +108,12 @@ def test_the_next_start_reuses_the_recorded_choice_without_measuring(
     assert choose(first, export)[0] == "cpu"
     kept = json.loads((export / cpu_auto.RECORD).read_text())
     assert kept["profile"] == "cpu" and kept["signature"]["model"] == "model-identity"
+    # the record names the core plan each candidate was timed with
+    cpus = kept["signature"]["cpus"]
+    assert kept["signature"]["plans"] == {
+        p: [plan.model_plan(p, cpus).instances, plan.model_plan(p, cpus).threads]
+        for p in cpu_auto.CANDIDATES
+    }
     again = launcher(monkeypatch, tmp_path, must_not_measure)
     profile, reason = choose(again, export)
     assert profile == "cpu" and reason.startswith("auto, measured here earlier")
@@ -122,6 +129,7 @@ def test_the_next_start_reuses_the_recorded_choice_without_measuring(
         ("runtimes", {"onnxruntime": "0.1"}),
         ("model", "other-weights"),
         ("gate", {"min_mean_cosine": 0.9999, "min_cosine": 0.999}),
+        ("plans", {"cpu-int8": [2, 1], "cpu-bf16": [2, 1], "cpu": [1, 2]}),  # an older plan
     ],
 )
 def test_another_machine_runtime_or_model_measures_again(

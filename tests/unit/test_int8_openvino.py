@@ -34,10 +34,10 @@ def built(export: Path, figures: dict[str, object] = FIGURES, rest: str = "bf16"
     return export
 
 
-def test_it_is_a_cpu_profile_with_int8s_core_plan_and_falls_back_to_cpu() -> None:
+def test_it_is_a_cpu_profile_with_openvinos_core_plan_and_falls_back_to_cpu() -> None:
     assert "cpu-int8-openvino" in PROFILES and "cpu-int8-openvino" in CPU_PROFILES
     assert "cpu-int8-openvino" in cpu_auto.CANDIDATES and "nncf" in cpu_auto.RUNTIMES
-    assert plan.model_plan("cpu-int8-openvino", 2) == plan.model_plan("cpu-int8", 2)
+    assert plan.model_plan("cpu-int8-openvino", 2) == plan.ModelPlan(1, 2)  # not cpu-int8's 2x1
     assert profiles.FALLBACK["cpu-int8-openvino"] == "cpu"
 
 
