@@ -60,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     peers = commands.add_parser("peers", help="bench/peers.py")
     peers.add_argument("--smoke", action="store_true", help="one request per cell, for a check")
     peers.add_argument("--systems", nargs="+", default=None, help="default: all (SYSTEMS)")
+    peers.add_argument(
+        "--cells",
+        nargs="+",
+        default=None,
+        metavar="bBxcC",
+        help="only these cells, e.g. b1xc1 b32xc4 (default: all six)",
+    )
     peers.add_argument("--out", type=Path, default=None)
     quantization = commands.add_parser("quantization", help="bench/quantization.py")
     quantization.add_argument("--reps", type=int, default=5)
@@ -184,7 +191,9 @@ def _peers(args: argparse.Namespace) -> int:
 
     limits = peer_bench.SMOKE if args.smoke else peer_bench.FULL
     out = args.out or RESULTS / ("peers-smoke" if args.smoke else "peers")
-    peer_bench.run(out, limits, tuple(args.systems or peer_bench.SYSTEMS))
+    cells = tuple(c for c in peer_bench.CELLS
+                  if args.cells is None or peer_bench.cell_name(*c) in args.cells)  # fmt: skip
+    peer_bench.run(out, limits, tuple(args.systems or peer_bench.SYSTEMS), cells)
     print(out, flush=True)
     return 0
 

@@ -266,7 +266,12 @@ def _profile_choice(url: str) -> dict[str, Any] | None:
     return None
 
 
-def run(out: Path, limits: Limits, systems: tuple[str, ...] = SYSTEMS) -> dict[str, Any]:
+def run(
+    out: Path,
+    limits: Limits,
+    systems: tuple[str, ...] = SYSTEMS,
+    cells: tuple[tuple[int, int], ...] = CELLS,
+) -> dict[str, Any]:
     from bench.peers_report import write
     from clip_gateway.export.build import ensure_exported
     from clip_gateway.model.spec import Weights
@@ -289,7 +294,8 @@ def run(out: Path, limits: Limits, systems: tuple[str, ...] = SYSTEMS) -> dict[s
     results["systems"] = {}
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         for name in systems:
-            results["systems"][name] = system(name, exported.directory, Path(tmp), limits)
+            results["systems"][name] = system(name, exported.directory, Path(tmp), limits,
+                                              cells=cells)  # fmt: skip
     results["machine"]["load_avg_after"] = list(os.getloadavg())
     write(results, out)
     return results
