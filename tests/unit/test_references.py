@@ -14,6 +14,9 @@ What is read as a reference, and what it must resolve to:
 - ``clip-gateway COMMAND``: a command of the CLI's root; ``make TARGET``: a Makefile target.
   Both only as code (a Markdown code span or block, a docstring's or comment's code span) and
   where a shell would run them (``_AT_COMMAND``);
+- a section cited by its title (``docs/PROFILES.md "The cpu-int8 profile"``, ``README
+  "Tests"``): a heading of that page, or the bold words that open one of its paragraphs, which
+  the title equals or begins;
 - a page's path upward (``../shared/NOTES.md``) stays inside the repository.
 
 A string literal without a space is data, not prose, and is not read (bench/profiling.py
@@ -36,6 +39,7 @@ import re
 import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from markdown_it import MarkdownIt
@@ -69,6 +73,11 @@ def subpackages(root: Path) -> tuple[str, ...]:
 
 
 #: A page's path upward (``../shared/x.md``): it must stay inside the repository.
+#: A section cited by its title: ``docs/PROFILES.md "The cpu-int8 profile"``, ``README "Tests"``.
+SECTION = re.compile(
+    r"(?<![\w/.-])((?:docs/|triton/)?[\w-]+\.md|README)(?:\'s)?(?:[ \t]+|[ \t]*\n[ \t]*)"
+    r'"([^"]{2,80})"'
+)
 UPWARD = re.compile(rf"{_BEFORE}(?:\.\./)+[\w.\-/]*[\w/]")
 PYTHON_M = re.compile(r"(?<![\w-])python3?(?:\.\d+)? -m ([\w.]+)(?:[ \t]+([a-z][\w-]*))?")
 #: Where a shell would run a command: at a line's start or after a separator (``;``, ``&&``,
@@ -87,9 +96,9 @@ PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|\$")
 @dataclass(frozen=True)
 class Named:
     where: str  # file:line
-    kind: str  # path, outside, module, command, target
+    kind: str  # path, outside, section, module, command, target
     value: str
-    study: str = ""  # python -m bench STUDY
+    study: str = ""  # python -m bench STUDY; a cited section's title
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,12 @@ def _read(where: str, line: int, text: str, paths: re.Pattern[str]) -> Iterator[
     for match in PYTHON_M.finditer(text):
         at = f"{where}:{line + text.count(chr(10), 0, match.start())}"
         yield Named(at, "module", match.group(1), match.group(2) or "")
+    for match in SECTION.finditer(text):
+        at = f"{where}:{line + text.count(chr(10), 0, match.start())}"
+        page = "README.md" if match[1] == "README" else match[1]
+        if "/" not in page and where.startswith("docs/"):
+            page = f"docs/{page}"  # a page beside the citing one
+        yield Named(at, "section", page, " ".join(match[2].replace("#:", " ").split()))
 
 
 def _run(where: str, line: int, code: str) -> Iterator[Named]:
@@ -194,6 +209,35 @@ def expand(path: str) -> list[str]:
         for part in brace.group(1).split(",")
         for expanded in expand(path[: brace.start()] + part + path[brace.end() :])
     ]
+
+
+def _plain(title: str) -> str:
+    return " ".join(title.replace("`", "").lower().split()).rstrip(".:")
+
+
+def sections(page: Path) -> list[str]:
+    """The titles a page's sections go by: its headings and the bold words that open a paragraph
+    or list item (``**API keys, required off loopback.**``)."""
+    titles = []
+    for previous, token in pairwise(PARSER.parse(page.read_text())):
+        children = [c for c in token.children or [] if c.type != "text" or c.content]
+        if previous.type == "heading_open":
+            titles.append("".join(c.content for c in children if c.type in ("text", "code_inline")))
+        elif token.type == "inline" and children and children[0].type == "strong_open":
+            end = next(n for n, c in enumerate(children) if c.type == "strong_close")
+            titles.append("".join(c.content for c in children[1:end]))
+    return [_plain(title) for title in titles]
+
+
+def section_problem(root: Path, page: str, title: str) -> str | None:
+    """``title`` is a section of ``page``: a heading or bold lead-in it equals or begins (the
+    citation may shorten ``Cluster (deploy/k8s/, kustomize)`` to ``Cluster``)."""
+    if not (root / page).is_file():
+        return f'{page} "{title}": no such page'
+    cited = _plain(title)
+    if not any(t == cited or re.match(rf"{re.escape(cited)}\b", t) for t in sections(root / page)):
+        return f'{page} "{title}": no such section'
+    return None
 
 
 def written_by_runs(root: Path) -> tuple[str, ...]:
@@ -260,6 +304,8 @@ def problem(root: Path, ref: Named, defined: Known) -> str | None:
         return path_problem(root, ref.value)
     if ref.kind == "module":
         return module_problem(root, ref.value, ref.study, defined.studies)
+    if ref.kind == "section":
+        return section_problem(root, ref.value, ref.study)
     if ref.kind == "outside":
         return f"{ref.value}: outside the repository"
     if ref.kind == "command":
@@ -312,13 +358,15 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         "echo 'run make again'\n"
         "python -m bench smoke && python -m bench peers\n"
         "python -m bench.gone; python -m pip x  # another project's module is not checked\n"
-        "```\n"
+        "```\n\n"
+        "## Cluster (kustomize)\n\n- **API keys, off loopback.** A bold lead-in is a section.\n"
     )
     (tmp_path / "README.md").write_text(
         "# R\n\nmake nothing here: it is prose, not code. See `../shared/NOTES.md`.\n"
     )
     (tmp_path / "clip_gateway/http/routes.py").write_text(
-        '"""Routes (clip_gateway/http/old.py; ``make gone``)."""\n'
+        '"""Routes (clip_gateway/http/old.py; ``make gone``): docs/A.md "Cluster", docs/A.md\n'
+        '"API keys", README "Tests", docs/A.md "Clus".""" # a title cited may shorten, not cut\n'
         "PREFIX = 'clip_gateway/http/ap'  # data, not prose: clip_gateway/http/app.py\n"
         'MESSAGE = "see deploy/compose.yaml"\n'
     )
@@ -329,7 +377,9 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         "README.md:3: ../shared/NOTES.md: outside the repository",
         "clip_gateway/http/routes.py:1: clip_gateway/http/old.py: no such file or folder",
         "clip_gateway/http/routes.py:1: make gone: no such target",
-        "clip_gateway/http/routes.py:3: deploy/compose.yaml: no such file or folder",
+        'clip_gateway/http/routes.py:2: README.md "Tests": no such section',
+        'clip_gateway/http/routes.py:2: docs/A.md "Clus": no such section',
+        "clip_gateway/http/routes.py:4: deploy/compose.yaml: no such file or folder",
         "docs/A.md:5: bench/results/smoke/t.json: no such file or folder",
         "docs/A.md:5: clip_gateway/http/gone.py: no such file or folder",
         "docs/A.md:5: docs/GONE.md: no such file or folder",
