@@ -72,12 +72,12 @@ def subpackages(root: Path) -> tuple[str, ...]:
     )
 
 
-#: A page's path upward (``../shared/x.md``): it must stay inside the repository.
 #: A section cited by its title: ``docs/PROFILES.md "The cpu-int8 profile"``, ``README "Tests"``.
 SECTION = re.compile(
     r"(?<![\w/.-])((?:docs/|triton/)?[\w-]+\.md|README)(?:\'s)?(?:[ \t]+|[ \t]*\n[ \t]*)"
     r'"([^"]{2,80})"'
 )
+#: A page's path upward (``../shared/x.md``): it must stay inside the repository.
 UPWARD = re.compile(rf"{_BEFORE}(?:\.\./)+[\w.\-/]*[\w/]")
 PYTHON_M = re.compile(r"(?<![\w-])python3?(?:\.\d+)? -m ([\w.]+)(?:[ \t]+([a-z][\w-]*))?")
 #: Where a shell would run a command: at a line's start or after a separator (``;``, ``&&``,
@@ -98,7 +98,7 @@ class Named:
     where: str  # file:line
     kind: str  # path, outside, section, module, command, target
     value: str
-    study: str = ""  # python -m bench STUDY; a cited section's title
+    detail: str = ""  # python -m bench STUDY: the study; a cited section: its title
 
 
 @dataclass(frozen=True)
@@ -135,13 +135,25 @@ def markdown_code(text: str) -> Iterator[tuple[int, str]]:
 
 
 def python_prose(text: str) -> Iterator[tuple[int, str]]:
-    """(line, text) of every comment and prose string (docstrings, messages) of a Python file."""
+    """(line, text) of every prose string (docstrings, messages) and comment of a Python file;
+    comments on consecutive lines are one text (a citation may wrap), their ``#`` removed."""
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and " " in node.value:
             yield node.lineno, node.value
+    block: list[str] = []
+    first = last = 0
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type == tokenize.COMMENT:
-            yield token.start[0], token.string
+        if token.type != tokenize.COMMENT:
+            continue
+        if block and token.start[0] != last + 1:
+            yield first, "\n".join(block)
+            block = []
+        if not block:
+            first = token.start[0]
+        block.append(re.sub(r"^#:?", "", token.string))
+        last = token.start[0]
+    if block:
+        yield first, "\n".join(block)
 
 
 def code_spans(text: str) -> Iterator[tuple[int, str]]:
@@ -163,7 +175,7 @@ def _read(where: str, line: int, text: str, paths: re.Pattern[str]) -> Iterator[
         page = "README.md" if match[1] == "README" else match[1]
         if "/" not in page and where.startswith("docs/"):
             page = f"docs/{page}"  # a page beside the citing one
-        yield Named(at, "section", page, " ".join(match[2].replace("#:", " ").split()))
+        yield Named(at, "section", page, " ".join(match[2].split()))
 
 
 def _run(where: str, line: int, code: str) -> Iterator[Named]:
@@ -303,9 +315,9 @@ def problem(root: Path, ref: Named, defined: Known) -> str | None:
     if ref.kind == "path":
         return path_problem(root, ref.value)
     if ref.kind == "module":
-        return module_problem(root, ref.value, ref.study, defined.studies)
+        return module_problem(root, ref.value, ref.detail, defined.studies)
     if ref.kind == "section":
-        return section_problem(root, ref.value, ref.study)
+        return section_problem(root, ref.value, ref.detail)
     if ref.kind == "outside":
         return f"{ref.value}: outside the repository"
     if ref.kind == "command":
@@ -369,6 +381,7 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         '"API keys", README "Tests", docs/A.md "Clus".""" # a title cited may shorten, not cut\n'
         "PREFIX = 'clip_gateway/http/ap'  # data, not prose: clip_gateway/http/app.py\n"
         'MESSAGE = "see deploy/compose.yaml"\n'
+        '#: a citation that wraps (README\n#: "Wrapped"), read as one\nX = 1\n'
     )
     targets = make_targets(tmp_path / "Makefile")
     defined = Known(commands=frozenset({"serve"}), studies=frozenset({"smoke"}), targets=targets)
@@ -380,6 +393,7 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         'clip_gateway/http/routes.py:2: README.md "Tests": no such section',
         'clip_gateway/http/routes.py:2: docs/A.md "Clus": no such section',
         "clip_gateway/http/routes.py:4: deploy/compose.yaml: no such file or folder",
+        'clip_gateway/http/routes.py:5: README.md "Wrapped": no such section',
         "docs/A.md:5: bench/results/smoke/t.json: no such file or folder",
         "docs/A.md:5: clip_gateway/http/gone.py: no such file or folder",
         "docs/A.md:5: docs/GONE.md: no such file or folder",
