@@ -218,7 +218,7 @@ def test_api_keys_apply_to_predict_but_not_to_the_probe(
     settings: ServerSettings, fake: FakeBackend, clip_tokenizer_file: Path
 ) -> None:
     """With keys configured Immich's own calls (no key) are refused and it fails over; a proxy
-    beside Immich that adds the key gets through (deploy/compose.yaml)."""
+    beside Immich that adds the key gets through (deploy/compose/immich-proxy.yml)."""
     on = settings.model_copy(
         update={"immich": True, "immich_aliases": (NAME,), "api_keys": (SecretStr("k3y"),)}
     )

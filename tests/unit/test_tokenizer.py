@@ -1,6 +1,5 @@
 """clip_gateway/text/tokenizer.py against open_clip's own tokenizer: identical token ids over a
-corpus
-generated here (thousands of texts) and hypothesis-generated text; torch-free; framing."""
+corpus generated here (thousands of texts) and hypothesis-generated text; torch-free; framing."""
 
 from __future__ import annotations
 
