@@ -35,7 +35,8 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env peer-env serve test check lint format typecheck pytest mutation lock clean api-key \
+.PHONY: install triton-env peer-env serve test test-fast check lint format typecheck pytest mutation lock clean \
+  api-key \
   image image-test compose-test kube-test gpu-kit
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
@@ -94,6 +95,13 @@ typecheck:
 
 pytest:
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The edit-test loop (docs/DEVELOPMENT.md "The fast tier"): tests/unit and tests/api without
+# torch, open_clip or a tritonserver, on one pytest-xdist worker per core; `make test` stays the
+# whole suite. --fast makes torch and open_clip unimportable even where they are installed.
+FAST_WORKERS ?= auto
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest tests/unit tests/api --fast -m "not torch" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # Mutation testing of the request path's pure modules against their unit tests ([tool.mutmut] in
 # pyproject.toml). Not part of `make test`: a full run takes minutes. mutmut keeps old verdicts

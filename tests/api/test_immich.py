@@ -94,6 +94,7 @@ TEXTS = ["a photo of a cat", "Fish &amp; chips", "  two   spaces\tand a tab ", "
          "“curly quotes”", "<b>bold</b>", "\uff26\uff35\uff2c\uff2c", "x " * 120]  # fmt: skip
 
 
+@pytest.mark.torch  # the hub's tokenizer.json is rebuilt from open_clip's vocabulary
 @pytest.mark.parametrize("text", TEXTS)
 def test_a_text_gets_the_ids_immichs_tokenizer_makes(
     immich: TestClient, text: str, tmp_path_factory: pytest.TempPathFactory
