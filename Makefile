@@ -51,7 +51,7 @@ $(UV):
 
 $(VENV)/.installed: pyproject.toml requirements/lock.txt | $(UV)
 	@echo "clip-gateway: installing into $(VENV)"
-	@requirements/uv.sh $(PY) install --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
+	@requirements/uv.sh $(UV) $(PY) install --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
 	@if [ "$(PILLOW_SIMD)" = 1 ]; then \
 	  requirements/pillow-simd.sh $(PY) $(PILLOW_SIMD_VERSION) "$(SIMD_CFLAGS)"; \
 	else echo "note: PILLOW_SIMD=0: stock Pillow, under half of pillow-simd's images/s per core" >&2; fi
@@ -63,8 +63,8 @@ triton-env: $(TRITON_ENV)/.installed
 $(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt | $(UV)
 	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"
 	@$(PYTHON) -m venv $(TRITON_ENV)
-	@requirements/uv.sh $(TRITON_ENV)/bin/python install --quiet -r requirements/triton-env.txt
-	@requirements/uv.sh $(TRITON_ENV)/bin/python install --quiet --no-deps \
+	@requirements/uv.sh $(UV) $(TRITON_ENV)/bin/python install --quiet -r requirements/triton-env.txt
+	@requirements/uv.sh $(UV) $(TRITON_ENV)/bin/python install --quiet --no-deps \
 	  -r requirements/triton-server.txt
 	@touch $@
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `requirements/uv.sh VENV_PYTHON ARGS...`: `uv pip ARGS` into that Python's environment, from
+# `requirements/uv.sh UV VENV_PYTHON ARGS...`: `UV pip ARGS` into that Python's environment, from
 # the package sources pip is configured with on this machine (`pip config list`: index, extra
 # indexes, wheel directories, constraints, certificate bundle). uv reads neither pip.conf nor
 # PIP_* variables, so each is handed to it under uv's own name; several indexes are weighed as
@@ -7,9 +7,8 @@
 # The Makefile's installs run through it: one resolution, downloads and unpacking in parallel,
 # and the same exact pins (every install is constrained by requirements/lock.txt).
 set -euo pipefail
-py=$1
-shift
-uv="$(dirname "$py")/uv"
+uv=$1 py=$2
+shift 2
 pip_config() {
   local line key value
   while IFS= read -r line; do
