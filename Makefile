@@ -118,8 +118,8 @@ format:
 	$(VENV)/bin/ruff format .
 
 # Re-resolve the pinned versions (needs uv: `pip install uv`).
-lock:
-	uv pip compile pyproject.toml --extra all --extra dev --extra bench --python-version 3.11 \
+lock: | $(UV)
+	$(UV) pip compile pyproject.toml --extra all --extra dev --extra bench --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --quiet -o requirements/lock.txt
 
 clean:
