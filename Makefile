@@ -39,13 +39,21 @@ SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
   api-key \
   image image-test compose-test kube-test gpu-kit
 
-install: $(VENV)/.installed $(TRITON_ENV)/.installed
+# The two environments are built at once (they share nothing but uv), each by uv
+# (requirements/uv.sh): one resolution, parallel downloads, exact pins from the lock.
+install:
+	@$(MAKE) --no-print-directory --output-sync=target -j2 $(VENV)/.installed $(TRITON_ENV)/.installed
 
-$(VENV)/.installed: pyproject.toml requirements/lock.txt
-	@echo "clip-gateway: installing into $(VENV) (first run: a few minutes)"
+# uv, the installer both environments are built with, inside the gateway's venv.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+$(UV):
 	@$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --quiet --upgrade pip
-	@$(PY) -m pip install --quiet --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
+	@$(PY) -m pip install --quiet --quiet "uv==$(UV_VERSION)"
+
+$(VENV)/.installed: pyproject.toml requirements/lock.txt | $(UV)
+	@echo "clip-gateway: installing into $(VENV)"
+	@requirements/uv.sh $(UV) $(PY) install --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
 	@if [ "$(PILLOW_SIMD)" = 1 ]; then \
 	  requirements/pillow-simd.sh $(PY) $(PILLOW_SIMD_VERSION) "$(SIMD_CFLAGS)"; \
 	else echo "note: PILLOW_SIMD=0: stock Pillow, under half of pillow-simd's images/s per core" >&2; fi
@@ -54,11 +62,12 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 # Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see
 # clip_gateway/launcher/local.py.
 triton-env: $(TRITON_ENV)/.installed
-$(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt
+$(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt | $(UV)
 	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"
 	@$(PYTHON) -m venv $(TRITON_ENV)
-	@$(TRITON_ENV)/bin/pip install --quiet --quiet -r requirements/triton-env.txt
-	@$(TRITON_ENV)/bin/pip install --quiet --quiet --no-deps -r requirements/triton-server.txt
+	@requirements/uv.sh $(UV) $(TRITON_ENV)/bin/python install --quiet -r requirements/triton-env.txt
+	@requirements/uv.sh $(UV) $(TRITON_ENV)/bin/python install --quiet --no-deps \
+	  -r requirements/triton-server.txt
 	@touch $@
 
 # The peer bench's Infinity (`python -m bench peers`), in a virtualenv of its own: its pins are not
@@ -118,8 +127,8 @@ format:
 	$(VENV)/bin/ruff format .
 
 # Re-resolve the pinned versions (needs uv: `pip install uv`).
-lock:
-	uv pip compile pyproject.toml --extra all --extra dev --extra bench --python-version 3.11 \
+lock: | $(UV)
+	$(UV) pip compile pyproject.toml --extra all --extra dev --extra bench --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --quiet -o requirements/lock.txt
 
 clean:
