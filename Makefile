@@ -35,9 +35,8 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env peer-env serve test test-fast check lint format typecheck pytest mutation lock clean \
-  api-key \
-  image image-test compose-test kube-test gpu-kit
+.PHONY: install triton-env peer-env serve test test-fast check lint format typecheck pytest mutation lock \
+  clean api-key image image-test compose-test kube-test gpu-kit
 
 # The two environments are built at once (they share nothing but uv), each by uv
 # (requirements/uv.sh): one resolution, parallel downloads, exact pins from the lock.
