@@ -41,7 +41,7 @@ SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 # The two environments are built at once (they share nothing but uv), each by uv
 # (requirements/uv.sh): one resolution, parallel downloads, exact pins from the lock.
 install:
-	@$(MAKE) --no-print-directory --output-sync=target -j2 $(VENV)/.installed $(TRITON_ENV)/.installed
+	@$(MAKE) -s --no-print-directory --output-sync=target -j2 $(VENV)/.installed $(TRITON_ENV)/.installed
 
 # uv, the installer both environments are built with, inside the gateway's venv.
 UV_VERSION := 0.13.9
