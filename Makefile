@@ -35,16 +35,24 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env peer-env serve test check lint format typecheck pytest mutation lock clean api-key \
-  image image-test compose-test kube-test gpu-kit
+.PHONY: install triton-env peer-env serve test test-fast check lint format typecheck pytest mutation lock \
+  clean api-key image image-test compose-test kube-test gpu-kit
 
-install: $(VENV)/.installed $(TRITON_ENV)/.installed
+# The two environments are built at once (they share nothing but uv), each by uv
+# (requirements/uv.sh): one resolution, parallel downloads, exact pins from the lock.
+install:
+	@$(MAKE) -s --no-print-directory --output-sync=target -j2 $(VENV)/.installed $(TRITON_ENV)/.installed
 
-$(VENV)/.installed: pyproject.toml requirements/lock.txt
-	@echo "clip-gateway: installing into $(VENV) (first run: a few minutes)"
+# uv, the installer both environments are built with, inside the gateway's venv.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+$(UV):
 	@$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --quiet --upgrade pip
-	@$(PY) -m pip install --quiet --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
+	@$(PY) -m pip install --quiet --quiet "uv==$(UV_VERSION)"
+
+$(VENV)/.installed: pyproject.toml requirements/lock.txt | $(UV)
+	@echo "clip-gateway: installing into $(VENV)"
+	@requirements/uv.sh $(UV) $(PY) install --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
 	@if [ "$(PILLOW_SIMD)" = 1 ]; then \
 	  requirements/pillow-simd.sh $(PY) $(PILLOW_SIMD_VERSION) "$(SIMD_CFLAGS)"; \
 	else echo "note: PILLOW_SIMD=0: stock Pillow, under half of pillow-simd's images/s per core" >&2; fi
@@ -53,11 +61,12 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt
 # Triton's Python-backend interpreter (numpy<2) and the PyPI tritonserver; see
 # clip_gateway/launcher/local.py.
 triton-env: $(TRITON_ENV)/.installed
-$(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt
+$(TRITON_ENV)/.installed: requirements/triton-env.txt requirements/triton-server.txt | $(UV)
 	@echo "clip-gateway: installing Triton into $(TRITON_ENV)"
 	@$(PYTHON) -m venv $(TRITON_ENV)
-	@$(TRITON_ENV)/bin/pip install --quiet --quiet -r requirements/triton-env.txt
-	@$(TRITON_ENV)/bin/pip install --quiet --quiet --no-deps -r requirements/triton-server.txt
+	@requirements/uv.sh $(UV) $(TRITON_ENV)/bin/python install --quiet -r requirements/triton-env.txt
+	@requirements/uv.sh $(UV) $(TRITON_ENV)/bin/python install --quiet --no-deps \
+	  -r requirements/triton-server.txt
 	@touch $@
 
 # The peer bench's Infinity (`python -m bench peers`), in a virtualenv of its own: its pins are not
@@ -95,6 +104,13 @@ typecheck:
 pytest:
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The edit-test loop (docs/DEVELOPMENT.md "The fast tier"): tests/unit and tests/api without
+# torch, open_clip or a tritonserver, on one pytest-xdist worker per core; `make test` stays the
+# whole suite. --fast makes torch and open_clip unimportable even where they are installed.
+FAST_WORKERS ?= auto
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest tests/unit tests/api --fast -m "not torch" -n $(FAST_WORKERS) $(PYTEST_ARGS)
+
 # Mutation testing of the request path's pure modules against their unit tests ([tool.mutmut] in
 # pyproject.toml). Not part of `make test`: a full run takes minutes. mutmut keeps old verdicts
 # for unchanged code even when tests change, so every run starts from a fresh mutants/ copy.
@@ -110,8 +126,8 @@ format:
 	$(VENV)/bin/ruff format .
 
 # Re-resolve the pinned versions (needs uv: `pip install uv`).
-lock:
-	uv pip compile pyproject.toml --extra all --extra dev --extra bench --python-version 3.11 \
+lock: | $(UV)
+	$(UV) pip compile pyproject.toml --extra all --extra dev --extra bench --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 --quiet -o requirements/lock.txt
 
 clean:

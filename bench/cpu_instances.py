@@ -6,12 +6,11 @@ BF16 inference precision, FP32 graph) beside ``cpu-int8`` (ONNX Runtime, dynamic
 ``python bench/cpu_instances.py MODEL.onnx INT8.onnx PIXELS.npy OUT_DIR [SECONDS]`` in the Triton
 env (``.triton-env``: numpy, onnxruntime, openvino). PIXELS.npy: uint8 [n, 224, 224, 3], n >= 32
 (docs/PERFORMANCE.md: the calibration photos' crops, clip_gateway/launcher/bf16.py). Each instance
-is a
-Python thread with its own session or compiled model, as Triton runs one stub process per
-instance; every instance runs batch after batch for SECONDS. Figures: images per CPU-second of
-this process (robust on a shared machine: CPU time spent, not wall time waited) and images/s
-(wall clock, meaningful only on an idle machine). The systems and plans alternate round by round
-so background load hits them alike.
+is a Python thread with its own session or compiled model, as Triton runs one stub process per
+instance; every instance runs batch after batch for SECONDS. Figures: images per CPU-second of this
+process (robust on a shared machine: CPU time spent, not wall time waited) and images/s (wall clock,
+meaningful only on an idle machine). The systems and plans alternate round by round so background
+load hits them alike.
 """
 
 from __future__ import annotations

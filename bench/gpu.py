@@ -1,13 +1,12 @@
 """``python -m bench gpu``: the exported graphs on a GPU, as the ``cuda`` profile runs them.
 
 For each model: export it (``python -m clip_gateway.export``'s own code, random weights, seeded),
-then run
-both towers' FP32 and FP16 graphs in ONNX Runtime's CUDA execution provider with the options
-``triton/profiles/cuda.pbtxt`` passes (HEURISTIC cuDNN search, no CUDA graph), and record
+then run both towers' FP32 and FP16 graphs in ONNX Runtime's CUDA execution provider with the
+options ``triton/profiles/cuda.pbtxt`` passes (HEURISTIC cuDNN search, no CUDA graph), and record
 
 - **parity** against open_clip's own torch pipeline in FP32 on the CPU
-(``clip_gateway/export/parity.py``'s
-  references): the lowest and mean cosine, and the largest absolute difference for FP32;
+  (``clip_gateway/export/parity.py``'s references): the lowest and mean cosine, and the largest
+  absolute difference for FP32;
 - **throughput** per batch size, inputs and outputs in host memory (Triton's backend copies them
   in and out the same way), and open_clip in torch FP16 on the same GPU as the engine-side
   ceiling a GPU host's CPUs must feed;

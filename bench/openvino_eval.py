@@ -1,16 +1,15 @@
 """OpenVINO beside ONNX Runtime for the CPU profiles, on the exported image graph (issue 25).
 
 ``python bench/openvino_eval.py MODEL.onnx INT8.onnx OUT_DIR`` in a virtualenv with ``openvino``,
-``onnxruntime``, ``numpy`` and, for OpenVINO's own INT8, ``nncf`` (none of them a project
-dependency of the gateway: this is the measurement that decides). OpenVINO's INT8 rows need
-``calibration.npy`` beside MODEL.onnx: the quality gate's calibration photos as the model's
-uint8 input, which NNCF calibrates on. Batch 32 of the gateway's own uint8 pixels (compact
-JPEGs through ``preprocess()``, made by the caller as ``pixels.npy`` in OUT_DIR), two threads
-each, the systems interleaved round by round so background load hits them alike. Figures: images
-per CPU-second of this process (median round; ONNX Runtime's spin-waiting off so its CPU time is
-work) and the best round's images/s (wall clock, meaningful only on an idle machine); fidelity as
-the cosine of each
-system's embeddings against ONNX Runtime FP32's.
+``onnxruntime``, ``numpy`` and, for OpenVINO's own INT8, ``nncf`` (none of them a project dependency
+of the gateway: this is the measurement that decides). OpenVINO's INT8 rows need ``calibration.npy``
+beside MODEL.onnx: the quality gate's calibration photos as the model's uint8 input, which NNCF
+calibrates on. Batch 32 of the gateway's own uint8 pixels (compact JPEGs through ``preprocess()``,
+made by the caller as ``pixels.npy`` in OUT_DIR), two threads each, the systems interleaved round by
+round so background load hits them alike. Figures: images per CPU-second of this process (median
+round; ONNX Runtime's spin-waiting off so its CPU time is work) and the best round's images/s (wall
+clock, meaningful only on an idle machine); fidelity as the cosine of each system's embeddings
+against ONNX Runtime FP32's.
 """
 
 from __future__ import annotations

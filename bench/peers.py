@@ -6,10 +6,10 @@ on loopback, with the machine's GEMM ceilings and the model alone measured in th
 Every system gets the same compact JPEGs (bench/photos.py, ~16-24 KB each) in batches of 1, 8
 and 32 from 1 and 4 concurrent clients (``CELLS``), each cell bounded by a request count and a
 duration. Infinity serves a Hugging Face CLIP checkpoint at ViT-B/32's sizes with random weights
-made locally (bench/peer_checkpoint.py) from its own virtualenv (``.peer-env``, README
-"Benchmarks"); the gateway starts through the container entrypoint, as deployed. Timings run from
-JPEG bytes in hand to embeddings in hand (Infinity: base64 data URIs in JSON, base64 floats back;
-the gateway: multipart, binary floats back).
+made locally (bench/peer_checkpoint.py) from its own virtualenv (``.peer-env``, docs/BENCHMARKS.md
+"Beside Infinity on the CPU"); the gateway starts through the container entrypoint, as deployed.
+Timings run from JPEG bytes in hand to embeddings in hand (Infinity: base64 data URIs in JSON,
+base64 floats back; the gateway: multipart, binary floats back).
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def infinity(work: Path) -> Iterator[str]:
     """Infinity on a loopback port, serving a random ViT-B/32-sized HF CLIP, offline."""
     python = PEER_ENV / "bin" / "python"
     if not python.exists():
-        raise RuntimeError(f"{PEER_ENV} is missing: see README 'Benchmarks' (the peer bench)")
+        raise RuntimeError(f"{PEER_ENV} is missing: make peer-env makes it (docs/BENCHMARKS.md)")
     import open_clip  # its CLIP BPE file is the peer's tokenizer vocabulary
 
     checkpoint = work / "peer-clip"

@@ -1,9 +1,8 @@
 """Realistic synthetic photos encoded as cameras, phones and Immich do.
 
 The pixels come from ``photo`` (clip_gateway/model/calibration.py, the generator the INT8
-calibration
-set is drawn from): smooth light, objects with edges, texture and sensor noise, landing where
-camera JPEGs do (roughly 0.2-0.5 bytes/pixel at q90), so decode timings and byte counts mean
+calibration set is drawn from): smooth light, objects with edges, texture and sensor noise, landing
+where camera JPEGs do (roughly 0.2-0.5 bytes/pixel at q90), so decode timings and byte counts mean
 what they would on a real library.
 """
 

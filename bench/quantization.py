@@ -1,8 +1,7 @@
-"""``python -m bench quantization``: the INT8 methods ONNX Runtime offers, measured on this
-machine for both towers: dynamic (``quantize_dynamic``) and static QDQ with calibration
-(``quantize_static`` + a CalibrationDataReader over generated photos and captions), each per
-channel and per tensor (clip_gateway/export/quantize.py). Per variant: images (texts) per second at
-batch 32
+"""``python -m bench quantization``: the INT8 methods ONNX Runtime offers, measured on this machine
+for both towers: dynamic (``quantize_dynamic``) and static QDQ with calibration
+(``quantize_static`` + a CalibrationDataReader over generated photos and captions), each per channel
+and per tensor (clip_gateway/export/quantize.py). Per variant: images (texts) per second at batch 32
 and milliseconds at batch 1 with 2 threads, and cosine vs FP32 on the gate's calibration set.
 
 The static variants calibrate on a different draw (seed 1) than the one they are judged on

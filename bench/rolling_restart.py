@@ -183,7 +183,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             stopped = time.monotonic()
             podman("start", names["gateway-0"])
             back = ready(names["gateway-0"], args.startup_s)
-            if args.reload_lb:  # the README's procedure: nginx resolves the names again
+            if args.reload_lb:  # docs/DEPLOY.md's procedure: nginx resolves the names again
                 podman("exec", names["lb"], "nginx", "-s", "reload")
             restart_end = time.monotonic()
             time.sleep(args.warm_s)

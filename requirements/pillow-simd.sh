@@ -29,7 +29,8 @@ packages=$(missing)
 if [ -n "$packages" ]; then
   apt=()
   if command -v apt-get >/dev/null; then
-    if [ "$(id -u)" = 0 ]; then apt=(apt-get); elif sudo -n true 2>/dev/null; then apt=(sudo -n apt-get); fi
+    apt_get=(env DEBIAN_FRONTEND=noninteractive apt-get)
+    if [ "$(id -u)" = 0 ]; then apt=("${apt_get[@]}"); elif sudo -n true 2>/dev/null; then apt=(sudo -n "${apt_get[@]}"); fi
   fi
   if [ ${#apt[@]} -eq 0 ]; then
     cat >&2 <<EOF
@@ -41,10 +42,15 @@ EOF
     exit 1
   fi
   echo "clip-gateway: installing $packages (pillow-simd builds against them)"
+  # apt's and debconf's chatter ("delaying package configuration, since apt-utils is not
+  # installed") goes to a log that is shown only if the install fails
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
   # shellcheck disable=SC2086
-  "${apt[@]}" install -y -q --no-install-recommends $packages >/dev/null \
-    || { "${apt[@]}" update -q >/dev/null \
-         && "${apt[@]}" install -y -q --no-install-recommends $packages >/dev/null; }
+  "${apt[@]}" install -y -q --no-install-recommends $packages >"$log" 2>&1 \
+    || { "${apt[@]}" update -q >>"$log" 2>&1 \
+         && "${apt[@]}" install -y -q --no-install-recommends $packages >>"$log" 2>&1; } \
+    || { cat "$log" >&2; exit 1; }
   still=$(missing)
   if [ -n "$still" ]; then
     echo "error: still missing after apt-get: $still (PILLOW_SIMD=0 keeps stock Pillow)" >&2
@@ -52,7 +58,8 @@ EOF
   fi
 fi
 
-"$py" -m pip uninstall --quiet --yes pillow pillow-simd
+# (twice quiet: pip's "Skipping pillow-simd as it is not installed" is no news on a first install)
+"$py" -m pip uninstall --quiet --quiet --yes pillow pillow-simd
 CC="cc $cflags" "$py" -m pip install --quiet --quiet --force-reinstall --no-deps --no-cache-dir \
   --no-binary pillow-simd "pillow-simd==$version"
 "$py" -m clip_gateway imaging --require-simd >/dev/null

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,10 +32,70 @@ if TESTS.parent.name == "mutants":  # `make mutation` runs the suite from its co
     torch.set_num_threads(1)
 
 
+#: Unit and API modules that import torch or open_clip when imported (the exporter, or open_clip's
+#: own pipeline as the reference): `make test-fast` does not collect them, `make test` marks
+#: their tests ``torch``. A test that needs torch in a module not listed here carries
+#: ``@pytest.mark.torch`` itself.
+TORCH_MODULES = {
+    "unit/test_calibration_set.py",
+    "unit/test_hf_tokenizer.py",
+    "unit/test_model_family.py",
+    "unit/test_resize_modes.py",
+    "unit/test_tokenizer.py",
+    "api/test_texts.py",
+}
+#: What the fast tier makes unimportable, so that a test needing them fails there instead of
+#: passing only because the full install happens to have them.
+WITHOUT = ("torch", "torchvision", "open_clip")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help="the fast tier (make test-fast): leave out TORCH_MODULES (tests/conftest.py) and "
+        "make torch, torchvision and open_clip unimportable; pair with -m 'not torch'",
+    )
+
+
+class _Without:
+    """A meta-path finder that refuses ``WITHOUT`` as if they were not installed."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] in WITHOUT:
+            raise ModuleNotFoundError(f"{name}: not in the fast tier (make test-fast)", name=name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--fast"):
+        sys.meta_path.insert(0, _Without())
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not config.getoption("--fast"):
+        return None
+    return "fast tier: left to `make test`: " + ", ".join(sorted(TORCH_MODULES))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("--fast") and _relative(collection_path) in TORCH_MODULES:
+        return True
+    return None
+
+
+def _relative(path: Path) -> str:
+    try:
+        return path.relative_to(TESTS).as_posix()
+    except ValueError:
+        return ""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (TESTS / "integration") in Path(item.fspath).parents:
             item.add_marker(pytest.mark.integration)
+        if _relative(Path(item.fspath)) in TORCH_MODULES:
+            item.add_marker(pytest.mark.torch)
 
 
 @pytest.fixture(scope="session")
@@ -59,13 +120,11 @@ def exported_int8(exported):  # -> clip_gateway.export.build.ExportedModel
 
 @pytest.fixture(scope="session")
 def clip_tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """open_clip's CLIP BPE as the exporter writes it (clip_gateway/export/tokenizer.py), without a
-    model."""
-    from clip_gateway.export.tokenizer import write_clip_bpe
+    """open_clip's CLIP BPE as the exporter writes it (clip_gateway/export/tokenizer.py), from the
+    copy committed under tests/data/ (tests/tokenizer_data.py): no torch, no open_clip."""
+    from tests.tokenizer_data import unpack
 
-    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    write_clip_bpe(path)
-    return path
+    return unpack(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="session")

@@ -33,10 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps
-
-from tests import reference
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -86,6 +83,11 @@ def pixels(data: bytes, size: int, perturb: Perturbation = "none") -> np.ndarray
 def embed_image(data: bytes, name: str = "ViT-B-32", perturb: Perturbation = "none") -> np.ndarray:
     """Unit-length float64 embedding of a preview, Immich's way (``open-clip``: open_clip's own
     pipeline for the model instead, tests/reference.py)."""
+    # torch and open_clip only here and in embed_texts: the pixels alone serve the fast tier
+    import torch
+
+    from tests import reference
+
     if perturb == "open-clip":
         return reference.embed_image(data, name=name)
     clip, transform = reference.model(name)
@@ -131,6 +133,8 @@ def tokenize(
 
 
 def embed_texts(ids: np.ndarray, name: str = "ViT-B-32") -> np.ndarray:
+    from tests import reference
+
     return reference.unit(reference.embed_tokens(ids, name))
 
 

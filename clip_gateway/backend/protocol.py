@@ -15,8 +15,8 @@ from clip_gateway.imaging.preprocess import Interpolation, ResizeMode
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """The image preprocessing the model was trained with (the export's ``preprocess``; README
-    "Exporting the model"): what the gateway does before the graph, and what /v1/models shows.
+    """The image preprocessing the model was trained with (the export's ``preprocess``;
+    docs/EXPORT.md): what the gateway does before the graph, and what /v1/models shows.
     Mean and std are applied inside the graph; they are here to be reported."""
 
     size: int
@@ -68,9 +68,9 @@ class ModelInfo:
     #: Why texts cannot be embedded, when ``text`` is None.
     text_unavailable: str | None = None
     #: Per tower (``image``, ``text``), its precision and the INT8 quality gate's figures, when
-    #: the profile is ``cpu-int8`` (the configs' quantization parameter; README "The cpu-int8
-    #: profile"), or its runtime, BF16 precision and gate figures with ``cpu-bf16``. None: the
-    #: export's own FP32/FP16 graphs, nothing quantized.
+    #: the profile is ``cpu-int8`` (the configs' quantization parameter; docs/PROFILES.md "The
+    #: cpu-int8 profile"), or its runtime, BF16 precision and gate figures with ``cpu-bf16``.
+    #: None: the export's own FP32/FP16 graphs, nothing quantized.
     quantization: dict[str, Any] | None = field(default=None, compare=False)
     #: Model instances that run calls side by side (the config's instance groups): a request
     #: larger than one image is split so every instance gets a share (pipeline/service.py).

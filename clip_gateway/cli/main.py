@@ -1,6 +1,6 @@
 """``clip-gateway``: the client's commands (``embed``, ``search``, ``dupes``:
-clip_gateway/photos/cli.py)
-and the server's (``serve`` and the maintenance commands: serve.py, tools.py) under one root.
+clip_gateway/photos/cli.py) and the server's (``serve`` and the maintenance commands: serve.py,
+tools.py) under one root.
 
 The server's commands are imported only when named, so the client install (``pip install
 clip-gateway``, no server extra) runs its own commands and answers a server command with the

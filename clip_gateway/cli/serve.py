@@ -2,8 +2,7 @@
 extra): the model exported if needed, Triton, the HTTP server, all supervised by
 launcher/supervisor.py, quiet on the terminal with the children's logs in a file. Its flags are
 settings fields (options.py): each one's default and environment variable are declared once, in
-clip_gateway/launcher/settings.py. ``clip-gateway config`` prints them all
-(docs/CONFIGURATION.md)."""
+clip_gateway/config/settings.py. ``clip-gateway config`` prints them all (docs/CONFIGURATION.md)."""
 
 from __future__ import annotations
 

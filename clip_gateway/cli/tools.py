@@ -59,8 +59,7 @@ def timings() -> int:
 @click.pass_context
 def render(ctx: click.Context, /, export_dir: Path, out_dir: Path, copy: bool, **_: Any) -> int:
     """Render the Triton model repository of EXPORT_DIR (written by `python -m clip_gateway.export`)
-    into
-    OUT_DIR, as the launcher does (GATEWAY_TRITON_* settings); print the configs written."""
+    into OUT_DIR, as the launcher does (GATEWAY_TRITON_* settings); print the configs written."""
     settings = resolve(ctx, RENDER_FLAGS).repository
     if settings.profile == "auto":
         raise click.UsageError("profile auto is the launcher's choice: name one (--profile)")

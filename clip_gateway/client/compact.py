@@ -12,9 +12,9 @@ pixels closer to open_clip's own transform of the original (mean |error| 1.57 vs
 ~12 KB instead of ~11, and ~40 % less of the gateway's CPU per image (docs/PERFORMANCE.md).
 Small images are sent as they are.
 
-Formats the gateway does not decode (HEIC/HEIF, AVIF, GIF: formats.py) are always converted to
-a JPEG here, shrunk like the others (at their own size when shrinking is off); a file that
-cannot be read raises ``UnreadableImage``.
+Formats the gateway does not decode (HEIC/HEIF, AVIF), and GIF (formats.py), are always converted to
+a JPEG here, shrunk like the others (at their own size when shrinking is off); a file that cannot be
+read raises ``UnreadableImage``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """What a file is, told by its first bytes (never its name: clip_gateway/imaging/formats.py, shared
 with the server), and opening it with Pillow.
 
-The gateway decodes JPEG, PNG and WebP itself; the formats phones and the web add (HEIC/HEIF,
-AVIF, GIF) are opened here and converted on the client (compact.py). HEIF comes from
-pillow-heif (a base dependency); AVIF from Pillow's own plugin, present in Pillow's wheels
-(a Pillow built without libavif, such as pillow-simd, reports AVIF files as unreadable).
+The gateway decodes JPEG, PNG, WebP and GIF itself and takes the first three as they are; the
+formats phones and the web add (HEIC/HEIF, AVIF, GIF) are opened here and converted on the client
+(compact.py). HEIF comes from pillow-heif (a base dependency); AVIF from Pillow's own plugin,
+present in Pillow's wheels (a Pillow built without libavif, such as pillow-simd, reports AVIF files
+as unreadable).
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ class ServerSettings(BaseSettings):
     #: Also speak Immich's machine-learning protocol: ``GET /ping``, ``GET /`` and ``POST
     #: /predict`` (docs/IMMICH.md). Immich sends no API key, so with keys configured its
     #: ``/predict`` calls are refused: serve it without keys on loopback or a trusted network,
-    #: or let a proxy beside Immich add the key (deploy/compose.yaml shows one).
+    #: or let a proxy beside Immich add the key (deploy/compose/immich-proxy.yml is one).
     immich: bool = False
     #: The model's Immich name, ``<open_clip model>__<pretrained tag>`` (``ViT-B-32__openai``):
     #: set by the launcher from the export when its weights are that pretrained tag; never for
@@ -460,7 +460,7 @@ def immich_protection(settings: ServerSettings) -> str:
     if load_api_keys(settings):
         return (
             "API keys are configured, so /predict needs one: put a proxy beside Immich that "
-            "adds it (deploy/compose.yaml), or Immich's calls get 401 and go to its next URL"
+            "adds it (deploy/compose/immich-proxy.yml), or Immich gets 401 and tries its next URL"
         )
     if is_loopback(settings.host):
         return f"no API keys; served on loopback ({settings.host}) only"

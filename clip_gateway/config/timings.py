@@ -7,10 +7,9 @@ period, compose's stop grace period) follows from them here. Deploy files are YA
 compute, so they carry the numbers, and ``tests/unit/test_deploy.py`` checks each file against
 ``derive()`` for the settings that file sets; ``clip-gateway timings`` prints them.
 
-A stop, after SIGTERM:  stop delay (still serving: endpoints and load balancers let go of the
-pod) → gateway drain (no new connections; in-flight requests finish) → gateway exit → Triton
-exit. Every step has a bound, and the orchestrator's kill comes only after their sum plus
-headroom.
+A stop, after SIGTERM: stop delay (still serving: endpoints and load balancers let go of the pod) →
+gateway drain (no new connections; in-flight requests finish) → gateway exit → Triton exit. Every
+step has a bound, and the orchestrator's kill comes only after their sum plus headroom.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """`python -m clip_gateway.export`: an OpenCLIP model's image and text towers to ONNX (FP32 + FP16),
-its
-tokenizer and preprocessing into the manifest; cached, parity-checked."""
+its tokenizer and preprocessing into the manifest; cached, parity-checked."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ from onnx import TensorProto, shape_inference
 
 from clip_gateway.model.contract import INPUT_NAME
 
-#: ONNX ops and element types onnx-tensorrt 10.x supports (its docs/operators.md support matrix;
-#: TensorRT 10.x ships with the ONNX Runtime of Triton 25.01), for the ops a CLIP vision tower
-#: exports to. A new op from a new exporter fails the check until its row is added here from
-#: that table. "UINT8 is only supported as network input or output tensor types": of these ops
-#: only Cast takes it.
+#: ONNX ops and element types onnx-tensorrt 10.x supports (its support matrix,
+#: https://github.com/onnx/onnx-tensorrt/blob/main/docs/operators.md; TensorRT 10.x ships with the
+#: ONNX Runtime of Triton 25.01), for the ops a CLIP vision tower exports to. A new op from a new
+#: exporter fails the check until its row is added here from that table. "UINT8 is only supported
+#: as network input or output tensor types": of these ops only Cast takes it.
 TENSORRT_TYPES: dict[str, frozenset[str]] = {
     op: frozenset(types.split())
     for op, types in {

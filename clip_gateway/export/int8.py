@@ -1,8 +1,7 @@
 """``python -m clip_gateway.export --int8``: quantize both towers of a finished export
-(clip_gateway/export/quantize.py),
-measure them on the calibration set (clip_gateway/model/calibration.py) against the FP32 graphs and
-open_clip's own pipeline, and record what the gate (clip_gateway/model/gate.py) needs in the
-manifest's ``int8`` section.
+(clip_gateway/export/quantize.py), measure them on the calibration set
+(clip_gateway/model/calibration.py) against the FP32 graphs and open_clip's own pipeline, and record
+what the gate (clip_gateway/model/gate.py) needs in the manifest's ``int8`` section.
 
 Runs in the exporter's process (torch: the open_clip reference). The INT8 files and their
 figures are kept whatever the gate says, so a launcher with other thresholds needs no new

@@ -1,9 +1,9 @@
 """The image preprocessing a model was trained with, as the gateway must reproduce it, or a refusal.
 
-Read from the model's own ``visual.preprocess_cfg`` (open_clip's ``PreprocessCfg``: size, mean,
-std, interpolation, resize mode, fill colour), which the exporter fills from the pretrained tag's
-configuration (clip_gateway/export/model.py). The gateway reproduces open_clip's inference transform
-for:
+Read from the model's own ``visual.preprocess_cfg`` (open_clip's ``PreprocessCfg``: size, mean, std,
+interpolation, resize mode, fill colour), which the exporter fills from the pretrained tag's
+configuration (clip_gateway/export/model.py). The gateway reproduces open_clip's inference
+transform for:
 
 - ``shortest``: resize the shorter side to the size, centre crop (torchvision ``Resize`` +
   ``CenterCrop``);

@@ -14,7 +14,7 @@ hold ~all of the compute, and quantizing anything else buys little and costs acc
 What never changes is the contract: the same input (uint8 pixels / int32 token ids, same name
 and shape) feeding the same Cast, the same FP32 output. The quantizer is asked only for MatMuls,
 so the input Cast and the normalisation after it stay FP32, and ``check_contract`` verifies it.
-bench/quantization.py measured both on this machine; README "The cpu-int8 profile" has the
+bench/quantization.py measured both on this machine; docs/PROFILES.md "The cpu-int8 profile" has the
 figures and why ``dynamic`` won.
 """
 
@@ -37,8 +37,8 @@ from onnxruntime.quantization import (
 )
 
 Method = Literal["dynamic", "static"]
-#: What ``python -m clip_gateway.export --int8`` writes (the measured winner, README "The cpu-int8
-#: profile").
+#: What ``python -m clip_gateway.export --int8`` writes (the measured winner, docs/PROFILES.md
+#: "The cpu-int8 profile").
 DEFAULT_METHOD: Method = "dynamic"
 #: Ops asked of the quantizer; Gemm comes along (ORT's dynamic mode turns it into MatMul).
 DYNAMIC_OPS = ("MatMul",)

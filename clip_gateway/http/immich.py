@@ -211,8 +211,7 @@ class Form(msgspec.Struct):
 async def read_form(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> Form:
-    """The form, read within the body deadline; then the body no longer counts as being
-    received."""
+    """The form, read within the body deadline; then the body no longer counts as being received."""
     form = await in_time(settings, _read_form(request, settings, reservation))
     reservation.body_read()
     return form

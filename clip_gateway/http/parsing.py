@@ -1,6 +1,6 @@
 """Request bodies to items: multipart parts in order, or the OpenAI JSON shape.
 
-Which items are texts and which images (README "Texts and images"): in JSON a string is a text
+Which items are texts and which images (docs/API.md "Texts and images"): in JSON a string is a text
 unless it is a ``data:image/...`` URI or ``modality`` is ``image``; ``{"text": ...}`` and
 ``{"image": ...}`` objects say what they are. A bare string that is base64 of a JPEG, PNG, WebP
 or GIF without ``modality`` is refused as ambiguous rather than embedded as text (clients of

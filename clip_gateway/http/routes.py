@@ -109,9 +109,8 @@ def body_of(
 async def read_request(
     request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
 ) -> parsing.ParsedRequest:
-    """The body, read and parsed under its limits and within the body deadline, each item
-    added to the reservation as soon as it is in; then the body no longer counts as being
-    received."""
+    """The body, read and parsed under its limits and within the body deadline, each item added to
+    the reservation as soon as it is in; then the body no longer counts as being received."""
     parsed = await in_time(settings, _parse(request, settings, reservation))
     reservation.body_read()
     return parsed

@@ -154,10 +154,9 @@ def walk(
     """The marker structure of ``data``; with ``dc_only_for=target``, also the DC-only stream
     when the file is progressive and will be decoded at 1/8 for that target size.
 
-    Raises ``JpegError`` for structure no decoder would accept (no frame header, a scan before
-    it, impossible lengths) or that breaks a limit (scans, segments), ``UnsupportedJpeg`` for
-    kinds that cannot be decoded scaled. A stream cut short ends the walk: the decoder reports
-    it.
+    Raises ``JpegError`` for structure no decoder would accept (no frame header, a scan before it,
+    impossible lengths) or that breaks a limit (scans, segments), ``UnsupportedJpeg`` for kinds that
+    cannot be decoded scaled. A stream cut short ends the walk: the decoder reports it.
     """
     if not data.startswith(_SOI):
         raise JpegError("not a JPEG: no start-of-image marker")

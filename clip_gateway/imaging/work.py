@@ -124,10 +124,9 @@ def check_budget(width: int, height: int, peak_bytes: int, plan: Plan) -> None:
 
 
 def worst(data: bytes, encoded_bytes: int, plan: Plan = DEFAULT_PLAN) -> Work:
-    """The price of an item whose header was not within its first ``HEADER_PREFIX`` bytes: a
-    real file never puts that much before its frame, so it is priced at the pixel limit in the
-    dearest coding of its format (or as refused, when no accepted format's signature starts
-    it)."""
+    """The price of an item whose header was not within its first ``HEADER_PREFIX`` bytes: a real
+    file never puts that much before its frame, so it is priced at the pixel limit in the dearest
+    coding of its format (or as refused, when no accepted format's signature starts it)."""
     side = math.isqrt(WORST_PIXELS)
     if data.startswith(b"\xff\xd8\xff"):
         layout = jpeg.JpegLayout(side, side, ((1, 1),) * 3, True, STANDARD_SCANS, 2, True, None)

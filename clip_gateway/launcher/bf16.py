@@ -7,8 +7,7 @@ on such a CPU). Elsewhere it would emulate or silently run FP32, so ``auto`` pic
 
 The gate is INT8's (clip_gateway/model/gate.py, the same thresholds): per tower, BF16 vs FP32 cosine
 on the calibration set (clip_gateway/model/calibration.py), measured at the first ``cpu-bf16`` start
-in
-the Triton env's interpreter (triton/python/bf16_check.py) and kept beside the export for that
+in the Triton env's interpreter (triton/python/bf16_check.py) and kept beside the export for that
 OpenVINO version (``bf16.json``); every start holds the figures to its own thresholds.
 """
 

@@ -1,13 +1,12 @@
 """``auto`` without a GPU: measure the CPU profiles that pass the quality gate through Triton on
 this machine, serve the fastest, and keep the figures beside the export for the next start.
 
-Model-alone figures do not predict the whole server (docs/PROFILES.md): ``cpu-bf16``'s graph
-beats ``cpu-int8``'s on a Xeon with AMX and loses to it through Triton. So each candidate is
-started in a tritonserver of its own with the core plan's instances and threads and sent the
-gateway's batch sizes from several callers (launcher/calibrate.py ``measure``), within one
-bounded budget. The record holds for one machine signature (CPU model, flags, usable cores,
-runtime versions, Triton backend, model identity, the gate's thresholds): any change measures
-again.
+Model-alone figures do not predict the whole server (docs/PROFILES.md): ``cpu-bf16``'s graph beats
+``cpu-int8``'s on a Xeon with AMX and loses to it through Triton. So each candidate is started in a
+tritonserver of its own with the core plan's instances and threads and sent the gateway's batch
+sizes from several callers (launcher/calibrate.py ``measure``), within one bounded budget. The
+record holds for one machine signature (CPU model, flags, usable cores, runtime versions, Triton
+backend, model identity, the gate's thresholds): any change measures again.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The TensorRT engine cache: a directory per GPU model and model identity, safe to share.
 
 - **Keyed by the model's identity** (model, weights, export code version:
-``clip_gateway.model.spec``):
-  ONNX Runtime names a cached engine by a hash of the graph's structure and names, not its
-  initialiser values, so an image with new weights of the same architecture would otherwise load
-  the old engine (and the canary would keep /readyz at 503).
+  ``clip_gateway.model.spec``): ONNX Runtime names a cached engine by a hash of the graph's
+  structure and names, not its initialiser values, so an image with new weights of the same
+  architecture would otherwise load the old engine (and the canary would keep /readyz at 503).
 - **Keyed by the GPU model**: engines are built for the GPU they run on, and ORT's file names
   carry only the compute capability (an A10 and an A40 are both sm_86).
 - **Keyed by the build settings** (``build_key``): precision, batch range, workspace, and the

@@ -1,7 +1,6 @@
-"""The export to serve: a baked directory (``GATEWAY_MODEL_DIR``), or the export cache's entry
-for model + weights, exported on first use by ``python -m clip_gateway.export`` in a child process,
-so torch
-never enters the launcher or the servers; a stop request terminates the exporter at once."""
+"""The export to serve: a baked directory (``GATEWAY_MODEL_DIR``), or the export cache's entry for
+model + weights, exported on first use by ``python -m clip_gateway.export`` in a child process, so
+torch never enters the launcher or the servers; a stop request terminates the exporter at once."""
 
 from __future__ import annotations
 

@@ -139,9 +139,8 @@ def choose(
     without a GPU, ``cpu-bf16`` where the CPU has ``bf16_unit`` (its flag), else ``cpu``.
 
     ``model`` is the model's identity (clip_gateway.model.spec.model_identity): a calibration holds
-    only
-    for the GPU model and the weights it measured. A calibration that measures nothing falls back
-    to the table, saying why.
+    only for the GPU model and the weights it measured. A calibration that measures nothing falls
+    back to the table, saying why.
     """
     if override != "auto":
         return override, "as configured"  # type: ignore[return-value]

@@ -195,9 +195,8 @@ def render(
     """Write ``out_dir/<model>/{config.pbtxt,1/...}`` for ``settings.profile``; return ``out_dir``.
 
     ``export_dir`` is a directory written by ``python -m clip_gateway.export``. Large files are
-    symlinked
-    (``link=True``) or copied (for images and volumes that must not point elsewhere). Exports
-    made before the text tower existed render ``clip_image`` only, and so do exports whose
+    symlinked (``link=True``) or copied (for images and volumes that must not point elsewhere).
+    Exports made before the text tower existed render ``clip_image`` only, and so do exports whose
     tokenizer the gateway cannot reproduce (``clip_image`` then carries the reason).
 
     ``cpu-int8`` renders the INT8 files (the launcher has held their figures to the quality
@@ -338,8 +337,7 @@ def _precision(out_dir: Path, bf16: dict[str, Any]) -> None:
 def _blockers(manifest: dict[str, Any], tower: Tower) -> list[str]:
     """What TensorRT's ONNX parser would reject in the graph the ``tensorrt`` profile loads: the
     FP32 one (clip_gateway/export/graph.py, recorded in the manifest at export). TensorRT builds its
-    FP16
-    engine from it; the FP16 file is the CUDA EP's, with ONNX Runtime's fused contrib ops."""
+    FP16 engine from it; the FP16 file is the CUDA EP's, with ONNX Runtime's fused contrib ops."""
     found = manifest.get("tensorrt_blockers") or {}
     return list(found.get(tower.fp32_file) or [])
 
@@ -367,7 +365,7 @@ def _note_blockers(
 
 def _quantization(out_dir: Path, manifest: dict[str, Any], fallback: str | None) -> None:
     """Each rendered tower's quantization parameter: precision, method and the gate's figures
-    (README "The cpu-int8 profile"); served INT8 also gets the INT8 graph's own canary."""
+    (docs/PROFILES.md "The cpu-int8 profile"); served INT8 also gets the INT8 graph's own canary."""
     int8 = manifest.get("int8") or {}
     for model_name, kind in ((TRITON_MODEL_NAME, "image"), (TEXT_MODEL_NAME, "text")):
         path = out_dir / model_name / "config.pbtxt"

@@ -16,7 +16,7 @@ OUTPUT_NAME: Final = "embedding"
 
 #: ``clip_image`` config parameter: the image preprocessing the gateway must apply, as JSON (the
 #: manifest's ``preprocess``: size, mean, std, interpolation, resize_mode, center_crop,
-#: fill_color, from_tag; README "Exporting the model").
+#: fill_color, from_tag; docs/EXPORT.md).
 PREPROCESS_PARAMETER: Final = "preprocess"
 
 #: Model-config parameter holding the canary's export-time embedding (base64 float32 LE): the

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Mean cosine, INT8 vs FP32, each tower must reach on the calibration set. Measured on random
-#: weights (seed 0): 0.9998+ for both towers (README "The cpu-int8 profile").
+#: weights (seed 0): 0.9998+ for both towers (docs/PROFILES.md "The cpu-int8 profile").
 MIN_MEAN_COSINE = 0.998
 #: The worst single item's cosine. At least the readiness canary's own threshold
 #: (GATEWAY_CANARY_MIN_COSINE, 0.99): an item the gate lets through must not be one the canary

@@ -1,7 +1,6 @@
 """What an export is and where it lives, without torch: weights specs, the cache layout, the
-manifest. The serving side reads this to find (or ask for) a model; only ``python -m
-clip_gateway.export``, in
-a process of its own, imports torch to build one."""
+manifest. The serving side reads this to find (or ask for) a model; only
+``python -m clip_gateway.export``, in a process of its own, imports torch to build one."""
 
 from __future__ import annotations
 

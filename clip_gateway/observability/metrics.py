@@ -43,7 +43,8 @@ def forget_dead_workers(directory: str, alive: Callable[[int], bool]) -> list[in
 
 
 class Metrics:
-    """Every metric the gateway exports. Names follow Prometheus conventions (README lists them)."""
+    """Every metric the gateway exports. Names follow Prometheus conventions
+    (docs/OBSERVABILITY.md lists them)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()

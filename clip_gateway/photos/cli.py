@@ -4,8 +4,7 @@ what each does in commands.py. The root command that mounts them beside the serv
 clip_gateway/cli/main.py.
 
 Results go to stdout, progress and notes to stderr. The exit codes (clip_gateway/exits.py) are the
-same
-in every command and listed in ``--help``.
+same in every command and listed in ``--help``.
 """
 
 from __future__ import annotations

@@ -3,12 +3,11 @@ must match the ones recorded at export time.
 
 A backend can be up, report the model READY and still be wrong: a corrupt TensorRT engine, FP16
 overflow producing NaNs, a wedged GPU returning zeros, the wrong model file. Every
-``GATEWAY_CANARY_INTERVAL_S`` the gateway embeds the canary and compares it with the reference
-that `python -m clip_gateway.export` computed from the FP32 graph and the repository renderer put in
-the model
-config (parameter ``canary_embedding``, model/contract.py); a failure turns /readyz to 503 until
-a check passes again. The text canary goes the whole text path: the gateway's tokenizer, then the
-text model, so a tokenizer file that no longer matches the model fails it too.
+``GATEWAY_CANARY_INTERVAL_S`` the gateway embeds the canary and compares it with the reference that
+`python -m clip_gateway.export` computed from the FP32 graph and the repository renderer put in the
+model config (parameter ``canary_embedding``, model/contract.py); a failure turns /readyz to 503
+until a check passes again. The text canary goes the whole text path: the gateway's tokenizer, then
+the text model, so a tokenizer file that no longer matches the model fails it too.
 """
 
 from __future__ import annotations

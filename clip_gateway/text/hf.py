@@ -1,16 +1,15 @@
 """open_clip's ``HFTokenizer`` (SigLIP, SigLIP2, the multilingual towers) without torch or
 transformers, token for token.
 
-open_clip runs, per batch of texts: its cleaning function (``canonicalize`` for SigLIP and
-SigLIP2, ``whitespace`` by default; ``clip_gateway.text.tokenizer.CLEANERS``), then the transformers
+open_clip runs, per batch of texts: its cleaning function (``canonicalize`` for SigLIP and SigLIP2,
+``whitespace`` by default; ``clip_gateway.text.tokenizer.CLEANERS``), then the transformers
 tokenizer with ``padding='max_length', truncation=True, max_length=context_length``, then, with
-``strip_sep_token``, every separator id replaced by 0. A transformers "fast" tokenizer is a
-Hugging Face ``tokenizers`` tokenizer underneath (its ``backend_tokenizer``) whose special tokens,
+``strip_sep_token``, every separator id replaced by 0. A transformers "fast" tokenizer is a Hugging
+Face ``tokenizers`` tokenizer underneath (its ``backend_tokenizer``) whose special tokens,
 post-processor (BOS/EOS, language codes) and padding/truncation transformers sets at load and at
 call time; the exporter (clip_gateway/export/tokenizer.py) saves that backend, with the padding and
-truncation
-of open_clip's call set on it, as the ``tokenizer.json`` this module loads. What stays in Python is
-what transformers does not do: the cleaning and the separator strip.
+truncation of open_clip's call set on it, as the ``tokenizer.json`` this module loads. What stays in
+Python is what transformers does not do: the cleaning and the separator strip.
 """
 
 from __future__ import annotations

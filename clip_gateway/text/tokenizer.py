@@ -6,9 +6,8 @@ Three stages, as open_clip runs them:
    whitespace collapsed to one space, trimmed, lower-cased;
 2. Hugging Face ``tokenizers`` from the ``tokenizer.json`` the exporter wrote
    (clip_gateway/export/tokenizer.py): open_clip's pre-tokenisation regex (its character classes
-   frozen at
-   export from the ``regex`` module open_clip uses, so the Unicode tables are the same), byte-level
-   mapping, BPE with ``</w>`` word ends;
+   frozen at export from the ``regex`` module open_clip uses, so the Unicode tables are the same),
+   byte-level mapping, BPE with ``</w>`` word ends;
 3. framing (``encode_batch``): ``<start_of_text>``, the ids, ``<end_of_text>``, truncated to the
    context length keeping ``<end_of_text>`` last, zero padding.
 

@@ -94,6 +94,7 @@ TEXTS = ["a photo of a cat", "Fish &amp; chips", "  two   spaces\tand a tab ", "
          "“curly quotes”", "<b>bold</b>", "\uff26\uff35\uff2c\uff2c", "x " * 120]  # fmt: skip
 
 
+@pytest.mark.torch  # the hub's tokenizer.json is rebuilt from open_clip's vocabulary
 @pytest.mark.parametrize("text", TEXTS)
 def test_a_text_gets_the_ids_immichs_tokenizer_makes(
     immich: TestClient, text: str, tmp_path_factory: pytest.TempPathFactory
@@ -218,7 +219,7 @@ def test_api_keys_apply_to_predict_but_not_to_the_probe(
     settings: ServerSettings, fake: FakeBackend, clip_tokenizer_file: Path
 ) -> None:
     """With keys configured Immich's own calls (no key) are refused and it fails over; a proxy
-    beside Immich that adds the key gets through (deploy/compose.yaml)."""
+    beside Immich that adds the key gets through (deploy/compose/immich-proxy.yml)."""
     on = settings.model_copy(
         update={"immich": True, "immich_aliases": (NAME,), "api_keys": (SecretStr("k3y"),)}
     )

@@ -1,6 +1,5 @@
 """The cpu-int8 profile end to end: the INT8 graphs ``python -m clip_gateway.export --int8`` writes,
-the
-quality gate's figures, and the launch path serving them (a real Triton, a real gateway, real
+the quality gate's figures, and the launch path serving them (a real Triton, a real gateway, real
 HTTP) within the gate of the FP32 gateway's answers; a refused export does not start unless the
 operator asked for the FP32 fallback, which then says so."""
 

@@ -1,9 +1,8 @@
 """Property-based API testing from the gateway's own OpenAPI document (bounded examples).
 
-schemathesis generates requests for every documented operation, JSON and multipart bodies
-included, sends them to the real gateway (real Triton behind it) and runs its checks on each
-answer: no 5xx; status codes, content types, headers and bodies as documented; invalid data
-rejected.
+schemathesis generates requests for every documented operation, JSON and multipart bodies included,
+sends them to the real gateway (real Triton behind it) and runs its checks on each answer: no 5xx;
+status codes, content types, headers and bodies as documented; invalid data rejected.
 (schemathesis' pytest fixture loader does not run under pytest 9, so the operations are driven
 through their hypothesis strategies directly.)
 """

@@ -1,8 +1,7 @@
-"""The INT8 calibration set is generated; its content decides the INT8 files and the quality
-gate's figures, so it is pinned here: a change to the photo generator (shared with the benches,
+"""The INT8 calibration set is generated; its content decides the INT8 files and the quality gate's
+figures, so it is pinned here: a change to the photo generator (shared with the benches,
 clip_gateway/model/calibration.py ``photo``) or the captions must be deliberate (then also expect
-the
-export's INT8 section to be quantized again: spec.py ``int8_code_version``)."""
+the export's INT8 section to be quantized again: spec.py ``int8_code_version``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The image path the gateway reports (clip_gateway/imaging/paths.py) and how the install gets the
-fast
-one (requirements/pillow-simd.sh): packages installed where it may, a clear refusal otherwise."""
+fast one (requirements/pillow-simd.sh): packages installed where it may, a clear refusal
+otherwise."""
 
 from __future__ import annotations
 

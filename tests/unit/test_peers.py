@@ -138,6 +138,7 @@ def test_the_gemm_ceilings_measure_both_precisions() -> None:
     assert (found["n"], found["threads"]) == (128, 1)
 
 
+@pytest.mark.torch
 def test_the_peer_tokenizer_is_open_clips_vocabulary(tmp_path: Path) -> None:
     import open_clip
     from open_clip.tokenizer import SimpleTokenizer

@@ -2,11 +2,10 @@
 (``image_transform_v2`` with mean 0 / std 1, so its tensor is the pixels /255): the geometry
 (sizes, rounding, crop and pad offsets, EXIF orientation) must match to the pixel.
 
-PNGs are decoded at full size, so only Pillow's rounding may differ (a level or two, rarely).
-JPEGs are decoded DCT-scaled (imaging/jpeg.py), a small difference of its own; with EXIF
-orientation the
-resize runs on the stored image before turning it, so its two 8-bit passes round in the other
-order. A geometry error (a pixel's shift, the wrong mode) costs several levels on average."""
+PNGs are decoded at full size, so only Pillow's rounding may differ (a level or two, rarely). JPEGs
+are decoded DCT-scaled (imaging/jpeg.py), a small difference of its own; with EXIF orientation the
+resize runs on the stored image before turning it, so its two 8-bit passes round in the other order.
+A geometry error (a pixel's shift, the wrong mode) costs several levels on average."""
 
 from __future__ import annotations
 

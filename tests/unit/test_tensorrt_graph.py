@@ -1,6 +1,6 @@
 """clip_gateway/export/graph.py on hand-built graphs: what keeps TensorRT from taking a graph whole
-is found,
-and the uint8 input is rewired to feed only its Cast (the exported graph: test_export.py)."""
+is found, and the uint8 input is rewired to feed only its Cast (the exported graph:
+test_export.py)."""
 
 from __future__ import annotations
 

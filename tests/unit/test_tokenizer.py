@@ -1,9 +1,9 @@
 """clip_gateway/text/tokenizer.py against open_clip's own tokenizer: identical token ids over a
-corpus
-generated here (thousands of texts) and hypothesis-generated text; torch-free; framing."""
+corpus generated here (thousands of texts) and hypothesis-generated text; torch-free; framing."""
 
 from __future__ import annotations
 
+import lzma
 import random
 import subprocess
 import sys
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from clip_gateway.export.tokenizer import write_clip_bpe
 from clip_gateway.text.tokenizer import Tokenizer, clean
+from tests import tokenizer_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = 77
@@ -78,6 +79,16 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ours(tokenizer_file: Path) -> Tokenizer:
     return Tokenizer.from_file(tokenizer_file, CONTEXT)
+
+
+def test_the_fixtures_copy_is_what_the_exporter_writes_from_this_open_clip(
+    tokenizer_file: Path,
+) -> None:
+    """The API and unit fixtures load a committed copy (tests/data/) so they need no open_clip;
+    when the exporter or open_clip changes, run `python -m tests.tokenizer_data`."""
+    committed = lzma.decompress(tokenizer_data.COMPRESSED.read_bytes())
+    assert committed == tokenizer_file.read_bytes(), "stale: python -m tests.tokenizer_data"
+    assert tokenizer_data.SOURCE.read_text() == tokenizer_data.source_line()
 
 
 @pytest.fixture(scope="module")
