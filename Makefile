@@ -35,13 +35,14 @@ PILLOW_SIMD ?= 1
 PILLOW_SIMD_VERSION := 12.1.1.post0
 SIMD_CFLAGS := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -mavx2)
 
-.PHONY: install triton-env peer-env serve test test-fast check lint format typecheck pytest mutation lock \
+.PHONY: install triton-env peer-env serve serve-export test test-fast check lint format typecheck pytest mutation lock \
   clean api-key image image-test compose-test kube-test gpu-kit
 
-# The two environments are built at once (they share nothing but uv), each by uv
-# (requirements/uv.sh): one resolution, parallel downloads, exact pins from the lock.
+# The two environments and pillow-simd's wheel are built at once (they share nothing but uv),
+# each environment by uv (requirements/uv.sh): one resolution, parallel downloads, exact pins from
+# the lock.
 install:
-	@$(MAKE) -s --no-print-directory --output-sync=target -j2 $(VENV)/.installed $(TRITON_ENV)/.installed
+	@$(MAKE) -s --no-print-directory --output-sync=target -j3 $(VENV)/.installed $(TRITON_ENV)/.installed
 
 # uv, the installer both environments are built with, inside the gateway's venv.
 UV_VERSION := 0.13.9
@@ -50,11 +51,20 @@ $(UV):
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --quiet "uv==$(UV_VERSION)"
 
-$(VENV)/.installed: pyproject.toml requirements/lock.txt | $(UV)
+$(VENV)/.packages: pyproject.toml requirements/lock.txt | $(UV)
 	@echo "clip-gateway: installing into $(VENV)"
 	@requirements/uv.sh $(UV) $(PY) install --quiet -c requirements/lock.txt -e ".[all,dev,bench]"
+	@touch $@
+
+# pillow-simd's wheel compiles for a minute or more: built while the environments install
+SIMD_WHEELS := $(VENV)/.pillow-simd-$(PILLOW_SIMD_VERSION)$(subst -m,-,$(SIMD_CFLAGS))
+$(SIMD_WHEELS)/.built: | $(UV)
+	@requirements/pillow-simd.sh build $(PY) $(PILLOW_SIMD_VERSION) "$(SIMD_CFLAGS)" $(SIMD_WHEELS)
+	@touch $@
+
+$(VENV)/.installed: $(VENV)/.packages $(if $(filter 1,$(PILLOW_SIMD)),$(SIMD_WHEELS)/.built)
 	@if [ "$(PILLOW_SIMD)" = 1 ]; then \
-	  requirements/pillow-simd.sh $(PY) $(PILLOW_SIMD_VERSION) "$(SIMD_CFLAGS)"; \
+	  requirements/pillow-simd.sh install $(PY) $(PILLOW_SIMD_VERSION) $(SIMD_WHEELS); \
 	else echo "note: PILLOW_SIMD=0: stock Pillow, under half of pillow-simd's images/s per core" >&2; fi
 	@touch $@
 
@@ -81,11 +91,18 @@ $(PEER_ENV)/.installed:
 	@touch $@
 
 # A few progress lines; Triton's and the gateway's logs go to a file (VERBOSE=1: the terminal).
-serve: install
-	@$(VENV)/bin/clip-gateway serve $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
-	  $(if $(CLIP_MODEL),--model "$(CLIP_MODEL)") $(if $(CLIP_WEIGHTS),--weights "$(CLIP_WEIGHTS)") \
-	  $(if $(CLIP_TOKENIZER),--tokenizer "$(CLIP_TOKENIZER)") $(if $(PROFILE),--profile $(PROFILE)) \
-	  $(if $(VERBOSE),--verbose)
+# The export is made as soon as the gateway's environment is there, while Triton's may still be
+# installing; then everything starts.
+SERVE_FLAGS = $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
+  $(if $(CLIP_MODEL),--model "$(CLIP_MODEL)") $(if $(CLIP_WEIGHTS),--weights "$(CLIP_WEIGHTS)") \
+  $(if $(CLIP_TOKENIZER),--tokenizer "$(CLIP_TOKENIZER)") $(if $(PROFILE),--profile $(PROFILE)) \
+  $(if $(VERBOSE),--verbose)
+serve:
+	@$(MAKE) -s --no-print-directory --output-sync=line -j3 $(TRITON_ENV)/.installed serve-export
+	@$(VENV)/bin/clip-gateway serve $(SERVE_FLAGS)
+
+serve-export: $(VENV)/.installed
+	@$(VENV)/bin/clip-gateway serve $(SERVE_FLAGS) --export-only
 
 test: install check pytest
 

@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
-# pillow-simd in place of Pillow in a venv: `requirements/pillow-simd.sh PYTHON VERSION [CFLAGS]`
-# (the Makefile's install runs it). pillow-simd ships no wheels: it builds against the system's
-# libjpeg, zlib and libwebp headers. Missing ones are installed with apt-get where this install
-# may (root, or passwordless sudo); otherwise it refuses, naming the packages, rather than
-# leaving stock Pillow (under half the images/s per core, docs/PERFORMANCE.md) in place.
-# Ends by checking what the venv's PIL now is: the path the gateway reports when it starts.
+# pillow-simd in place of Pillow in a venv, in two steps the Makefile's install runs:
+#   requirements/pillow-simd.sh build PYTHON VERSION CFLAGS WHEEL_DIR   (while the rest installs)
+#   requirements/pillow-simd.sh install PYTHON VERSION WHEEL_DIR        (once it has)
+# pillow-simd ships no wheels: its wheel is built against the system's libjpeg, zlib and libwebp
+# headers. Missing ones are installed with apt-get where this install may (root, or passwordless
+# sudo); otherwise it refuses, naming the packages, rather than leaving stock Pillow (under half
+# the images/s per core, docs/PERFORMANCE.md) in place. The install ends by checking what the
+# venv's PIL now is: the path the gateway reports when it starts.
 set -euo pipefail
-py=$1 version=$2 cflags=${3:-}
+step=$1 py=$2 version=$3
+if [ "$step" = install ]; then
+  wheels=$4
+  # (twice quiet: pip's "Skipping pillow-simd as it is not installed" is no news on a first
+  # install)
+  "$py" -m pip uninstall --quiet --quiet --yes pillow pillow-simd
+  "$py" -m pip install --quiet --quiet --force-reinstall --no-deps --no-index \
+    --find-links "$wheels" "pillow-simd==$version"
+  "$py" -m clip_gateway imaging --require-simd >/dev/null
+  exit 0
+fi
+[ "$step" = build ] || { echo "usage: $0 build|install ..." >&2; exit 2; }
+cflags=$4 wheels=$5
 
 # header, the Debian package that ships it
 needs=("webp/decode.h libwebp-dev" "zlib.h zlib1g-dev" "jpeglib.h libjpeg-dev")
@@ -58,8 +72,6 @@ EOF
   fi
 fi
 
-# (twice quiet: pip's "Skipping pillow-simd as it is not installed" is no news on a first install)
-"$py" -m pip uninstall --quiet --quiet --yes pillow pillow-simd
-CC="cc $cflags" "$py" -m pip install --quiet --quiet --force-reinstall --no-deps --no-cache-dir \
-  --no-binary pillow-simd "pillow-simd==$version"
-"$py" -m clip_gateway imaging --require-simd >/dev/null
+# the wheel only: the venv it goes into is being installed meanwhile
+CC="cc $cflags" "$py" -m pip wheel --quiet --quiet --no-deps --no-cache-dir \
+  --no-binary pillow-simd --wheel-dir "$wheels" "pillow-simd==$version"

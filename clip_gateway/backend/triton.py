@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 #: Larger than a max batch of 224x224x3 uint8 (32 images = 4.8 MB) with room to spare.
 MAX_MESSAGE_BYTES = 256 << 20
+#: How often the served models' configs are read again (``model_info``): a reload shows within it.
+INFO_REFRESH_S = 10.0
 _UNAVAILABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED", "NOT_FOUND", "ABORTED"}
 
 
@@ -109,9 +111,13 @@ class TritonBackend:
         #: Registrations under way, shared by every call that needs the same region meanwhile.
         self._registering: dict[str, asyncio.Task[bool]] = {}
         self._info: ModelInfo | None = None
+        self._info_read = 0.0
         self._info_lock = asyncio.Lock()
 
     async def model_info(self) -> ModelInfo:
+        """What Triton serves, read once and again every ``INFO_REFRESH_S``: the launcher may
+        load the models again while serving (``auto``'s switch to the profile it measured
+        fastest), and the quantization, canary and cache identity follow what serves."""
         if self._info is None:
             async with self._info_lock:
                 if self._info is None:
@@ -120,8 +126,27 @@ class TritonBackend:
                         await self._remove_orphans()
                         size = info.max_batch_size * info.image_size**2 * 3
                         self._pool = shm.RegionPool(size, self._shm_regions)
-                    self._info = info
+                    self._info, self._info_read = info, time.monotonic()
+        elif time.monotonic() - self._info_read > INFO_REFRESH_S and not self._info_lock.locked():
+            async with self._info_lock:
+                await self._refresh_model_info(self._info)
         return self._info
+
+    async def _refresh_model_info(self, known: ModelInfo) -> None:
+        self._info_read = time.monotonic()
+        try:
+            info = await self._read_model_info()
+        except (EmbeddingError, InferenceServerException) as exc:
+            # Triton restarting or busy: what it served last is still the best answer
+            log.debug("model config not read again: %s", exc)
+            return
+        if info == known:
+            return
+        if (info.max_batch_size, info.image_size) != (known.max_batch_size, known.image_size):
+            # the regions were sized for the old batches: send pixels in the message instead
+            self._pool = None
+        log.info("Triton serves %s again, now with %s", info.name, info.quantization)
+        self._info = info
 
     async def _remove_orphans(self) -> None:
         """Regions of workers that died without stopping (killed, crashed): unregister them from

@@ -33,9 +33,10 @@ SERVE_FLAGS = (
 )
 
 
-def supervise(settings: Settings) -> int:
-    """Run the gateway on ``settings`` until a stop: the exit code. Progress lines here, the
-    children's logs in the log file (none: everything on the terminal, at INFO)."""
+def supervise(settings: Settings, export_only: bool = False) -> int:
+    """Run the gateway on ``settings`` until a stop (``export_only``: make the export it would
+    serve, then stop): the exit code. Progress lines here, the children's logs in the log file
+    (none: everything on the terminal, at INFO)."""
     log_file = settings.launch.log_file
     configure("WARNING" if log_file else "INFO", "text")
     if log_file is not None:
@@ -45,7 +46,10 @@ def supervise(settings: Settings) -> int:
     def progress(line: str) -> None:
         print(f"clip-gateway: {line}", flush=True)
 
-    code = Supervisor(settings, progress).run()
+    supervisor = Supervisor(settings, progress)
+    if export_only:
+        return supervisor.export_only()
+    code = supervisor.run()
     progress("stopped" if code == OK else f"exited with code {code}")
     return code
 
@@ -59,8 +63,15 @@ def supervise(settings: Settings) -> int:
     show_default="off",
     help="Triton's and the gateway's logs on the terminal instead of the log file.",
 )
+@click.option(
+    "--export-only",
+    is_flag=True,
+    show_default="off",
+    help="Make the export these flags would serve (if missing), then exit: make serve runs it "
+    "while Triton's environment installs.",
+)
 @click.pass_context
-def serve(ctx: click.Context, /, verbose: bool, **_flags: Any) -> int:
+def serve(ctx: click.Context, /, verbose: bool, export_only: bool, **_flags: Any) -> int:
     """Export the model if needed, start Triton and the gateway in the foreground.
 
     Every flag is also an environment variable (shown with it); a flag given wins over the
@@ -76,5 +87,7 @@ def serve(ctx: click.Context, /, verbose: bool, **_flags: Any) -> int:
         settings.server, settings.repository, launch.model_copy(update={"log_file": log_file})
     )
     # what runs the settings: the supervisor; a unit test of this module passes its own
+    if export_only:
+        return supervise(settings, export_only=True)
     run = ctx.obj if callable(ctx.obj) else supervise
     return int(run(settings))

@@ -13,13 +13,20 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 from urllib.parse import urlsplit
 
-from clip_gateway.config.processes import ReservedPort, ServerProcess, reserve_port
+from clip_gateway.config.processes import (
+    ProcessStartError,
+    ReservedPort,
+    ServerProcess,
+    reserve_port,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +141,10 @@ def otlp_traces_url(environ: dict[str, str] | None = None) -> str | None:
 class LocalTriton(ServerProcess):
     """A tritonserver child process bound to loopback; use as a context manager.
 
-    ``extra_args`` are more tritonserver flags (e.g. ``otel_trace_args``); model control stays
-    off: the repository is fixed at start.
+    ``extra_args`` are more tritonserver flags (e.g. ``otel_trace_args``). With ``reloadable``
+    the models may be loaded again from the repository while serving (``reload``: Triton's
+    explicit model control, every model loaded at start); otherwise model control stays off and
+    the repository is fixed at start. Either way the API listens on loopback only.
     """
 
     repository: Path
@@ -145,6 +154,7 @@ class LocalTriton(ServerProcess):
     http_port: int = 0
     metrics_port: int = 0
     extra_args: tuple[str, ...] = ()
+    reloadable: bool = False
     new_session = True
     ready_seconds: float | None = field(default=None, init=False)
     #: Ports reserved for this server (those given as 0); kept across stop/start.
@@ -188,7 +198,11 @@ class LocalTriton(ServerProcess):
             f"--http-port={self.http_port}",
             f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
-            "--model-control-mode=none",
+            *(
+                ("--model-control-mode=explicit", "--load-model=*")
+                if self.reloadable
+                else ("--model-control-mode=none",)
+            ),
             "--exit-timeout-secs=10",
             *self.extra_args,
         ]
@@ -229,3 +243,21 @@ class LocalTriton(ServerProcess):
         self.ready_seconds = time.monotonic() - started
         log.info("tritonserver ready in %.1f s", self.ready_seconds)
         return self
+
+    def reload(self, model: str, timeout: float) -> None:
+        """Load ``model`` again from the repository (``reloadable`` servers only). Triton keeps
+        serving the loaded version until the new one is READY, then sends it new requests and
+        unloads the old once its requests are done: no request fails. One that does not load
+        leaves the old serving; the error says why (Triton's log says more)."""
+        if not self.reloadable:
+            raise RuntimeError("this tritonserver was started without model control")
+        request = urllib.request.Request(
+            f"{self.http_url}/v2/repository/models/{model}/load", data=b"{}", method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                answer.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            raise ProcessStartError(f"Triton did not load {model} again: {detail}") from exc

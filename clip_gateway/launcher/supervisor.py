@@ -3,7 +3,11 @@
 1. the model: a baked export directory, or the export cache (built by ``python -m
 clip_gateway.export`` in a
    child process on first use: torch never enters this process or the server's);
-2. the Triton profile: named, or chosen for the GPU found (launcher/profiles.py);
+2. the Triton profile: named, or chosen for the GPU found (launcher/profiles.py); ``auto``
+   without a GPU, the choice recorded for this machine, else at the first start the export's
+   gated INT8 files (FP32 where refused) serve at once while the CPU profiles are built, gated
+   and timed in the background; the fastest is then loaded into the serving Triton in place
+   (Triton's reload: no request fails), and recorded for the next start;
 3. the model repository, rendered into a private scratch directory;
 4. tritonserver on loopback, READY (TensorRT engine builds included) within the start-up budget;
    an automatically chosen profile that does not load falls back (tensorrt → cuda);
@@ -61,6 +65,7 @@ from clip_gateway.launcher import (
 from clip_gateway.launcher.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from clip_gateway.launcher.repository import default_templates, render, rendered_config
 from clip_gateway.model import gate
+from clip_gateway.model.contract import TEXT_MODEL_NAME, TRITON_MODEL_NAME
 from clip_gateway.model.spec import immich_name, model_identity
 from clip_gateway.observability.logs import configure
 
@@ -98,6 +103,10 @@ class Supervisor:
         self.bf16: dict[str, Any] | None = None
         #: ``auto`` without a GPU: the measured figures and the choice, shown in /v1/models
         self.profile_choice: dict[str, Any] | None = None
+        #: ``auto``'s first start: Triton may load the models again (the fastest profile, once
+        #: measured by ``switcher`` in the background)
+        self.reloadable = False
+        self.switcher: threading.Thread | None = None
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         # only flags here: printing from a signal handler can re-enter a stream's write
@@ -125,6 +134,20 @@ class Supervisor:
         finally:
             self.shutdown()
 
+    def export_only(self) -> int:
+        """The export this start would serve, made if missing (``make serve`` runs it while
+        the Triton environment installs); the exit code."""
+        int8 = self.settings.repository.profile == "cpu-int8"
+        try:
+            exports.find_or_export(self.settings.launch, self.progress, self.stop_requested,
+                                   int8=int8)  # fmt: skip
+        except Interrupted:
+            return OK
+        except LaunchError as exc:
+            log.error("%s", exc)
+            return MISCONFIGURED
+        return OK
+
     def start(self) -> None:
         launch = self.settings.launch
         exposure = exposure_problem(self.settings.server)
@@ -141,8 +164,8 @@ class Supervisor:
             log.warning("%s", problem)
         automatic = self.settings.repository.profile == "auto"
         gpu = profiles.detect() if automatic else None
-        # auto without a GPU measures cpu-int8 too: its files are made at the first start
-        int8 = self.settings.repository.profile == "cpu-int8" or (automatic and gpu is None)
+        # auto without a GPU makes cpu-int8's files too, in the background at the first start
+        int8 = self.settings.repository.profile == "cpu-int8"
         export_dir = exports.find_or_export(launch, self.progress, self.stop_requested, int8=int8)
         if self.settings.repository.profile == "cpu-int8":
             self.int8_fallback = self.int8_gate(export_dir)
@@ -164,8 +187,10 @@ class Supervisor:
         engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity,
                                        build)  # fmt: skip
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
+        measure_later = False
         if automatic and gpu is None:
-            profile, reason = self.measure_cpu(export_dir, identity, repository, deadline)
+            export_dir, profile, reason = self.auto_cpu(export_dir, identity, repository)
+            measure_later = self.reloadable
         else:
             profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         if profile == "cpu-bf16":
@@ -188,6 +213,12 @@ class Supervisor:
             f"{imaging.resize}{'' if imaging.simd else ', NOT the SIMD fast path'}); "
             "API docs at /docs"
         )
+        if measure_later:
+            self.switcher = threading.Thread(
+                target=self.measure_and_switch, args=(export_dir, identity, repository, profile),
+                name="auto-measure", daemon=True,
+            )  # fmt: skip
+            self.switcher.start()
 
     def start_model(
         self,
@@ -222,27 +253,7 @@ class Supervisor:
         assert self.scratch is not None
         launch = self.settings.launch
         install = TritonInstall.discover()
-        if repository.profile in CPU_PROFILES:
-            served = "cpu" if self.bf16 and self.bf16.get("fallback") else repository.profile
-            model = plan.model_plan(served, plan.usable_cpus(),
-                                    repository.instance_count,
-                                    repository.cpu_threads)  # fmt: skip
-            repository = repository.model_copy(
-                update={"instance_count": model.instances, "cpu_threads": model.threads}
-            )
-            log.info("core plan: %d model instance(s) x %d ORT thread(s) per tower",
-                     model.instances, model.threads)  # fmt: skip
-        rendered = render(repository, export_dir, self.scratch / "model_repository",
-                          int8_fallback=self.int8_fallback, bf16=self.bf16,
-                          profile_choice=self.profile_choice,
-                          gate=self.thresholds().as_dict())  # fmt: skip
-        backend = rendered_config(rendered).backend
-        if not (install.backend_dir / backend).is_dir():
-            raise LaunchError(
-                f"the {repository.profile} profile needs Triton's {backend} backend, which "
-                f"{install.backend_dir} lacks (GATEWAY_TRITON_CPU_BACKEND chooses the cpu "
-                "profile's; GPU profiles need the NGC image)"
-            )
+        rendered = self.render_profile(repository, export_dir, self.scratch / "model_repository")
         lock = None
         if repository.profile == "tensorrt":
             lock = engines.BuildLock(Path(repository.trt_cache_path), self.stop_requested)
@@ -262,6 +273,7 @@ class Supervisor:
             inherit_output=launch.log_file is None,
             log_path=launch.log_file,
             stop_requested=self.stop_requested,
+            reloadable=self.reloadable,
         )
         try:
             self.triton.start(timeout=deadline - time.monotonic())
@@ -272,6 +284,35 @@ class Supervisor:
         finally:
             if lock is not None:
                 lock.release(completed=self.triton_ready)
+
+    def render_profile(
+        self, repository: RepositorySettings, export_dir: Path, out_dir: Path
+    ) -> Path:
+        """``repository.profile`` rendered into ``out_dir`` with the core plan's instances and
+        threads (CPU profiles) and what the gates measured."""
+        install = TritonInstall.discover()
+        if repository.profile in CPU_PROFILES:
+            served = "cpu" if self.bf16 and self.bf16.get("fallback") else repository.profile
+            model = plan.model_plan(served, plan.usable_cpus(),
+                                    repository.instance_count,
+                                    repository.cpu_threads)  # fmt: skip
+            repository = repository.model_copy(
+                update={"instance_count": model.instances, "cpu_threads": model.threads}
+            )
+            log.info("core plan: %d model instance(s) x %d ORT thread(s) per tower",
+                     model.instances, model.threads)  # fmt: skip
+        rendered = render(repository, export_dir, out_dir,
+                          int8_fallback=self.int8_fallback, bf16=self.bf16,
+                          profile_choice=self.profile_choice,
+                          gate=self.thresholds().as_dict())  # fmt: skip
+        backend = rendered_config(rendered).backend
+        if not (install.backend_dir / backend).is_dir():
+            raise LaunchError(
+                f"the {repository.profile} profile needs Triton's {backend} backend, which "
+                f"{install.backend_dir} lacks (GATEWAY_TRITON_CPU_BACKEND chooses the cpu "
+                "profile's; GPU profiles need the NGC image)"
+            )
+        return rendered
 
     def int8_gate(self, export_dir: Path) -> str | None:
         """``cpu-int8``: the export's INT8 figures held to this launch's thresholds. Refused:
@@ -385,11 +426,125 @@ class Supervisor:
                 refused = str(exc)
         return version, measured, refused
 
+    def auto_cpu(
+        self, export_dir: Path, identity: str, repository: RepositorySettings
+    ) -> tuple[Path, Profile, str]:
+        """``auto`` without a GPU, at start: the export to serve, the profile and why. The
+        choice recorded for this machine; else (``reloadable`` set: the first start here) what
+        serves until the background measurement has chosen."""
+        recorded = self.recorded_cpu_choice(export_dir, identity, repository)
+        if recorded is None:
+            self.reloadable = True
+            return export_dir, *self.provisional_cpu(export_dir)
+        profile, reason = recorded
+        if profile == "cpu-int8":  # a new cache volume, or the export made again
+            export_dir = exports.find_or_export(self.settings.launch, self.progress,
+                                                self.stop_requested, int8=True)  # fmt: skip
+        return export_dir, profile, reason
+
+    def provisional_cpu(self, export_dir: Path) -> tuple[Profile, str]:
+        """``auto``'s first start on this CPU: what serves at once while the candidates are
+        built and timed, the export's INT8 files if it has them and they pass the gate, else
+        FP32."""
+        int8 = json.loads((export_dir / "manifest.json").read_text()).get("int8") or {}
+        refused = (
+            gate.refusal(int8.get("figures") or {}, self.thresholds())
+            if int8.get("files")
+            else "the export has no INT8 files"
+        )
+        later = "the CPU profiles are timed in the background, the fastest then served"
+        if refused is None:
+            return "cpu-int8", f"auto, first start here: {later}"
+        return "cpu", f"auto, first start here ({refused}): {later}"
+
+    def measure_and_switch(
+        self, export_dir: Path, identity: str, repository: RepositorySettings, serving: Profile
+    ) -> None:
+        """``auto``'s first start, after ready: time the CPU profiles, then load the fastest
+        into the serving Triton in place (the configs carry the figures for /v1/models)."""
+        launch = self.settings.launch
+        deadline = time.monotonic() + launch.startup_timeout_s
+        try:
+            # cpu-int8's files, quantized now if the export has none yet (as at a fresh start)
+            exports.find_or_export(launch, self.progress, self.stop_requested, int8=True)
+            profile, reason = self.measure_cpu(export_dir, identity, repository, deadline)
+            if profile == "cpu-bf16":
+                profile, reason = self.bf16_gate(export_dir, reason, deadline)
+            if profile == "cpu-int8-openvino":
+                self.int8_openvino_gate(export_dir, repository.cpu_backend, deadline)
+            if self.stop_requested.is_set():
+                return
+            self.switch_to(repository.model_copy(update={"profile": profile}), export_dir,
+                           deadline)  # fmt: skip
+        except Interrupted:
+            return
+        except Exception:  # whatever failed, what serves goes on serving
+            log.exception("auto: timing the CPU profiles or loading the fastest failed; %s "
+                          "goes on serving", serving)  # fmt: skip
+            return
+        change = "stays" if profile == serving else f"replaces {serving}"
+        self.progress(f"auto: Triton {profile} profile ({reason}) {change}, loaded in place")
+
+    def switch_to(self, repository: RepositorySettings, export_dir: Path, deadline: float) -> None:
+        """Render ``repository.profile`` beside the live repository, put each model's directory
+        in place of the served one and have Triton load it again: the old version serves until
+        the new one is READY. One that does not load is put back (the old one still serves)."""
+        assert self.triton is not None and self.scratch is not None
+        staged = self.render_profile(repository, export_dir, self.scratch / "staged")
+        live = self.triton.repository
+        try:
+            for name in (TRITON_MODEL_NAME, TEXT_MODEL_NAME):
+                if not (staged / name).is_dir():
+                    continue
+                replaced = self.scratch / f"replaced-{name}"
+                (live / name).rename(replaced)
+                (staged / name).rename(live / name)
+                try:
+                    self.triton.reload(name, timeout=max(1.0, deadline - time.monotonic()))
+                except BaseException:
+                    shutil.rmtree(live / name)
+                    replaced.rename(live / name)
+                    raise
+                shutil.rmtree(replaced)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def recorded_cpu_choice(
+        self, export_dir: Path, identity: str, repository: RepositorySettings
+    ) -> tuple[Profile, str] | None:
+        """``auto`` without a GPU: the choice recorded for this machine and model, if any."""
+        signature, records = self.cpu_signature(identity, repository, export_dir)
+        for record in records:
+            if (choice := cpu_auto.recorded(record, signature)) is not None:
+                self.profile_choice = choice.section(f"measured here earlier ({record})")
+                return choice.profile, f"auto, measured here earlier: {choice.reason}"
+        return None
+
     def measure_cpu(
         self, export_dir: Path, identity: str, repository: RepositorySettings, deadline: float
     ) -> tuple[Profile, str]:
         """``auto`` without a GPU: the choice recorded for this machine and model, else the
         fastest CPU profile that passes the gate, timed now within ``auto_measure_s``."""
+        if (recorded := self.recorded_cpu_choice(export_dir, identity, repository)) is not None:
+            return recorded
+        signature, records = self.cpu_signature(identity, repository, export_dir)
+        candidates = self.cpu_candidates(export_dir, repository.cpu_backend, bf16.cpu_flags(),
+                                         deadline)  # fmt: skip
+        budget = min(self.settings.launch.auto_measure_s, deadline - time.monotonic())
+        self.progress(f"auto: timing {', '.join(p for p, w in candidates.items() if w is None)} "
+                      f"through Triton on this machine (at most {budget:.0f} s, once)")  # fmt: skip
+        choice = cpu_auto.measure(candidates, self.cpu_timer or self.triton_timer(
+            export_dir, repository), signature, budget_s=budget)  # fmt: skip
+        kept = cpu_auto.keep(choice, records)
+        self.profile_choice = choice.section(f"measured now (kept in {kept})")
+        if choice.profile != "cpu-bf16":
+            self.bf16 = None  # measured as a candidate; not what serves
+        return choice.profile, f"auto, measured now in {choice.seconds:.0f} s: {choice.reason}"
+
+    def cpu_signature(
+        self, identity: str, repository: RepositorySettings, export_dir: Path
+    ) -> tuple[dict[str, Any], list[Path]]:
+        """What a recorded CPU choice is valid for, and where it is kept."""
         install = TritonInstall.discover()
         python = (install.python_bin_dir or Path("/usr/bin")) / "python3"
         runtimes = cpu_auto.runtime_versions(python)
@@ -409,21 +564,7 @@ class Supervisor:
         # beside the export (the model cache); a read-only baked export: the cache volume
         records = [export_dir / cpu_auto.RECORD,
                    Path(repository.trt_cache_path) / cpu_auto.RECORD]  # fmt: skip
-        for record in records:
-            if (choice := cpu_auto.recorded(record, signature)) is not None:
-                self.profile_choice = choice.section(f"measured here earlier ({record})")
-                return choice.profile, f"auto, measured here earlier: {choice.reason}"
-        candidates = self.cpu_candidates(export_dir, repository.cpu_backend, flags, deadline)
-        budget = min(self.settings.launch.auto_measure_s, deadline - time.monotonic())
-        self.progress(f"auto: timing {', '.join(p for p, w in candidates.items() if w is None)} "
-                      f"through Triton on this machine (at most {budget:.0f} s, once)")  # fmt: skip
-        choice = cpu_auto.measure(candidates, self.cpu_timer or self.triton_timer(
-            export_dir, repository), signature, budget_s=budget)  # fmt: skip
-        kept = cpu_auto.keep(choice, records)
-        self.profile_choice = choice.section(f"measured now (kept in {kept})")
-        if choice.profile != "cpu-bf16":
-            self.bf16 = None  # measured as a candidate; not what serves
-        return choice.profile, f"auto, measured now in {choice.seconds:.0f} s: {choice.reason}"
+        return signature, records
 
     def cpu_candidates(
         self, export_dir: Path, cpu_backend: str, flags: frozenset[str], deadline: float
@@ -582,7 +723,11 @@ class Supervisor:
 
     def shutdown(self) -> None:
         """Gateway first (it stops accepting and drains its in-flight requests, then removes
-        its shared-memory regions), then Triton (and its backend stubs), then scratch."""
+        its shared-memory regions), then Triton (and its backend stubs), then scratch. A
+        measurement still under way in the background sees the stop and ends first."""
+        if self.switcher is not None:
+            self.switcher.join(timeout=timings.TRITON_STARTUP_GRACE_S + 5)
+            self.switcher = None
         if self.gateway is not None:
             self.gateway.stop(grace=self.timings.gateway_stop_s)
             self.gateway = None

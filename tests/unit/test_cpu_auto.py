@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from clip_gateway.config import plan
+from clip_gateway.config.processes import ProcessStartError
 from clip_gateway.config.settings import Profile, RepositorySettings, Settings
 from clip_gateway.launcher import bf16, cpu_auto
 from clip_gateway.launcher import supervisor as module
 from clip_gateway.launcher.repository import render
+from clip_gateway.model import gate
 from clip_gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
 from tests.unit.test_bf16 import COOPER_LAKE, FIGURES, ZEN3
 from tests.unit.test_repository import int8_export, read
@@ -218,3 +220,123 @@ def test_the_choice_and_its_figures_reach_each_towers_quantization_parameter(
     config = read(repo, TRITON_MODEL_NAME)
     value = json.loads(config.parameters[QUANTIZATION_PARAMETER].string_value)
     assert value == {"precision": "fp32", "profile_choice": section | {"chosen": "cpu"}}
+
+
+class Reloading:
+    """The serving Triton's in-place reload, as a seam: records each model loaded again with
+    the precision its config then had, and refuses the models named in ``refuse``."""
+
+    def __init__(self, repository: Path) -> None:
+        self.repository = repository
+        self.refuse: set[str] = set()
+        self.loaded: list[tuple[str, object]] = []
+
+    def reload(self, model: str, timeout: float) -> None:
+        assert timeout > 0
+        if model in self.refuse:
+            raise ProcessStartError(f"Triton did not load {model} again: refused here")
+        self.loaded.append((model, precision(self.repository, model)))
+
+
+def precision(repository: Path, model: str) -> object:
+    value = read(repository, model).parameters[QUANTIZATION_PARAMETER].string_value
+    return json.loads(value)["precision"] if value else "fp32"
+
+
+def serving(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, timer: cpu_auto.Timer
+) -> tuple[module.Supervisor, Path, Reloading]:
+    """A launcher whose Triton serves ``cpu`` from a rendered repository, reloads recorded."""
+    (tmp_path / "backends" / "python").mkdir(parents=True)
+    monkeypatch.setattr(FakeInstall, "backend_dir", tmp_path / "backends")
+    export = int8_export(tmp_path / "e")
+    supervisor = launcher(monkeypatch, tmp_path, timer, cpu_backend="python")
+    supervisor.scratch = tmp_path / "scratch"
+    cpu = supervisor.settings.repository.model_copy(update={"profile": "cpu"})
+    live = supervisor.render_profile(cpu, export, supervisor.scratch / "model_repository")
+    triton = Reloading(live)
+    supervisor.triton = triton  # type: ignore[assignment]
+    return supervisor, export, triton
+
+
+def test_the_first_start_serves_gated_int8_at_once_and_measures_nothing_before_ready(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    export = int8_export(tmp_path / "e")
+    supervisor = launcher(monkeypatch, tmp_path, must_not_measure)
+    repository = supervisor.settings.repository
+    assert supervisor.recorded_cpu_choice(export, "model-identity", repository) is None
+    profile, reason = supervisor.provisional_cpu(export)
+    assert profile == "cpu-int8" and reason.startswith("auto, first start here: the CPU")
+    monkeypatch.setattr(supervisor, "thresholds", lambda: gate.Thresholds(1.0, 1.0))
+    profile, reason = supervisor.provisional_cpu(export)
+    assert profile == "cpu" and "INT8 refused by the quality gate" in reason
+    manifest = json.loads((export / "manifest.json").read_text())
+    (export / "manifest.json").write_text(json.dumps(manifest | {"int8": {}}))
+    assert supervisor.provisional_cpu(export)[0] == "cpu"
+
+
+def test_the_fastest_is_loaded_in_place_and_a_model_that_does_not_load_is_put_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    supervisor, export, triton = serving(monkeypatch, tmp_path, must_not_measure)
+    assert supervisor.scratch is not None
+    int8 = supervisor.settings.repository.model_copy(update={"profile": "cpu-int8"})
+    supervisor.switch_to(int8, export, math.inf)
+    assert triton.loaded == [(TRITON_MODEL_NAME, "int8"), (TEXT_MODEL_NAME, "int8")]
+    assert [p.name for p in supervisor.scratch.iterdir()] == ["model_repository"]
+    triton.refuse = {TEXT_MODEL_NAME}
+    cpu = int8.model_copy(update={"profile": "cpu"})
+    with pytest.raises(ProcessStartError, match="did not load"):
+        supervisor.switch_to(cpu, export, math.inf)
+    # the image tower was loaded again; the text tower's old files serve on, in place
+    assert precision(triton.repository, TRITON_MODEL_NAME) == "fp32"
+    assert precision(triton.repository, TEXT_MODEL_NAME) == "int8"
+    assert [p.name for p in supervisor.scratch.iterdir()] == ["model_repository"]
+
+
+def test_the_background_measurement_switches_to_the_fastest_and_keeps_the_choice(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    timer = Timer({"cpu-int8": 40.0, "cpu-int8-openvino": 10.0, "cpu": 100.0})
+    supervisor, export, triton = serving(monkeypatch, tmp_path, timer)
+    lines: list[str] = []
+    supervisor.progress = lines.append
+    monkeypatch.setattr(supervisor, "int8_openvino_check", lambda *args: None)
+    exported: list[bool] = []
+
+    def find_or_export(*args: object, int8: bool = False) -> Path:
+        exported.append(int8)  # the fresh start's export has no INT8 files: made now
+        return export
+
+    monkeypatch.setattr(module.exports, "find_or_export", find_or_export)
+    repository = supervisor.settings.repository
+    supervisor.measure_and_switch(export, "model-identity", repository, "cpu-int8")
+    assert exported == [True]
+    assert timer.timed == ["cpu-int8", "cpu-int8-openvino", "cpu"]
+    assert triton.loaded == [(TRITON_MODEL_NAME, "fp32"), (TEXT_MODEL_NAME, "fp32")]
+    config = read(triton.repository, TRITON_MODEL_NAME)
+    shown = json.loads(config.parameters[QUANTIZATION_PARAMETER].string_value)
+    assert shown["profile_choice"]["chosen"] == "cpu"
+    assert "auto: Triton cpu profile (auto, measured now" in lines[-1]
+    assert lines[-1].endswith("replaces cpu-int8, loaded in place")
+    assert json.loads((export / cpu_auto.RECORD).read_text())["profile"] == "cpu"
+    # measured, so the next start serves the choice at once
+    again = launcher(monkeypatch, tmp_path, must_not_measure)
+    assert again.recorded_cpu_choice(export, "model-identity", repository) is not None
+
+
+def test_a_failed_background_measurement_leaves_what_serves(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    supervisor, export, triton = serving(monkeypatch, tmp_path, Timer({}))
+
+    def broken(*args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(supervisor, "cpu_candidates", broken)
+    monkeypatch.setattr(module.exports, "find_or_export", lambda *args, **kwargs: export)
+    repository = supervisor.settings.repository
+    supervisor.measure_and_switch(export, "model-identity", repository, "cpu-int8")
+    assert triton.loaded == []
+    assert "cpu-int8 goes on serving" in caplog.text and "disk full" in caplog.text

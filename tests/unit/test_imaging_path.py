@@ -82,9 +82,20 @@ def _tools(bin_dir: Path, *, uid: int, headers_after_apt: bool) -> Path:
 
 
 def _install(bin_dir: Path) -> subprocess.CompletedProcess[str]:
+    """The Makefile's two steps: the wheel built, then installed (only if it was)."""
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(bin_dir)}
+    python, wheels = str(bin_dir / "python"), str(bin_dir / "wheels")
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "build", python, "12.1.1.post0", "-mavx2", wheels],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        return done
     return subprocess.run(
-        ["bash", str(SCRIPT), str(bin_dir / "python"), "12.1.1.post0", "-mavx2"],
+        ["bash", str(SCRIPT), "install", python, "12.1.1.post0", wheels],
         env=env,
         capture_output=True,
         text=True,
@@ -108,7 +119,9 @@ def test_as_root_the_install_gets_the_packages_then_builds_and_checks(tmp_path: 
     lines = calls.read_text().splitlines()
     assert lines[0].startswith("apt-get install -y")
     assert lines[0].endswith("libwebp-dev zlib1g-dev libjpeg-dev")
-    assert "pillow-simd==12.1.1.post0" in lines[2]
+    assert lines[1].startswith("python -m pip wheel") and "pillow-simd==12.1.1.post0" in lines[1]
+    assert lines[2].startswith("python -m pip uninstall")
+    assert lines[3].startswith("python -m pip install") and "--no-index" in lines[3]
     assert lines[-1] == "python -m clip_gateway imaging --require-simd"
 
 
