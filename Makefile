@@ -98,7 +98,7 @@ SERVE_FLAGS = $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) \
   $(if $(CLIP_TOKENIZER),--tokenizer "$(CLIP_TOKENIZER)") $(if $(PROFILE),--profile $(PROFILE)) \
   $(if $(VERBOSE),--verbose)
 serve:
-	@$(MAKE) -s --no-print-directory --output-sync=line -j3 $(TRITON_ENV)/.installed serve-export
+	@$(MAKE) -s --no-print-directory -j3 $(TRITON_ENV)/.installed serve-export
 	@$(VENV)/bin/clip-gateway serve $(SERVE_FLAGS)
 
 serve-export: $(VENV)/.installed

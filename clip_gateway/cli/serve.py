@@ -41,7 +41,8 @@ def supervise(settings: Settings, export_only: bool = False) -> int:
     configure("WARNING" if log_file else "INFO", "text")
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        print(f"clip-gateway: logs in {log_file}", flush=True)
+        if not export_only:  # said once, by the serve that follows
+            print(f"clip-gateway: logs in {log_file}", flush=True)
 
     def progress(line: str) -> None:
         print(f"clip-gateway: {line}", flush=True)

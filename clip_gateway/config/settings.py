@@ -380,9 +380,10 @@ class LaunchSettings(BaseSettings):
     cache_dir: Path | None = None
     #: Measure both GPU profiles on first start and keep the winner (cached with the engines).
     calibrate: bool = False
-    #: ``auto`` without a GPU: seconds the first start may spend timing the CPU profiles that
-    #: pass the quality gate through Triton (launcher/cpu_auto.py); the figures and the choice
-    #: are kept beside the export, so later starts on the same machine measure nothing.
+    #: ``auto`` without a GPU: seconds the first start's background measurement may spend
+    #: timing the CPU profiles that pass the quality gate through Triton (launcher/cpu_auto.py)
+    #: while the gateway already serves; the figures and the choice are kept beside the export,
+    #: so later starts on the same machine serve the choice at once, measuring nothing.
     auto_measure_s: float = Field(120.0, gt=0)
     #: ``cpu-int8`` when the quality gate refuses the export's INT8 files: serve the FP32 files
     #: (saying so in the log and in /v1/models) instead of refusing to start.

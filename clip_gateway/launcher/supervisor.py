@@ -452,10 +452,12 @@ class Supervisor:
             if int8.get("files")
             else "the export has no INT8 files"
         )
-        later = "the CPU profiles are timed in the background, the fastest then served"
+        later = "while the CPU profiles are built and timed in the background"
         if refused is None:
-            return "cpu-int8", f"auto, first start here: {later}"
-        return "cpu", f"auto, first start here ({refused}): {later}"
+            return "cpu-int8", f"auto, first start here: the export's INT8 files serve {later}"
+        if not int8.get("files"):
+            return "cpu", f"auto, first start here: FP32 serves {later}"
+        return "cpu", f"auto, first start here: FP32 serves ({refused}) {later}"
 
     def measure_and_switch(
         self, export_dir: Path, identity: str, repository: RepositorySettings, serving: Profile

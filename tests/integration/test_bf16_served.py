@@ -146,7 +146,11 @@ def test_auto_without_a_gpu_serves_at_once_then_switches_to_the_fastest_with_no_
             assert served.process.poll() is None, served.log.read_text()[-3000:]
             time.sleep(2)
         switched = len(answers)
-        time.sleep(5)  # still asking after the gateway saw the new configs
+        # the image tower's new config may show before the text tower is loaded again
+        while "loaded in place" not in served.log.read_text():
+            assert time.monotonic() < deadline, "auto never finished switching"
+            time.sleep(1)
+        time.sleep(5)  # still asking after both towers were loaded again
     finally:
         stop.set()
         asking.join()

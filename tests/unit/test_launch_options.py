@@ -158,3 +158,21 @@ def test_without_the_server_extra_the_client_commands_run_and_serve_says_what_it
     assert "pip install 'clip-gateway[server]'" in done.stderr
     assert "Traceback" not in done.stderr
     assert "serve    Run the gateway" in done.stdout and "--out FILE" in done.stdout
+
+
+def test_export_only_makes_or_finds_the_export_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make serve`` runs ``serve --export-only`` while Triton's environment installs: the same
+    settings find the same export (a baked one as it is), and nothing is started."""
+    baked = tmp_path / "export"
+    baked.mkdir()
+    (baked / "manifest.json").write_text("{}")
+    log_file = str(tmp_path / "serve.log")
+    assert main(["serve", "--model-dir", str(baked), "--log-file", log_file,
+                 "--export-only"]) == 0  # fmt: skip
+    missing = str(tmp_path / "none")
+    assert main(["serve", "--model-dir", missing, "--log-file", log_file, "--export-only"]) == 2
+    out = capsys.readouterr()
+    assert "tritonserver" not in out.out + out.err and "ready" not in out.out
+    assert f"{missing} is not an export" in out.err
