@@ -256,7 +256,7 @@ class EmbeddingService:
         within the deadline. ``immich``: preprocess images and clean texts as Immich's own ML
         server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
         batching are the same."""
-        if reservation.admission is not self.admission or reservation.images < len(items):
+        if reservation.admission is not self.admission or reservation.items < len(items):
             raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
         timeout = self._options.request_timeout_s
         try:
