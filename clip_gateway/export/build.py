@@ -256,7 +256,7 @@ def _export_text(
     canary = None
     if described["available"]:
         ours = tokenizer.served_tokenizer(directory, described)
-        texts_tokens = ours.encode_batch(PARITY_TEXTS)
+        texts_tokens = ours.tokenize(PARITY_TEXTS)
         if texts_tokens.max() >= vocab_size(loaded.clip):
             raise RuntimeError(
                 f"the tokenizer gives ids up to {texts_tokens.max()}, the text tower takes "
@@ -264,7 +264,7 @@ def _export_text(
             )
         tokens = np.concatenate([texts_tokens, tokens])
         canary = parity.session(directory / TEXT_FP32_FILE).run(
-            None, {TEXT_INPUT_NAME: ours.encode_batch([TEXT_CANARY])}
+            None, {TEXT_INPUT_NAME: ours.tokenize([TEXT_CANARY])}
         )[0][0]
     report = parity.check_text(loaded, directory / TEXT_FP32_FILE, fp16_path, tokens)
     if not report.ok:

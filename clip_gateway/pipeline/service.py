@@ -50,7 +50,7 @@ from clip_gateway.pipeline.admission import METER_FLOOR_S, Admission, Reservatio
 from clip_gateway.pipeline.batching import BatchDecoder, DecodeSample, Meter
 from clip_gateway.pipeline.canary import Canary
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
-from clip_gateway.pipeline.texts import TextEncoder
+from clip_gateway.pipeline.texts import BatchTokenizer
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class EmbeddingService:
         )
         self._trimmer = memory.Trimmer(pool.submit)
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
-        self._texts = TextEncoder(pool, options.max_text_chars, self._metrics)
+        self._tokenizer = BatchTokenizer(pool, options.max_text_chars, self._metrics)
         #: The served model's preprocessing, once the backend has said (admission's plan).
         self._preprocessing: Preprocessing | None = None
 
@@ -221,7 +221,7 @@ class EmbeddingService:
         info = await self._backend.model_info()
         self._preprocessing = info.image_preprocessing
         try:
-            self._texts.tokenizer(info)
+            self._tokenizer.for_model(info)
             unavailable = None
         except ModalityUnavailable as exc:
             unavailable = exc.reason
@@ -241,7 +241,7 @@ class EmbeddingService:
 
     def canary(self, interval_s: float, min_cosine: float, timeout_s: float) -> Canary:
         """The readiness canary over this pipeline's backend and tokenizers."""
-        return Canary(self._backend, interval_s, min_cosine, timeout_s, texts=self._texts)
+        return Canary(self._backend, interval_s, min_cosine, timeout_s, tokenizer=self._tokenizer)
 
     async def embed(
         self,
@@ -286,7 +286,7 @@ class EmbeddingService:
         refused: list[EmbeddingError] = []
         if texts:
             # checked before any work is spent, on texts or images: they cost nothing to check
-            good, refused = self._check_texts(items, texts, model, skip_invalid)
+            good, refused = self._embeddable_texts(items, texts, model, skip_invalid)
             if good:
                 work.append(lambda: self._embed_texts(items, good, model, deadline, immich))
         if images:
@@ -380,14 +380,14 @@ class EmbeddingService:
         budget = max(admission.overspend * reservation.meter_s, METER_FLOOR_S)
         return Meter(reservation.decode_s, budget)
 
-    def _check_texts(
+    def _embeddable_texts(
         self, items: Sequence[Item], texts: list[int], model: ModelInfo, skip_invalid: bool
     ) -> tuple[list[int], list[EmbeddingError]]:
         """The texts that can be embedded, and the errors of the others (skip mode; otherwise
         the first error is raised)."""
         errors: list[EmbeddingError] = []
         try:
-            self._texts.tokenizer(model)
+            self._tokenizer.for_model(model)
         except ModalityUnavailable as exc:
             if not skip_invalid:
                 raise ModalityUnavailable(exc.reason, index=texts[0]) from None
@@ -396,7 +396,7 @@ class EmbeddingService:
         for i in texts:
             item = items[i]
             assert isinstance(item, TextItem)
-            problem = self._texts.check(item.text, i)
+            problem = self._tokenizer.problem(item.text, i)
             if problem is None:
                 good.append(i)
             elif not skip_invalid:
@@ -460,8 +460,8 @@ class EmbeddingService:
         assert model.text is not None
         texts: list[TextItem] = [items[i] for i in positions]  # type: ignore[misc]
         started = time.perf_counter()
-        tokenizer = self._texts.tokenizer(model)
-        batch = await self._texts.encode(texts, positions, tokenizer, immich=immich)
+        tokenizer = self._tokenizer.for_model(model)
+        batch = await self._tokenizer.tokenize(texts, positions, tokenizer, immich=immich)
         tokenized_at = time.perf_counter()
         vectors = await self._infer(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,
