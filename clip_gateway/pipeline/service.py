@@ -408,7 +408,7 @@ class EmbeddingService:
     async def _embed_images(
         self,
         items: Sequence[Item],
-        positions: list[int],
+        indices: list[int],
         model: ModelInfo,
         skip_invalid: bool,
         deadline: float,
@@ -417,7 +417,7 @@ class EmbeddingService:
     ) -> _Part:
         limits = self._options
         options = self._image_options(model.image_preprocessing, immich)
-        images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
+        images: list[ImageItem] = [items[i] for i in indices]  # type: ignore[misc]
         limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
         # decoded straight into the batch the backend sends from (a shared-memory region when
         # it has one free for a call's worth); given back however this ends
@@ -427,7 +427,7 @@ class EmbeddingService:
                 images,
                 options,
                 skip_invalid=skip_invalid,
-                positions=positions,
+                indices=indices,
                 out=lent.pixels,
                 meter=meter,
             )
@@ -452,16 +452,16 @@ class EmbeddingService:
     async def _embed_texts(
         self,
         items: Sequence[Item],
-        positions: list[int],
+        indices: list[int],
         model: ModelInfo,
         deadline: float,
         immich: bool = False,
     ) -> _Part:
         assert model.text is not None
-        texts: list[TextItem] = [items[i] for i in positions]  # type: ignore[misc]
+        texts: list[TextItem] = [items[i] for i in indices]  # type: ignore[misc]
         started = time.perf_counter()
         tokenizer = self._tokenizer.for_model(model)
-        batch = await self._tokenizer.tokenize(texts, positions, tokenizer, immich=immich)
+        batch = await self._tokenizer.tokenize(texts, indices, tokenizer, immich=immich)
         tokenized_at = time.perf_counter()
         vectors = await self._infer(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,
