@@ -200,7 +200,7 @@ def _export_image(directory: Path, loaded: LoadedModel, fp16: bool) -> dict[str,
     if fp16:
         onnx_export.convert_fp16(fp32_model, directory / FP16_FILE)
         fp16_path = directory / FP16_FILE
-    report = parity.check(loaded, directory / FP32_FILE, fp16_path)
+    report = parity.measure(loaded, directory / FP32_FILE, fp16_path)
     if not report.ok:
         raise RuntimeError(f"exported image graph failed its parity check: {report.as_dict()}")
     canary = parity.session(directory / FP32_FILE).run(
@@ -266,7 +266,7 @@ def _export_text(
         canary = parity.session(directory / TEXT_FP32_FILE).run(
             None, {TEXT_INPUT_NAME: ours.tokenize([TEXT_CANARY])}
         )[0][0]
-    report = parity.check_text(loaded, directory / TEXT_FP32_FILE, fp16_path, tokens)
+    report = parity.measure_text(loaded, directory / TEXT_FP32_FILE, fp16_path, tokens)
     if not report.ok:
         raise RuntimeError(f"exported text graph failed its parity check: {report.as_dict()}")
     tower = _tower(

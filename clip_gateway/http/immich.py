@@ -362,7 +362,7 @@ async def immich_upstream(state: State) -> dict[str, Any]:
     fixed words: never an address beyond the configured URL)."""
     upstream = app_context(state).upstream
     assert upstream is not None  # the route exists only with one
-    await upstream.check()
+    await upstream.ping_all()
     return {
         "upstreams": [
             {"url": s.url, "state": s.state, **({"detail": s.detail} if s.detail else {})}

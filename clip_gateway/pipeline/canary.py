@@ -66,7 +66,9 @@ class Canary:
         fresh = last is not None and time.monotonic() - last.checked_at < 3 * self.interval_s + 5
         return bool(fresh and last is not None and last.ok)
 
-    async def check(self) -> CanaryResult:
+    async def run_once(self) -> CanaryResult:
+        """Embed the canary now and judge it: the verdict, also kept as ``last`` (nothing
+        raised; a failed inference is a failed verdict)."""
         try:
             info = await self.backend.model_info()
             deadline = time.monotonic() + self.timeout_s
@@ -107,7 +109,7 @@ class Canary:
         return CanaryResult(ok, f"{kind} canary cosine {cosine:.5f} (min {self.min_cosine})", now)
 
     async def run(self) -> None:
-        """Check now, then every interval, until cancelled (lifespan shutdown)."""
+        """``run_once`` now, then every interval, until cancelled (lifespan shutdown)."""
         while True:
-            await self.check()
+            await self.run_once()
             await asyncio.sleep(self.interval_s)
