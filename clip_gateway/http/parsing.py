@@ -332,7 +332,7 @@ def _items(values: list[str | InputObject], modality: Modality | None) -> list[I
         if isinstance(value, InputObject):
             items.append(_object_item(value, index, modality))
         elif modality == "image" or (modality is None and value[:11].lower() == "data:image/"):
-            items.append(ImageItem.encoded(value))
+            items.append(ImageItem.from_base64(value))
         elif modality is None and _looks_like_base64_image(value):
             raise InvalidFields(
                 f"input[{index}] looks like a base64-encoded image, not a text: send it as a "
@@ -363,7 +363,7 @@ def _object_item(value: InputObject, index: int, modality: Modality | None) -> I
         return TextItem(value.text)
     if url_items.is_url(str(value.image)):
         return ImageItem(url=str(value.image))
-    return ImageItem.encoded(str(value.image))
+    return ImageItem.from_base64(str(value.image))
 
 
 def _looks_like_base64_image(value: str) -> bool:

@@ -202,7 +202,7 @@ async def create_embeddings(
         unit = _first(parsed.normalize, normalize, True)
         embedding = pipeline.embed(reservation, items, normalize=unit, skip_invalid=skip)
         result = await unless_disconnected(request, embedding)
-        return encode(request, tracer, settings, result, parsed, dtype, skip)
+        return embeddings_response(request, tracer, settings, result, parsed, dtype, skip)
 
 
 async def check_dimensions(pipeline: EmbeddingService, model_id: str, asked: int) -> None:
@@ -217,7 +217,7 @@ async def check_dimensions(pipeline: EmbeddingService, model_id: str, asked: int
         )
 
 
-def encode(
+def embeddings_response(
     request: Request[Any, Any, Any],
     tracer: Tracer,
     settings: ServerSettings,
@@ -226,6 +226,7 @@ def encode(
     dtype: BinaryDtype,
     skip: bool,
 ) -> Response[bytes]:
+    """``result`` as the client asked (``Accept``): OpenAI's JSON or raw floats."""
     timing = {"Server-Timing": encoding.server_timing(result)}
     binary = request.accept.best_match([JSON, encoding.BINARY_MEDIA_TYPE], JSON) != JSON
     with tracer.start_as_current_span("encode", attributes={"binary": binary}):

@@ -30,7 +30,7 @@ JPEG, PNG = samples.compact(0), samples.png(1)
 
 def image(value: bytes | str) -> ImageItem:
     """An item as the parsers make it: raw bytes (multipart) or base64 text (JSON)."""
-    return ImageItem(value) if isinstance(value, bytes) else ImageItem.encoded(value)
+    return ImageItem(value) if isinstance(value, bytes) else ImageItem.from_base64(value)
 
 
 def expected(data: bytes, options: ImageOptions = OPTIONS) -> tuple[np.ndarray, object]:
