@@ -434,7 +434,7 @@ class EmbeddingService:
             decoded_at = time.perf_counter()
             if decoded.rows:
                 batch = lent.keep(decoded.rows)
-                vectors = await self._infer(
+                vectors = await self._infer_in_chunks(
                     self._run_images, batch, limit, deadline, False, model.instances
                 )
             else:
@@ -463,7 +463,7 @@ class EmbeddingService:
         tokenizer = self._tokenizer.for_model(model)
         batch = await self._tokenizer.tokenize(texts, indices, tokenizer, immich=immich)
         tokenized_at = time.perf_counter()
-        vectors = await self._infer(self._run_texts, _Tokens(batch.tokens),
+        vectors = await self._infer_in_chunks(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,
                                     model.text.instances)  # fmt: skip
         return _Part(
@@ -481,7 +481,7 @@ class EmbeddingService:
     async def _run_texts(self, batch: _Tokens, deadline: float) -> np.ndarray:
         return await self._backend.embed_texts(batch.tokens, deadline=deadline)
 
-    async def _infer(
+    async def _infer_in_chunks(
         self,
         call: Callable[[B, float], Awaitable[np.ndarray]],
         batch: B,
@@ -490,6 +490,8 @@ class EmbeddingService:
         text: bool,
         instances: int = 1,
     ) -> np.ndarray:
+        """``batch`` split into chunks of at most ``limit`` rows, each one backend call
+        (``_infer_chunk``), run at once; the rows come back in order."""
         # several model instances (the CPU profiles' core plan): one request's rows are shared
         # between them, or a lone batch of 32 would run on one instance's share of the cores
         limit = min(limit, max(1, -(-len(batch) // max(1, instances))))
