@@ -110,8 +110,8 @@ async def serve(request: Request[Any, Any, Any], context: AppContext) -> Respons
         )
     body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
     if kind == "visual":
-        decoded = result.decoded[0]
-        body["imageHeight"], body["imageWidth"] = decoded.height, decoded.width
+        image = result.image_facts[0]
+        body["imageHeight"], body["imageWidth"] = image.height, image.width
     return Response(msgspec.json.encode(body), media_type=JSON)
 
 

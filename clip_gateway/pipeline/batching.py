@@ -27,7 +27,7 @@ class DecodedBatch:
     pixels: np.ndarray  # uint8 [n_ok, S, S, 3]
     indices: tuple[int, ...]  # the request index of each row
     rows: tuple[int, ...]  # the row of ``out`` (the batch decoded into) each one came from
-    decoded: tuple[Decoded, ...]
+    image_facts: tuple[Decoded, ...]  # what each row's image was (format, size)
     errors: tuple[EmbeddingError, ...]  # per-item failures (skip mode), each with its index
 
 
@@ -149,8 +149,8 @@ class BatchDecoder:
         rows = [i for i, _ in good]
         pixels = batch if len(rows) == len(items) else batch[rows]
         indices = tuple(where[i] for i in rows)
-        decoded = tuple(t.decoded for _, t in good)
-        return DecodedBatch(pixels, indices, tuple(rows), decoded, tuple(errors))
+        facts = tuple(t.decoded for _, t in good)
+        return DecodedBatch(pixels, indices, tuple(rows), facts, tuple(errors))
 
     async def _run(
         self,

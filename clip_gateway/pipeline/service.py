@@ -108,7 +108,8 @@ class Embeddings:
     indices: tuple[int, ...]  # request index of each row
     errors: tuple[EmbeddingError, ...]  # skipped items (skip_invalid), each with its index
     model: ModelInfo
-    decoded: tuple[Decoded, ...]
+    #: What each decoded image was (format, size), in request order.
+    image_facts: tuple[Decoded, ...]
     decode_seconds: float
     infer_seconds: float
     images: int = 0
@@ -119,14 +120,15 @@ class Embeddings:
 
 
 @dataclass
-class _Part:
-    """One modality's share of a request."""
+class _PartialEmbeddings:
+    """The embeddings of one share of a request's items: its images, its texts, or those the
+    cache answered; the service puts the shares back in request order."""
 
-    kind: str  # "image" or "text"
+    kind: str  # "image", "text" or "cached"
     vectors: np.ndarray
     indices: tuple[int, ...]
     errors: tuple[EmbeddingError, ...] = ()
-    decoded: tuple[Decoded, ...] = ()
+    image_facts: tuple[Decoded, ...] = ()
     prepare_seconds: float = 0.0  # decode or tokenise
     infer_seconds: float = 0.0
     tokens: int = 0
@@ -282,7 +284,7 @@ class EmbeddingService:
                   if not isinstance(item, TextItem) and i not in cached.indices]  # fmt: skip
         texts = [i for i, item in enumerate(items)
                  if isinstance(item, TextItem) and i not in cached.indices]  # fmt: skip
-        work: list[Callable[[], Coroutine[Any, Any, _Part]]] = []
+        work: list[Callable[[], Coroutine[Any, Any, _PartialEmbeddings]]] = []
         refused: list[EmbeddingError] = []
         if texts:
             # checked before any work is spent, on texts or images: they cost nothing to check
@@ -296,7 +298,7 @@ class EmbeddingService:
                     items, images, model, skip_invalid, deadline, immich, meter
                 )
             )
-        parts = await _all([make() for make in work])
+        parts = await _gather_or_cancel([make() for make in work])
         self._remember(items, parts, reservation)
         hit_texts = sum(isinstance(items[i], TextItem) for i in cached.indices)
         cached_counts = (len(cached.indices) - hit_texts, hit_texts)
@@ -320,7 +322,7 @@ class EmbeddingService:
             indices=tuple(int(i) for i in indices),
             errors=tuple(errors),
             model=model,
-            decoded=image_part.decoded if image_part else (),
+            image_facts=image_part.image_facts if image_part else (),
             decode_seconds=image_part.prepare_seconds if image_part else 0.0,
             infer_seconds=max((p.infer_seconds for p in parts), default=0.0),
             # answered from the cache or not, an item answered is counted (usage)
@@ -332,11 +334,11 @@ class EmbeddingService:
 
     def _cached(
         self, items: Sequence[Item], model: ModelInfo, immich: bool, reservation: Reservation
-    ) -> _Part:
+    ) -> _PartialEmbeddings:
         """The items the cache answers, as a part of their own (no decode, no model call). The
         items were probed as they were admitted; those that were not (the model was not known
         yet) are probed now, and every probe made for another model is made again."""
-        empty = _Part("cached", np.empty((0, model.embed_dim), dtype=np.float32), ())
+        empty = _PartialEmbeddings("cached", np.empty((0, model.embed_dim), dtype=np.float32), ())
         if self._cache is None:
             return empty
         probe = self._probe(model, immich)
@@ -356,10 +358,10 @@ class EmbeddingService:
         if not hits:
             return empty
         vectors = np.stack([v for _, v in hits]).astype(np.float32)
-        return _Part("cached", vectors, tuple(i for i, _ in hits))
+        return _PartialEmbeddings("cached", vectors, tuple(i for i, _ in hits))
 
     def _remember(
-        self, items: Sequence[Item], parts: Sequence[_Part], reservation: Reservation
+        self, items: Sequence[Item], parts: Sequence[_PartialEmbeddings], reservation: Reservation
     ) -> None:
         """What the model answered (unnormalised), kept under each item's key."""
         if self._cache is None:
@@ -414,37 +416,37 @@ class EmbeddingService:
         deadline: float,
         immich: bool = False,
         meter: Meter | None = None,
-    ) -> _Part:
+    ) -> _PartialEmbeddings:
         limits = self._options
         options = self._image_options(model.image_preprocessing, immich)
         images: list[ImageItem] = [items[i] for i in indices]  # type: ignore[misc]
         limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
         # decoded straight into the batch the backend sends from (a shared-memory region when
         # it has one free for a call's worth); given back however this ends
-        with self._backend.image_batch(len(images)) as lent:
+        with self._backend.image_batch(len(images)) as image_batch:
             started = time.perf_counter()
             decoded = await self._decoder.decode(
                 images,
                 options,
                 skip_invalid=skip_invalid,
                 indices=indices,
-                out=lent.pixels,
+                out=image_batch.pixels,
                 meter=meter,
             )
             decoded_at = time.perf_counter()
             if decoded.rows:
-                batch = lent.keep(decoded.rows)
+                kept = image_batch.keep(decoded.rows)
                 vectors = await self._infer_in_chunks(
-                    self._run_images, batch, limit, deadline, False, model.instances
+                    self._run_images, kept, limit, deadline, False, model.instances
                 )
             else:
                 vectors = np.empty((0, model.embed_dim), dtype=np.float32)
-        return _Part(
+        return _PartialEmbeddings(
             "image",
             vectors,
             decoded.indices,
             errors=decoded.errors,
-            decoded=decoded.decoded,
+            image_facts=decoded.image_facts,
             prepare_seconds=decoded_at - started,
             infer_seconds=time.perf_counter() - decoded_at,
         )
@@ -456,7 +458,7 @@ class EmbeddingService:
         model: ModelInfo,
         deadline: float,
         immich: bool = False,
-    ) -> _Part:
+    ) -> _PartialEmbeddings:
         assert model.text is not None
         texts: list[TextItem] = [items[i] for i in indices]  # type: ignore[misc]
         started = time.perf_counter()
@@ -466,7 +468,7 @@ class EmbeddingService:
         vectors = await self._infer_in_chunks(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,
                                     model.text.instances)  # fmt: skip
-        return _Part(
+        return _PartialEmbeddings(
             "text",
             vectors,
             batch.indices,
@@ -483,8 +485,8 @@ class EmbeddingService:
 
     async def _infer_in_chunks(
         self,
-        call: Callable[[B, float], Awaitable[np.ndarray]],
-        batch: B,
+        call: Callable[[RowsT, float], Awaitable[np.ndarray]],
+        batch: RowsT,
         limit: int,
         deadline: float,
         text: bool,
@@ -503,8 +505,8 @@ class EmbeddingService:
 
     async def _infer_chunk(
         self,
-        call: Callable[[B, float], Awaitable[np.ndarray]],
-        chunk: B,
+        call: Callable[[RowsT, float], Awaitable[np.ndarray]],
+        chunk: RowsT,
         deadline: float,
         text: bool,
     ) -> np.ndarray:
@@ -537,7 +539,7 @@ class _Rows(Protocol):
     def rows(self, start: int, stop: int) -> Self: ...
 
 
-B = TypeVar("B", bound=_Rows)
+RowsT = TypeVar("RowsT", bound=_Rows)
 
 
 @dataclass(frozen=True)
@@ -585,7 +587,9 @@ def _content(item: Item) -> tuple[str, bytes] | None:
     return "image", item.data
 
 
-async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:
+async def _gather_or_cancel(
+    work: list[Coroutine[Any, Any, _PartialEmbeddings]],
+) -> list[_PartialEmbeddings]:
     """Run the parts at once; the first failure cancels the others (their model calls too)."""
     tasks = [asyncio.ensure_future(w) for w in work]
     try:
