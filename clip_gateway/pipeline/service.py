@@ -83,19 +83,18 @@ class PipelineOptions:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the served model embeds, and how, as the routes describe it (/v1/models)."""
+    """The served model as the backend describes it, and what this gateway can embed with it,
+    as the routes describe them (/v1/models)."""
 
-    model: str
-    embed_dim: int
-    image_size: int
-    preprocessing: Preprocessing
-    #: The text model, when texts can be embedded (its tokenizer loads here).
-    text: TextModel | None
-    #: Why texts cannot be embedded, when ``text`` is None.
+    model: ModelInfo
+    #: Why texts cannot be embedded here (no text model, or its tokenizer does not load here);
+    #: None: they can.
     text_unavailable: str | None
-    #: The text model's context length, when the backend serves one (even if not usable here).
-    context_length: int | None
-    quantization: dict[str, Any] | None
+
+    @property
+    def text(self) -> TextModel | None:
+        """The text model, when texts can be embedded here."""
+        return self.model.text if self.text_unavailable is None else None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -227,16 +226,7 @@ class EmbeddingService:
             unavailable = None
         except ModalityUnavailable as exc:
             unavailable = exc.reason
-        return Capabilities(
-            model=info.name,
-            embed_dim=info.embed_dim,
-            image_size=info.image_size,
-            preprocessing=info.image_preprocessing,
-            text=info.text if unavailable is None else None,
-            text_unavailable=unavailable,
-            context_length=info.text.context_length if info.text else None,
-            quantization=info.quantization,
-        )
+        return Capabilities(info, unavailable)
 
     async def ready(self) -> bool:
         return await self._backend.ready()
