@@ -85,10 +85,10 @@ def test_capabilities_say_what_the_model_embeds(
     images = EmbeddingService(FakeBackend(embed_dim=256), pool, OPTIONS)
     missing = EmbeddingService(FakeBackend(tokenizer_file=str(tmp_path / "gone.json")), pool,
                                OPTIONS)  # fmt: skip
-    can = asyncio.run(both.capabilities())
-    assert can.modalities == ("image", "text") and can.text_unavailable is None
-    assert (can.model.embed_dim, can.model.image_size) == (512, 224)
-    assert can.text is not None and can.text.tokenizer_kind == "clip_bpe"
+    served = asyncio.run(both.capabilities())
+    assert served.modalities == ("image", "text") and served.text_unavailable is None
+    assert (served.model.embed_dim, served.model.image_size) == (512, 224)
+    assert served.text is not None and served.text.tokenizer_kind == "clip_bpe"
     alone = asyncio.run(images.capabilities())
     assert alone.modalities == ("image",) and alone.model.embed_dim == 256
     assert alone.text_unavailable == (
