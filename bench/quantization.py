@@ -89,12 +89,12 @@ def tower(fp32: Path, name: str, judged: np.ndarray, fitted: np.ndarray, work: P
 def run(out: Path, reps: int = 5) -> dict[str, Any]:
     from clip_gateway.export.build import ensure_exported
     from clip_gateway.model.spec import Weights
-    from clip_gateway.text.tokenizer import Tokenizer
+    from clip_gateway.text.tokenizer import ClipBpeTokenizer
 
     exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
     directory = exported.directory
     results: dict[str, Any] = {"machine": machine(), "command": "python -m bench quantization"}
-    tokenizer = Tokenizer.from_file(
+    tokenizer = ClipBpeTokenizer.from_file(
         directory / "tokenizer.json", exported.manifest["context_length"]
     )
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as tmp:
@@ -103,8 +103,8 @@ def run(out: Path, reps: int = 5) -> dict[str, Any]:
                                  crops(calibration.photos(48, 0)),
                                  crops(calibration.photos(64, 1)), Path(tmp), reps)  # fmt: skip
         results["text"] = tower(directory / "text.onnx", "tokens",
-                                tokenizer.encode_batch(calibration.texts(96, 0)),
-                                tokenizer.encode_batch(calibration.texts(96, 1)), Path(tmp),
+                                tokenizer.tokenize(calibration.texts(96, 0)),
+                                tokenizer.tokenize(calibration.texts(96, 1)), Path(tmp),
                                 reps)  # fmt: skip
     results["machine"]["load_avg_after"] = list(os.getloadavg())
     write_results(out, "quantization", results, markdown=markdown(results))

@@ -140,7 +140,7 @@ def phase_in_flight(work: Path, model_dir: Path) -> float:
 
         def in_flight() -> bool:
             text = httpx.get(f"{entry.url}/metrics", timeout=5).text
-            return "gateway_inflight_images 32.0" in text
+            return "gateway_inflight_items 32.0" in text
 
         wait_for(in_flight, "the request is in flight")
         elapsed = timed_stop(entry)

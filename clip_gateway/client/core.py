@@ -54,12 +54,12 @@ class Embedded:
     indices: list[int]  # the input position of each row
     errors: list[ItemError]  # by input position
 
-    def at(self, positions: Sequence[int]) -> Embedded:
-        """The same answer for a request whose position ``i`` was input ``positions[i]``."""
+    def at(self, input_indices: Sequence[int]) -> Embedded:
+        """The same answer for a request whose item ``i`` was input ``input_indices[i]``."""
         return Embedded(
             self.vectors,
-            [positions[i] for i in self.indices],
-            [ItemError(positions[e.index], e.title, e.detail, e.status) for e in self.errors],
+            [input_indices[i] for i in self.indices],
+            [ItemError(input_indices[e.index], e.title, e.detail, e.status) for e in self.errors],
         )
 
 

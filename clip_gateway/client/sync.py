@@ -83,7 +83,7 @@ class Client:
 
     def _embed_valid(self, batch: list[tuple[int, bytes]]) -> Embedded:
         """One skip_invalid request; one the gateway finds too large as a whole is split."""
-        positions = [i for i, _ in batch]
+        input_indices = [i for i, _ in batch]
         request = skip_invalid_request([data for _, data in batch], self.settings)
         try:
             answer = self._send(request, parse_json)
@@ -92,10 +92,10 @@ class Client:
                 raise
             if len(batch) == 1:
                 error = ItemError(0, "too large", str(exc.problem.get("detail", "")), 413)
-                return Embedded(np.empty((0, 0), np.float32), [], [error]).at(positions)
+                return Embedded(np.empty((0, 0), np.float32), [], [error]).at(input_indices)
             half = len(batch) // 2
             return merge([self._embed_valid(batch[:half]), self._embed_valid(batch[half:])])
-        return answer.at(positions)
+        return answer.at(input_indices)
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """float32 ``[len(texts), D]``: the texts in the model's shared image-text space."""

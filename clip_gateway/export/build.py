@@ -200,7 +200,7 @@ def _export_image(directory: Path, loaded: LoadedModel, fp16: bool) -> dict[str,
     if fp16:
         onnx_export.convert_fp16(fp32_model, directory / FP16_FILE)
         fp16_path = directory / FP16_FILE
-    report = parity.check(loaded, directory / FP32_FILE, fp16_path)
+    report = parity.measure(loaded, directory / FP32_FILE, fp16_path)
     if not report.ok:
         raise RuntimeError(f"exported image graph failed its parity check: {report.as_dict()}")
     canary = parity.session(directory / FP32_FILE).run(
@@ -256,7 +256,7 @@ def _export_text(
     canary = None
     if described["available"]:
         ours = tokenizer.served_tokenizer(directory, described)
-        texts_tokens = ours.encode_batch(PARITY_TEXTS)
+        texts_tokens = ours.tokenize(PARITY_TEXTS)
         if texts_tokens.max() >= vocab_size(loaded.clip):
             raise RuntimeError(
                 f"the tokenizer gives ids up to {texts_tokens.max()}, the text tower takes "
@@ -264,9 +264,9 @@ def _export_text(
             )
         tokens = np.concatenate([texts_tokens, tokens])
         canary = parity.session(directory / TEXT_FP32_FILE).run(
-            None, {TEXT_INPUT_NAME: ours.encode_batch([TEXT_CANARY])}
+            None, {TEXT_INPUT_NAME: ours.tokenize([TEXT_CANARY])}
         )[0][0]
-    report = parity.check_text(loaded, directory / TEXT_FP32_FILE, fp16_path, tokens)
+    report = parity.measure_text(loaded, directory / TEXT_FP32_FILE, fp16_path, tokens)
     if not report.ok:
         raise RuntimeError(f"exported text graph failed its parity check: {report.as_dict()}")
     tower = _tower(

@@ -126,7 +126,7 @@ def _text_figures(
 
     texts = calibration.texts(TEXTS, SEED)
     ours = served_tokenizer(directory, manifest["tokenizer"])
-    tokens = ours.encode_batch(texts)
+    tokens = ours.tokenize(texts)
     # open_clip's own pipeline: its tokenizer and encode_text
     theirs = reference_tokenizer(directory, manifest)(texts)
     with torch.no_grad():
@@ -134,7 +134,7 @@ def _text_figures(
     exact = session(directory / TEXT_FP32_FILE).run(None, {TEXT_INPUT_NAME: tokens})[0]
     quantized = session(int8)
     got = quantized.run(None, {TEXT_INPUT_NAME: tokens})[0]
-    canary = quantized.run(None, {TEXT_INPUT_NAME: ours.encode_batch([TEXT_CANARY])})[0][0]
+    canary = quantized.run(None, {TEXT_INPUT_NAME: ours.tokenize([TEXT_CANARY])})[0][0]
     return {
         "set": f"{TEXTS} generated captions (clip_gateway/model/calibration.py), 1/8 past the"
         " context length",

@@ -59,9 +59,10 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return result
 
 
-def check(
+def measure(
     loaded: LoadedModel, fp32_path: Path, fp16_path: Path | None, batch: int = 8, seed: int = 0
 ) -> ParityReport:
+    """The image graphs against open_clip on random pixels: a report, judged by the caller."""
     rng = np.random.default_rng(seed)
     size = loaded.image_size
     pixels = rng.integers(0, 256, size=(batch, size, size, 3), dtype=np.uint8)
@@ -77,7 +78,7 @@ def reference_text(loaded: LoadedModel, tokens: np.ndarray) -> np.ndarray:
     return embedding.numpy()
 
 
-def check_text(
+def measure_text(
     loaded: LoadedModel, fp32_path: Path, fp16_path: Path | None, tokens: np.ndarray
 ) -> ParityReport:
     """The text graphs against ``encode_text`` on ``tokens`` (real texts and random ids)."""

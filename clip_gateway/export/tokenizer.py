@@ -25,10 +25,10 @@ import regex
 from open_clip.tokenizer import SimpleTokenizer
 
 from clip_gateway.model.contract import CLIP_BPE
-from clip_gateway.text.tokenizer import END_OF_TEXT, START_OF_TEXT, Tokenizer
+from clip_gateway.text.tokenizer import END_OF_TEXT, START_OF_TEXT, ClipBpeTokenizer
 
 if TYPE_CHECKING:
-    from clip_gateway.text import TextTokenizer
+    from clip_gateway.text import Tokenizer
 
 DEFAULT_CONTEXT_LENGTH = 77
 #: open_clip's regex after its special tokens (open_clip/tokenizer.py, SimpleTokenizer.__init__).
@@ -169,7 +169,7 @@ def _literal(text: str) -> str:
 
 def check_against_open_clip(path: Path, context_length: int, texts: list[str]) -> dict[str, Any]:
     """Token ids from the written file vs open_clip's own tokenizer; raises on any difference."""
-    ours = Tokenizer.from_file(path, context_length).encode_batch(texts)
+    ours = ClipBpeTokenizer.from_file(path, context_length).tokenize(texts)
     reference = SimpleTokenizer(context_length=context_length)(texts).numpy()
     differ = np.flatnonzero((ours != reference).any(axis=1))
     if len(differ):
@@ -206,7 +206,7 @@ _PLANES = (
 )
 
 
-def served_tokenizer(directory: Path, described: dict[str, Any]) -> TextTokenizer:
+def served_tokenizer(directory: Path, described: dict[str, Any]) -> Tokenizer:
     """The gateway's tokenizer for an export, as the served model loads it."""
     from clip_gateway.text import load_tokenizer
 

@@ -33,18 +33,18 @@ def openai_json(
     ``index`` is each row's position in the request (``indices``, default 0..n-1). With
     ``errors`` (skip mode) the failed items are absent from ``data`` and described in ``errors``.
     """
-    positions = range(len(vectors)) if indices is None else indices
+    indices = range(len(vectors)) if indices is None else indices
     data: list[dict[str, object]]
     if encoding_format == "base64":
         raw = np.ascontiguousarray(vectors, dtype="<f4")
         data = [
             {"object": "embedding", "index": i, "embedding": base64.b64encode(row).decode()}
-            for i, row in zip(positions, raw, strict=True)
+            for i, row in zip(indices, raw, strict=True)
         ]
     else:
         data = [
             {"object": "embedding", "index": i, "embedding": row}
-            for i, row in zip(positions, vectors, strict=True)
+            for i, row in zip(indices, vectors, strict=True)
         ]
     body: dict[str, object] = {
         "object": "list",

@@ -110,8 +110,8 @@ async def serve(request: Request[Any, Any, Any], context: AppContext) -> Respons
         )
     body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
     if kind == "visual":
-        decoded = result.decoded[0]
-        body["imageHeight"], body["imageWidth"] = decoded.height, decoded.width
+        image = result.image_facts[0]
+        body["imageHeight"], body["imageWidth"] = image.height, image.width
     return Response(msgspec.json.encode(body), media_type=JSON)
 
 
@@ -362,7 +362,7 @@ async def immich_upstream(state: State) -> dict[str, Any]:
     fixed words: never an address beyond the configured URL)."""
     upstream = app_context(state).upstream
     assert upstream is not None  # the route exists only with one
-    await upstream.check()
+    await upstream.ping_all()
     return {
         "upstreams": [
             {"url": s.url, "state": s.state, **({"detail": s.detail} if s.detail else {})}

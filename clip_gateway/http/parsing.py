@@ -332,7 +332,7 @@ def _items(values: list[str | InputObject], modality: Modality | None) -> list[I
         if isinstance(value, InputObject):
             items.append(_object_item(value, index, modality))
         elif modality == "image" or (modality is None and value[:11].lower() == "data:image/"):
-            items.append(ImageItem.encoded(value))
+            items.append(ImageItem.from_base64(value))
         elif modality is None and _looks_like_base64_image(value):
             raise InvalidFields(
                 f"input[{index}] looks like a base64-encoded image, not a text: send it as a "
@@ -363,7 +363,7 @@ def _object_item(value: InputObject, index: int, modality: Modality | None) -> I
         return TextItem(value.text)
     if url_items.is_url(str(value.image)):
         return ImageItem(url=str(value.image))
-    return ImageItem.encoded(str(value.image))
+    return ImageItem.from_base64(str(value.image))
 
 
 def _looks_like_base64_image(value: str) -> bool:
@@ -422,7 +422,7 @@ def decode_text(data: bytes | bytearray, codec: str, what: str, index: int | Non
 
 
 @dataclass(frozen=True)
-class _Part:
+class _FormPart:
     """A part being read: what the refusals call it, its byte limit (None: the parser's own,
     for images) and, for texts and options, its codec, checked when its headers arrive."""
 
@@ -433,7 +433,7 @@ class _Part:
     codec: str | None
 
     @classmethod
-    def of(cls, segment: MultipartSegment, index: int, max_text_bytes: int) -> _Part:
+    def of(cls, segment: MultipartSegment, index: int, max_text_bytes: int) -> _FormPart:
         name = segment.name
         if name in OPTION_FIELDS and not segment.filename:
             what = f"form field {name!r}"
@@ -470,7 +470,7 @@ async def parse_multipart(
     stream in (a text to what ``max_text_chars`` can take) and decoded only once complete."""
     items: list[Item] = []
     options: dict[str, str] = {}
-    part: _Part | None = None
+    part: _FormPart | None = None
     buffer = bytearray()
     parser = PushMultipartParser(
         boundary,
@@ -483,7 +483,7 @@ async def parse_multipart(
             for event in parser.parse(chunk):
                 if isinstance(event, MultipartSegment):
                     part, buffer = (
-                        _Part.of(event, len(items), max_text_chars * MAX_BYTES_PER_CHAR),
+                        _FormPart.of(event, len(items), max_text_chars * MAX_BYTES_PER_CHAR),
                         bytearray(),
                     )
                 elif event is not None:

@@ -202,22 +202,22 @@ async def create_embeddings(
         unit = _first(parsed.normalize, normalize, True)
         embedding = pipeline.embed(reservation, items, normalize=unit, skip_invalid=skip)
         result = await unless_disconnected(request, embedding)
-        return encode(request, tracer, settings, result, parsed, dtype, skip)
+        return embeddings_response(request, tracer, settings, result, parsed, dtype, skip)
 
 
 async def check_dimensions(pipeline: EmbeddingService, model_id: str, asked: int) -> None:
     """OpenAI's ``dimensions``: only the model's own (no CLIP model declares a truncated
     embedding meaningful); anything else is refused, naming the parameter and the model."""
-    info = await pipeline.capabilities()
-    if asked != info.embed_dim:
+    embed_dim = (await pipeline.capabilities()).model.embed_dim
+    if asked != embed_dim:
         raise MalformedRequest(
             f"dimensions={asked} is not supported by model {model_id!r}: its embeddings have "
-            f"{info.embed_dim} dimensions and it does not declare truncated ones meaningful; "
-            f"omit dimensions or send {info.embed_dim}"
+            f"{embed_dim} dimensions and it does not declare truncated ones meaningful; "
+            f"omit dimensions or send {embed_dim}"
         )
 
 
-def encode(
+def embeddings_response(
     request: Request[Any, Any, Any],
     tracer: Tracer,
     settings: ServerSettings,
@@ -226,6 +226,7 @@ def encode(
     dtype: BinaryDtype,
     skip: bool,
 ) -> Response[bytes]:
+    """``result`` as the client asked (``Accept``): OpenAI's JSON or raw floats."""
     timing = {"Server-Timing": encoding.server_timing(result)}
     binary = request.accept.best_match([JSON, encoding.BINARY_MEDIA_TYPE], JSON) != JSON
     with tracer.start_as_current_span("encode", attributes={"binary": binary}):
@@ -327,10 +328,11 @@ async def list_models(state: State) -> ModelList:
         immich_names=list(settings.immich_names) if settings.immich else msgspec.UNSET,
     )
     try:
-        can = await context.pipeline.capabilities()
+        capabilities = await context.pipeline.capabilities()
     except BackendUnavailable:
         return ModelList("list", [card])
-    pre = can.preprocessing
+    model, text = capabilities.model, capabilities.text
+    pre = model.image_preprocessing
     preprocessing = ImagePreprocessing(
         size=pre.size,
         resize_mode=pre.resize_mode,
@@ -343,27 +345,28 @@ async def list_models(state: State) -> ModelList:
     )
     tokenizer: TextTokenizer | msgspec.UnsetType = msgspec.UNSET
     text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
-    if can.text_unavailable is not None:
-        text_unavailable = can.text_unavailable
-    if can.text is not None:
+    if capabilities.text_unavailable is not None:
+        text_unavailable = capabilities.text_unavailable
+    if text is not None:
         tokenizer = TextTokenizer(
-            kind=can.text.tokenizer_kind,
-            context_length=can.text.context_length,
-            clean=can.text.clean,
-            pooling=can.text.pooling or msgspec.UNSET,
+            kind=text.tokenizer_kind,
+            context_length=text.context_length,
+            clean=text.clean,
+            pooling=text.pooling or msgspec.UNSET,
         )
     ready = msgspec.structs.replace(
         card,
         ready=True,
-        modalities=list(can.modalities),
-        embed_dim=can.embed_dim,
-        dimensions=[can.embed_dim],
-        image_size=can.image_size,
-        context_length=msgspec.UNSET if can.context_length is None else can.context_length,
+        modalities=list(capabilities.modalities),
+        embed_dim=model.embed_dim,
+        dimensions=[model.embed_dim],
+        image_size=model.image_size,
+        # the served text model's, even when its tokenizer does not load here
+        context_length=msgspec.UNSET if model.text is None else model.text.context_length,
         tokenizer=tokenizer,
         preprocessing=preprocessing,
         text_unavailable=text_unavailable,
-        quantization=can.quantization if can.quantization is not None else msgspec.UNSET,
+        quantization=model.quantization if model.quantization is not None else msgspec.UNSET,
     )
     return ModelList("list", [ready])
 

@@ -28,7 +28,7 @@ RESPONSE_HEADERS = ("content-type", "content-encoding", "retry-after")
 MAX_ANSWER_BYTES = 16 << 20
 #: How often each upstream's ``/ping`` is asked while the app runs (as Immich's own
 #: availability checks do), so the status route tells the truth between forwards.
-CHECK_INTERVAL_S = 10.0
+PING_INTERVAL_S = 10.0
 
 
 class UpstreamUnavailable(EmbeddingError):
@@ -164,8 +164,9 @@ class Upstream:
             "Immich's ML server cannot be reached: " + "; ".join(refused), retry_after=CONNECT_S
         )
 
-    async def check(self) -> None:
-        """Each upstream's ``/ping``, as Immich's availability check asks it."""
+    async def ping_all(self) -> None:
+        """Each upstream's ``/ping``, as Immich's availability check asks it: each state marked
+        up or down (nothing raised)."""
 
         async def ping(state: UpstreamState) -> None:
             try:
@@ -179,10 +180,10 @@ class Upstream:
         await asyncio.gather(*(ping(state) for state in self.states))
 
     async def watch(self) -> None:
-        """``check`` every ``CHECK_INTERVAL_S`` until cancelled (the app's lifespan runs it)."""
+        """``ping_all`` every ``PING_INTERVAL_S`` until cancelled (the app's lifespan runs it)."""
         while True:
-            await self.check()
-            await asyncio.sleep(CHECK_INTERVAL_S)
+            await self.ping_all()
+            await asyncio.sleep(PING_INTERVAL_S)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -86,10 +86,12 @@ def calibration_inputs(
     inputs = {"image": np.stack(crops)}
     tokenizer = manifest.get("tokenizer") or {}
     if "text" in manifest.get("towers", {}) and tokenizer.get("available"):
-        from clip_gateway.text.tokenizer import Tokenizer
+        from clip_gateway.text.tokenizer import ClipBpeTokenizer
 
-        ours = Tokenizer.from_file(export_dir / tokenizer["file"], manifest["context_length"])
-        inputs["text"] = ours.encode_batch(calibration.texts(texts, seed))
+        ours = ClipBpeTokenizer.from_file(
+            export_dir / tokenizer["file"], manifest["context_length"]
+        )
+        inputs["text"] = ours.tokenize(calibration.texts(texts, seed))
     return inputs
 
 

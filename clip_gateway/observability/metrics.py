@@ -91,7 +91,7 @@ class Metrics:
             registry=r,
         )
         self.inflight = Gauge(
-            "gateway_inflight_images",
+            "gateway_inflight_items",
             "Items (images and texts) admitted and not yet answered",
             registry=r,
             multiprocess_mode="livesum",

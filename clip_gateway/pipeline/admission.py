@@ -103,9 +103,10 @@ class Admission:
         #: How admission prices an image's decode (the served model's input size and resize).
         self.plan = _work.DEFAULT_PLAN
         self.backlog_s = 0.0
-        self.images_in_flight = 0
-        self.body_bytes = 0
-        self.max_body_bytes = max_body_bytes_in_flight
+        self.items_in_flight = 0
+        #: Bytes of the request bodies being received, all requests together, and their bound.
+        self.body_bytes_in_flight = 0
+        self.max_body_bytes_in_flight = max_body_bytes_in_flight
         self.body_timeout_s = body_timeout_s
         self.key_share = key_share
         #: Backlog seconds held per API key (only keys with work in flight).
@@ -282,9 +283,9 @@ class Reservation:
         #: Backlog seconds held (once the body is complete), and those priced before that.
         self.cost = 0.0
         self.pending = 0.0
-        #: Items admitted (held or pending).
-        self.images = 0
-        self._held_images = 0
+        #: Items (images and texts) admitted, held or pending, and those held.
+        self.items = 0
+        self._held_items = 0
         #: The CPU seconds its images' decodes were priced at, and what the meter holds them
         #: to (``Admission.meter_cost``).
         self.decode_s = 0.0
@@ -301,13 +302,14 @@ class Reservation:
         """``count`` more body bytes arrived: refused (Overloaded) when the bodies being
         received would hold more than the bound."""
         admission = self.admission
-        if admission.body_bytes + count > admission.max_body_bytes:
+        in_flight = admission.body_bytes_in_flight
+        if in_flight + count > admission.max_body_bytes_in_flight:
             raise Overloaded(
-                f"{admission.body_bytes >> 20} MiB of request bodies are being received; "
+                f"{in_flight >> 20} MiB of request bodies are being received; "
                 f"{count} bytes more do not fit",
                 retry_after=admission.body_retry_after(),
             )
-        admission.body_bytes += count
+        admission.body_bytes_in_flight += count
         self.body_bytes += count
 
     def add(self, item: Item) -> None:
@@ -342,7 +344,7 @@ class Reservation:
         total = self.cost + self.pending + cost
         self.admission.check(self.pending + cost, request_total=total, key=self.key)
         self.pending += cost
-        self.images += 1
+        self.items += 1
         if self not in self.admission._receiving:
             self.body_read()  # added after the body was complete: held at once
 
@@ -353,24 +355,24 @@ class Reservation:
         if self.pending:
             self.admission.check(self.pending, request_total=self.cost + self.pending,
                                  key=self.key)  # fmt: skip
-            self._hold(self.pending, images=self.images - self._held_images)
+            self._hold(self.pending, items=self.items - self._held_items)
             self.pending = 0.0
 
     def _stop_receiving(self) -> None:
-        self.admission.body_bytes -= self.body_bytes
+        self.admission.body_bytes_in_flight -= self.body_bytes
         self.body_bytes = 0
         self.admission._receiving.pop(self, None)
 
-    def _hold(self, cost: float, images: int) -> None:
+    def _hold(self, cost: float, items: int) -> None:
         admission = self.admission
         admission.backlog_s += cost
-        admission.images_in_flight += images
+        admission.items_in_flight += items
         if self.key is not None:
             admission.by_key[self.key] = admission.by_key.get(self.key, 0.0) + cost
-        admission._metrics.inflight.inc(images)
+        admission._metrics.inflight.inc(items)
         admission._metrics.backlog_seconds.set(admission.backlog_s)
         self.cost += cost
-        self._held_images += images
+        self._held_items += items
 
     def release(self) -> None:
         admission = self.admission
@@ -378,16 +380,16 @@ class Reservation:
         self.pending = 0.0
         left = admission.backlog_s - self.cost
         admission.backlog_s = left if left > 1e-9 else 0.0  # no float residue left held
-        admission.images_in_flight -= self._held_images
+        admission.items_in_flight -= self._held_items
         if self.key is not None and self.cost:
             left = admission.by_key.get(self.key, 0.0) - self.cost
             if left > 1e-9:
                 admission.by_key[self.key] = left
             else:
                 admission.by_key.pop(self.key, None)
-        admission._metrics.inflight.dec(self._held_images)
+        admission._metrics.inflight.dec(self._held_items)
         admission._metrics.backlog_seconds.set(admission.backlog_s)
-        self.cost, self.images, self._held_images = 0.0, 0, 0
+        self.cost, self.items, self._held_items = 0.0, 0, 0
 
     def __enter__(self) -> Self:
         return self

@@ -27,7 +27,7 @@ class DecodedBatch:
     pixels: np.ndarray  # uint8 [n_ok, S, S, 3]
     indices: tuple[int, ...]  # the request index of each row
     rows: tuple[int, ...]  # the row of ``out`` (the batch decoded into) each one came from
-    decoded: tuple[Decoded, ...]
+    image_facts: tuple[Decoded, ...]  # what each row's image was (format, size)
     errors: tuple[EmbeddingError, ...]  # per-item failures (skip mode), each with its index
 
 
@@ -103,17 +103,17 @@ class BatchDecoder:
         options: ImageOptions,
         *,
         skip_invalid: bool,
-        positions: Sequence[int] | None = None,
+        indices: Sequence[int] | None = None,
         out: np.ndarray | None = None,
         meter: Meter | None = None,
     ) -> DecodedBatch:
         """All items, or raise the first bad one's error; with ``skip_invalid`` keep the good.
-        ``positions``: each item's index in the request (default: its index here). ``out``: where to
+        ``indices``: each item's index in the request (default: its index here). ``out``: where to
         decode to (``[n, S, S, 3]``, e.g. a shared-memory region the backend sends from); ``pixels``
         is that very array when every item decoded; ``rows`` says which of its rows hold the images
         that did. ``meter``: the request's decode budget; once spent, the rest is not decoded and
         the request is stopped (Overspent, naming the first item not decoded)."""
-        where = positions if positions is not None else range(len(items))
+        where = indices if indices is not None else range(len(items))
         size = options.size
         batch = np.empty((len(items), size, size, 3), dtype=np.uint8) if out is None else out
         with self._tracer.start_as_current_span("preprocess") as span:
@@ -149,8 +149,8 @@ class BatchDecoder:
         rows = [i for i, _ in good]
         pixels = batch if len(rows) == len(items) else batch[rows]
         indices = tuple(where[i] for i in rows)
-        decoded = tuple(t.decoded for _, t in good)
-        return DecodedBatch(pixels, indices, tuple(rows), decoded, tuple(errors))
+        facts = tuple(t.decoded for _, t in good)
+        return DecodedBatch(pixels, indices, tuple(rows), facts, tuple(errors))
 
     async def _run(
         self,

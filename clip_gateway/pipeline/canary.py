@@ -22,7 +22,7 @@ import numpy as np
 from clip_gateway.backend.protocol import InferenceBackend, ModelInfo
 from clip_gateway.errors import EmbeddingError, ModalityUnavailable
 from clip_gateway.model.contract import TEXT_CANARY, canary_pixels
-from clip_gateway.pipeline.texts import TextEncoder
+from clip_gateway.pipeline.texts import BatchTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ class Canary:
         interval_s: float,
         min_cosine: float,
         timeout_s: float,
-        texts: TextEncoder | None = None,
+        tokenizer: BatchTokenizer | None = None,
     ) -> None:
         self.backend = backend
-        self.texts = texts
+        self.tokenizer = tokenizer
         self.interval_s = interval_s
         self.min_cosine = min_cosine
         self.timeout_s = timeout_s
@@ -66,7 +66,9 @@ class Canary:
         fresh = last is not None and time.monotonic() - last.checked_at < 3 * self.interval_s + 5
         return bool(fresh and last is not None and last.ok)
 
-    async def check(self) -> CanaryResult:
+    async def run_once(self) -> CanaryResult:
+        """Embed the canary now and judge it: the verdict, also kept as ``last`` (nothing
+        raised; a failed inference is a failed verdict)."""
         try:
             info = await self.backend.model_info()
             deadline = time.monotonic() + self.timeout_s
@@ -74,7 +76,7 @@ class Canary:
                 batch.pixels[...] = canary_pixels(info.image_size)
                 got = await self.backend.embed_images(batch, deadline=deadline)
             result = self._judge("image", got[0], info.canary)
-            if result.ok and info.text is not None and self.texts is not None:
+            if result.ok and info.text is not None and self.tokenizer is not None:
                 text = await self._text(info, deadline)
                 result = CanaryResult(text.ok, f"{result.detail}; {text.detail}", text.checked_at)
         except EmbeddingError as exc:
@@ -85,12 +87,12 @@ class Canary:
         return result
 
     async def _text(self, info: ModelInfo, deadline: float) -> CanaryResult:
-        assert info.text is not None and self.texts is not None
+        assert info.text is not None and self.tokenizer is not None
         try:
-            tokenizer = self.texts.tokenizer(info)
+            tokenizer = self.tokenizer.for_model(info)
         except ModalityUnavailable as exc:  # images are still served; text requests say why
             return CanaryResult(True, f"no text canary: {exc.reason}", time.monotonic())
-        tokens = tokenizer.encode_batch([TEXT_CANARY])
+        tokens = tokenizer.tokenize([TEXT_CANARY])
         got = await self.backend.embed_texts(tokens, deadline=deadline)
         return self._judge("text", got[0], info.text.canary)
 
@@ -107,7 +109,7 @@ class Canary:
         return CanaryResult(ok, f"{kind} canary cosine {cosine:.5f} (min {self.min_cosine})", now)
 
     async def run(self) -> None:
-        """Check now, then every interval, until cancelled (lifespan shutdown)."""
+        """``run_once`` now, then every interval, until cancelled (lifespan shutdown)."""
         while True:
-            await self.check()
+            await self.run_once()
             await asyncio.sleep(self.interval_s)

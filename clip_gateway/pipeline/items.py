@@ -25,7 +25,7 @@ class ImageItem:
     error: EmbeddingError | None = None
 
     @classmethod
-    def encoded(cls, text: str) -> ImageItem:
+    def from_base64(cls, text: str) -> ImageItem:
         """An image as base64 text or a ``data:`` URI."""
         return cls(b64=text)
 

@@ -50,7 +50,7 @@ from clip_gateway.pipeline.admission import METER_FLOOR_S, Admission, Reservatio
 from clip_gateway.pipeline.batching import BatchDecoder, DecodeSample, Meter
 from clip_gateway.pipeline.canary import Canary
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
-from clip_gateway.pipeline.texts import TextEncoder
+from clip_gateway.pipeline.texts import BatchTokenizer
 
 
 @dataclass(frozen=True)
@@ -83,19 +83,18 @@ class PipelineOptions:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the served model embeds, and how, as the routes describe it (/v1/models)."""
+    """The served model as the backend describes it, and what this gateway can embed with it,
+    as the routes describe them (/v1/models)."""
 
-    model: str
-    embed_dim: int
-    image_size: int
-    preprocessing: Preprocessing
-    #: The text model, when texts can be embedded (its tokenizer loads here).
-    text: TextModel | None
-    #: Why texts cannot be embedded, when ``text`` is None.
+    model: ModelInfo
+    #: Why texts cannot be embedded here (no text model, or its tokenizer does not load here);
+    #: None: they can.
     text_unavailable: str | None
-    #: The text model's context length, when the backend serves one (even if not usable here).
-    context_length: int | None
-    quantization: dict[str, Any] | None
+
+    @property
+    def text(self) -> TextModel | None:
+        """The text model, when texts can be embedded here."""
+        return self.model.text if self.text_unavailable is None else None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -108,7 +107,8 @@ class Embeddings:
     indices: tuple[int, ...]  # request index of each row
     errors: tuple[EmbeddingError, ...]  # skipped items (skip_invalid), each with its index
     model: ModelInfo
-    decoded: tuple[Decoded, ...]
+    #: What each decoded image was (format, size), in request order.
+    image_facts: tuple[Decoded, ...]
     decode_seconds: float
     infer_seconds: float
     images: int = 0
@@ -119,14 +119,15 @@ class Embeddings:
 
 
 @dataclass
-class _Part:
-    """One modality's share of a request."""
+class _PartialEmbeddings:
+    """The embeddings of one share of a request's items: its images, its texts, or those the
+    cache answered; the service puts the shares back in request order."""
 
-    kind: str  # "image" or "text"
+    kind: str  # "image", "text" or "cached"
     vectors: np.ndarray
     indices: tuple[int, ...]
     errors: tuple[EmbeddingError, ...] = ()
-    decoded: tuple[Decoded, ...] = ()
+    image_facts: tuple[Decoded, ...] = ()
     prepare_seconds: float = 0.0  # decode or tokenise
     infer_seconds: float = 0.0
     tokens: int = 0
@@ -162,7 +163,7 @@ class EmbeddingService:
         )
         self._trimmer = memory.Trimmer(pool.submit)
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
-        self._texts = TextEncoder(pool, options.max_text_chars, self._metrics)
+        self._tokenizer = BatchTokenizer(pool, options.max_text_chars, self._metrics)
         #: The served model's preprocessing, once the backend has said (admission's plan).
         self._preprocessing: Preprocessing | None = None
 
@@ -221,27 +222,18 @@ class EmbeddingService:
         info = await self._backend.model_info()
         self._preprocessing = info.image_preprocessing
         try:
-            self._texts.tokenizer(info)
+            self._tokenizer.for_model(info)
             unavailable = None
         except ModalityUnavailable as exc:
             unavailable = exc.reason
-        return Capabilities(
-            model=info.name,
-            embed_dim=info.embed_dim,
-            image_size=info.image_size,
-            preprocessing=info.image_preprocessing,
-            text=info.text if unavailable is None else None,
-            text_unavailable=unavailable,
-            context_length=info.text.context_length if info.text else None,
-            quantization=info.quantization,
-        )
+        return Capabilities(info, unavailable)
 
     async def ready(self) -> bool:
         return await self._backend.ready()
 
     def canary(self, interval_s: float, min_cosine: float, timeout_s: float) -> Canary:
         """The readiness canary over this pipeline's backend and tokenizers."""
-        return Canary(self._backend, interval_s, min_cosine, timeout_s, texts=self._texts)
+        return Canary(self._backend, interval_s, min_cosine, timeout_s, tokenizer=self._tokenizer)
 
     async def embed(
         self,
@@ -256,7 +248,7 @@ class EmbeddingService:
         within the deadline. ``immich``: preprocess images and clean texts as Immich's own ML
         server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
         batching are the same."""
-        if reservation.admission is not self.admission or reservation.images < len(items):
+        if reservation.admission is not self.admission or reservation.items < len(items):
             raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
         timeout = self._options.request_timeout_s
         try:
@@ -282,11 +274,11 @@ class EmbeddingService:
                   if not isinstance(item, TextItem) and i not in cached.indices]  # fmt: skip
         texts = [i for i, item in enumerate(items)
                  if isinstance(item, TextItem) and i not in cached.indices]  # fmt: skip
-        work: list[Callable[[], Coroutine[Any, Any, _Part]]] = []
+        work: list[Callable[[], Coroutine[Any, Any, _PartialEmbeddings]]] = []
         refused: list[EmbeddingError] = []
         if texts:
             # checked before any work is spent, on texts or images: they cost nothing to check
-            good, refused = self._check_texts(items, texts, model, skip_invalid)
+            good, refused = self._embeddable_texts(items, texts, model, skip_invalid)
             if good:
                 work.append(lambda: self._embed_texts(items, good, model, deadline, immich))
         if images:
@@ -296,7 +288,7 @@ class EmbeddingService:
                     items, images, model, skip_invalid, deadline, immich, meter
                 )
             )
-        parts = await _all([make() for make in work])
+        parts = await _gather_or_cancel([make() for make in work])
         self._remember(items, parts, reservation)
         hit_texts = sum(isinstance(items[i], TextItem) for i in cached.indices)
         cached_counts = (len(cached.indices) - hit_texts, hit_texts)
@@ -320,7 +312,7 @@ class EmbeddingService:
             indices=tuple(int(i) for i in indices),
             errors=tuple(errors),
             model=model,
-            decoded=image_part.decoded if image_part else (),
+            image_facts=image_part.image_facts if image_part else (),
             decode_seconds=image_part.prepare_seconds if image_part else 0.0,
             infer_seconds=max((p.infer_seconds for p in parts), default=0.0),
             # answered from the cache or not, an item answered is counted (usage)
@@ -332,11 +324,11 @@ class EmbeddingService:
 
     def _cached(
         self, items: Sequence[Item], model: ModelInfo, immich: bool, reservation: Reservation
-    ) -> _Part:
+    ) -> _PartialEmbeddings:
         """The items the cache answers, as a part of their own (no decode, no model call). The
         items were probed as they were admitted; those that were not (the model was not known
         yet) are probed now, and every probe made for another model is made again."""
-        empty = _Part("cached", np.empty((0, model.embed_dim), dtype=np.float32), ())
+        empty = _PartialEmbeddings("cached", np.empty((0, model.embed_dim), dtype=np.float32), ())
         if self._cache is None:
             return empty
         probe = self._probe(model, immich)
@@ -356,10 +348,10 @@ class EmbeddingService:
         if not hits:
             return empty
         vectors = np.stack([v for _, v in hits]).astype(np.float32)
-        return _Part("cached", vectors, tuple(i for i, _ in hits))
+        return _PartialEmbeddings("cached", vectors, tuple(i for i, _ in hits))
 
     def _remember(
-        self, items: Sequence[Item], parts: Sequence[_Part], reservation: Reservation
+        self, items: Sequence[Item], parts: Sequence[_PartialEmbeddings], reservation: Reservation
     ) -> None:
         """What the model answered (unnormalised), kept under each item's key."""
         if self._cache is None:
@@ -380,14 +372,14 @@ class EmbeddingService:
         budget = max(admission.overspend * reservation.meter_s, METER_FLOOR_S)
         return Meter(reservation.decode_s, budget)
 
-    def _check_texts(
+    def _embeddable_texts(
         self, items: Sequence[Item], texts: list[int], model: ModelInfo, skip_invalid: bool
     ) -> tuple[list[int], list[EmbeddingError]]:
         """The texts that can be embedded, and the errors of the others (skip mode; otherwise
         the first error is raised)."""
         errors: list[EmbeddingError] = []
         try:
-            self._texts.tokenizer(model)
+            self._tokenizer.for_model(model)
         except ModalityUnavailable as exc:
             if not skip_invalid:
                 raise ModalityUnavailable(exc.reason, index=texts[0]) from None
@@ -396,7 +388,7 @@ class EmbeddingService:
         for i in texts:
             item = items[i]
             assert isinstance(item, TextItem)
-            problem = self._texts.check(item.text, i)
+            problem = self._tokenizer.problem(item.text, i)
             if problem is None:
                 good.append(i)
             elif not skip_invalid:
@@ -408,43 +400,43 @@ class EmbeddingService:
     async def _embed_images(
         self,
         items: Sequence[Item],
-        positions: list[int],
+        indices: list[int],
         model: ModelInfo,
         skip_invalid: bool,
         deadline: float,
         immich: bool = False,
         meter: Meter | None = None,
-    ) -> _Part:
+    ) -> _PartialEmbeddings:
         limits = self._options
         options = self._image_options(model.image_preprocessing, immich)
-        images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
+        images: list[ImageItem] = [items[i] for i in indices]  # type: ignore[misc]
         limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
         # decoded straight into the batch the backend sends from (a shared-memory region when
         # it has one free for a call's worth); given back however this ends
-        with self._backend.image_batch(len(images)) as lent:
+        with self._backend.image_batch(len(images)) as image_batch:
             started = time.perf_counter()
             decoded = await self._decoder.decode(
                 images,
                 options,
                 skip_invalid=skip_invalid,
-                positions=positions,
-                out=lent.pixels,
+                indices=indices,
+                out=image_batch.pixels,
                 meter=meter,
             )
             decoded_at = time.perf_counter()
             if decoded.rows:
-                batch = lent.keep(decoded.rows)
-                vectors = await self._infer(
-                    self._run_images, batch, limit, deadline, False, model.instances
+                kept = image_batch.keep(decoded.rows)
+                vectors = await self._infer_in_chunks(
+                    self._run_images, kept, limit, deadline, False, model.instances
                 )
             else:
                 vectors = np.empty((0, model.embed_dim), dtype=np.float32)
-        return _Part(
+        return _PartialEmbeddings(
             "image",
             vectors,
             decoded.indices,
             errors=decoded.errors,
-            decoded=decoded.decoded,
+            image_facts=decoded.image_facts,
             prepare_seconds=decoded_at - started,
             infer_seconds=time.perf_counter() - decoded_at,
         )
@@ -452,21 +444,21 @@ class EmbeddingService:
     async def _embed_texts(
         self,
         items: Sequence[Item],
-        positions: list[int],
+        indices: list[int],
         model: ModelInfo,
         deadline: float,
         immich: bool = False,
-    ) -> _Part:
+    ) -> _PartialEmbeddings:
         assert model.text is not None
-        texts: list[TextItem] = [items[i] for i in positions]  # type: ignore[misc]
+        texts: list[TextItem] = [items[i] for i in indices]  # type: ignore[misc]
         started = time.perf_counter()
-        tokenizer = self._texts.tokenizer(model)
-        batch = await self._texts.encode(texts, positions, tokenizer, immich=immich)
+        tokenizer = self._tokenizer.for_model(model)
+        batch = await self._tokenizer.tokenize(texts, indices, tokenizer, immich=immich)
         tokenized_at = time.perf_counter()
-        vectors = await self._infer(self._run_texts, _Tokens(batch.tokens),
+        vectors = await self._infer_in_chunks(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,
                                     model.text.instances)  # fmt: skip
-        return _Part(
+        return _PartialEmbeddings(
             "text",
             vectors,
             batch.indices,
@@ -481,15 +473,17 @@ class EmbeddingService:
     async def _run_texts(self, batch: _Tokens, deadline: float) -> np.ndarray:
         return await self._backend.embed_texts(batch.tokens, deadline=deadline)
 
-    async def _infer(
+    async def _infer_in_chunks(
         self,
-        call: Callable[[B, float], Awaitable[np.ndarray]],
-        batch: B,
+        call: Callable[[RowsT, float], Awaitable[np.ndarray]],
+        batch: RowsT,
         limit: int,
         deadline: float,
         text: bool,
         instances: int = 1,
     ) -> np.ndarray:
+        """``batch`` split into chunks of at most ``limit`` rows, each one backend call
+        (``_infer_chunk``), run at once; the rows come back in order."""
         # several model instances (the CPU profiles' core plan): one request's rows are shared
         # between them, or a lone batch of 32 would run on one instance's share of the cores
         limit = min(limit, max(1, -(-len(batch) // max(1, instances))))
@@ -501,8 +495,8 @@ class EmbeddingService:
 
     async def _infer_chunk(
         self,
-        call: Callable[[B, float], Awaitable[np.ndarray]],
-        chunk: B,
+        call: Callable[[RowsT, float], Awaitable[np.ndarray]],
+        chunk: RowsT,
         deadline: float,
         text: bool,
     ) -> np.ndarray:
@@ -535,7 +529,7 @@ class _Rows(Protocol):
     def rows(self, start: int, stop: int) -> Self: ...
 
 
-B = TypeVar("B", bound=_Rows)
+RowsT = TypeVar("RowsT", bound=_Rows)
 
 
 @dataclass(frozen=True)
@@ -583,7 +577,9 @@ def _content(item: Item) -> tuple[str, bytes] | None:
     return "image", item.data
 
 
-async def _all(work: list[Coroutine[Any, Any, _Part]]) -> list[_Part]:
+async def _gather_or_cancel(
+    work: list[Coroutine[Any, Any, _PartialEmbeddings]],
+) -> list[_PartialEmbeddings]:
     """Run the parts at once; the first failure cancels the others (their model calls too)."""
     tasks = [asyncio.ensure_future(w) for w in work]
     try:

@@ -18,7 +18,7 @@ from clip_gateway.backend.protocol import ModelInfo
 from clip_gateway.errors import EmbeddingError, InvalidText, LimitExceeded, ModalityUnavailable
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.items import TextItem
-from clip_gateway.text import TextTokenizer, load_tokenizer
+from clip_gateway.text import Tokenizer, load_tokenizer
 
 # One request's texts are tokenised by one pool thread; the pool spreads requests over the cores,
 # so the tokenizer's own thread pool would only oversubscribe them.
@@ -33,15 +33,18 @@ class TokenBatch:
     token_count: int
 
 
-class TextEncoder:
+class BatchTokenizer:
+    """A request's texts to one batch of token rows, as ``BatchDecoder`` makes its images one
+    batch of pixels: each text checked, then all tokenised in one pool task."""
+
     def __init__(self, pool: Executor, max_chars: int, metrics: Metrics) -> None:
         self._pool = pool
         self.max_chars = max_chars
         self._metrics = metrics
         #: per tokenizer file and framing: the loaded tokenizer, or why it could not be loaded
-        self._tokenizers: dict[tuple[str, str, int, str, int | None], TextTokenizer | str] = {}
+        self._tokenizers: dict[tuple[str, str, int, str, int | None], Tokenizer | str] = {}
 
-    def tokenizer(self, model: ModelInfo) -> TextTokenizer:
+    def for_model(self, model: ModelInfo) -> Tokenizer:
         """The model's tokenizer, or ModalityUnavailable saying why there is none."""
         if model.text is None:
             raise ModalityUnavailable(
@@ -75,7 +78,7 @@ class TextEncoder:
             raise ModalityUnavailable(loaded)
         return loaded
 
-    def check(self, text: str, index: int) -> EmbeddingError | None:
+    def problem(self, text: str, index: int) -> EmbeddingError | None:
         """Why ``text`` cannot be embedded, before any work is spent on it."""
         if len(text) > self.max_chars:
             return LimitExceeded(
@@ -96,23 +99,24 @@ class TextEncoder:
                 )
         return None
 
-    async def encode(
+    async def tokenize(
         self,
         texts: Sequence[TextItem],
-        positions: Sequence[int],
-        tokenizer: TextTokenizer,
+        indices: Sequence[int],
+        tokenizer: Tokenizer,
         *,
         immich: bool = False,
     ) -> TokenBatch:
-        """Token rows for texts already checked; one pool task for them all. ``immich``: the
-        texts cleaned as Immich's server cleans them (its /predict), not as open_clip does."""
+        """Token rows for texts without a ``problem`` (``indices``: each one's index in the
+        request); one pool task for them all. ``immich``: the texts cleaned as Immich's server
+        cleans them (its /predict), not as open_clip does."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         rows, count = await loop.run_in_executor(
             self._pool,
-            functools.partial(tokenizer.encode_counted, immich=immich),
+            functools.partial(tokenizer.tokenize_counted, immich=immich),
             [item.text for item in texts],
         )
         self._metrics.tokenize_seconds.observe(time.perf_counter() - started)
         self._metrics.texts.inc(len(texts))
-        return TokenBatch(rows, tuple(positions), count)
+        return TokenBatch(rows, tuple(indices), count)

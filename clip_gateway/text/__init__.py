@@ -8,19 +8,19 @@ from typing import Protocol
 import numpy as np
 
 
-class TextTokenizer(Protocol):
+class Tokenizer(Protocol):
     """What the pipeline needs of a model's tokenizer, whichever open_clip kind it reproduces."""
 
     context_length: int
 
-    def encode_batch(self, texts: Sequence[str]) -> np.ndarray:
+    def tokenize(self, texts: Sequence[str]) -> np.ndarray:
         """int32 ``[n, context_length]`` token ids, one row per text."""
         ...
 
-    def encode_counted(
+    def tokenize_counted(
         self, texts: Sequence[str], *, immich: bool = False
     ) -> tuple[np.ndarray, int]:
-        """``encode_batch`` and the tokens the model reads (padding not counted), summed.
+        """``tokenize`` and the tokens the model reads (padding not counted), summed.
         ``immich``: cleaned as Immich's server cleans a query (its /predict), not as open_clip
         does; the tokenizer file's own normaliser and framing apply either way."""
         ...
@@ -33,16 +33,16 @@ def load_tokenizer(
     *,
     clean: str | None = None,
     strip_sep_id: int | None = None,
-) -> TextTokenizer:
+) -> Tokenizer:
     """The tokenizer of ``kind`` (``clip_bpe`` or ``hf``) from the exporter's file; ValueError
     for a kind or a file the gateway cannot use."""
     from clip_gateway.text.hf import HF_KIND, HfTokenizer
-    from clip_gateway.text.tokenizer import Tokenizer
+    from clip_gateway.text.tokenizer import ClipBpeTokenizer
 
     if kind == "clip_bpe":
         if clean not in (None, "lower"):
             raise ValueError(f"open_clip's CLIP BPE with cleaning {clean!r} is not reproduced")
-        return Tokenizer.from_file(path, context_length)
+        return ClipBpeTokenizer.from_file(path, context_length)
     if kind == HF_KIND:
         return HfTokenizer.from_file(
             path, context_length, clean=clean or "whitespace", strip_sep_id=strip_sep_id

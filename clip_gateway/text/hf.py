@@ -64,14 +64,14 @@ class HfTokenizer:
         tokenizer = tokenizers.Tokenizer.from_file(str(path))
         return cls(tokenizer, context_length, clean=clean, strip_sep_id=strip_sep_id)
 
-    def encode_batch(self, texts: Sequence[str]) -> np.ndarray:
+    def tokenize(self, texts: Sequence[str]) -> np.ndarray:
         """Token ids for each text, one row each, padded and truncated to the context."""
-        return self.encode_counted(texts)[0]
+        return self.tokenize_counted(texts)[0]
 
-    def encode_counted(
+    def tokenize_counted(
         self, texts: Sequence[str], *, immich: bool = False
     ) -> tuple[np.ndarray, int]:
-        """``encode_batch`` and the tokens the model reads (padding not counted), summed.
+        """``tokenize`` and the tokens the model reads (padding not counted), summed.
         ``immich``: cleaned as Immich's server cleans a query, not as open_clip does."""
         rows = np.zeros((len(texts), self.context_length), dtype=np.int32)
         if not texts:

@@ -8,7 +8,7 @@ Three stages, as open_clip runs them:
    (clip_gateway/export/tokenizer.py): open_clip's pre-tokenisation regex (its character classes
    frozen at export from the ``regex`` module open_clip uses, so the Unicode tables are the same),
    byte-level mapping, BPE with ``</w>`` word ends;
-3. framing (``encode_batch``): ``<start_of_text>``, the ids, ``<end_of_text>``, truncated to the
+3. framing (``tokenize``): ``<start_of_text>``, the ids, ``<end_of_text>``, truncated to the
    context length keeping ``<end_of_text>`` last, zero padding.
 
 A text may itself contain ``<start_of_text>`` or ``<end_of_text>``: open_clip's regex turns them
@@ -92,7 +92,7 @@ def clean_immich(text: str) -> str:
     return unicodedata.normalize("NFC", immich_clean_text(text)).lower()
 
 
-class Tokenizer:
+class ClipBpeTokenizer:
     """Texts to open_clip's token ids: ``int32 [n, context_length]``."""
 
     def __init__(self, tokenizer: tokenizers.Tokenizer, context_length: int) -> None:
@@ -110,12 +110,10 @@ class Tokenizer:
         self._specials = {START_OF_TEXT: self.start_id, END_OF_TEXT: self.end_id}
 
     @classmethod
-    def from_file(cls, path: str | Path, context_length: int) -> Tokenizer:
+    def from_file(cls, path: str | Path, context_length: int) -> ClipBpeTokenizer:
         return cls(tokenizers.Tokenizer.from_file(str(path)), context_length)
 
-    def encode_batch(
-        self, texts: Sequence[str], cleaning: Callable[[str], str] = clean
-    ) -> np.ndarray:
+    def tokenize(self, texts: Sequence[str], cleaning: Callable[[str], str] = clean) -> np.ndarray:
         """Token ids for each text, one row each; empty or blank text is start + end only.
         ``cleaning``: open_clip's (``clean``) or Immich's (``clean_immich``)."""
         cleaned = [cleaning(text) for text in texts]
@@ -128,7 +126,7 @@ class Tokenizer:
             bodies[i] = encoding.ids
         for i, text in enumerate(cleaned):
             if self._has_special(text):
-                bodies[i] = self._encode_with_specials(text)
+                bodies[i] = self._tokenize_with_specials(text)
         rows = np.zeros((len(cleaned), self.context_length), dtype=np.int32)
         keep = self.context_length - 2
         for row, body in zip(rows, bodies, strict=True):
@@ -137,23 +135,23 @@ class Tokenizer:
             row[: len(ids)] = ids
         return rows
 
-    def encode_counted(
+    def tokenize_counted(
         self, texts: Sequence[str], *, immich: bool = False
     ) -> tuple[np.ndarray, int]:
-        """``encode_batch`` and the tokens the model reads (start and end included, padding
+        """``tokenize`` and the tokens the model reads (start and end included, padding
         not), summed: each row ends with the end token, truncated texts keep it last.
         ``immich``: the texts cleaned as Immich's server cleans them (its /predict)."""
-        rows = self.encode_batch(texts, clean_immich if immich else clean)
+        rows = self.tokenize(texts, clean_immich if immich else clean)
         return rows, int((np.argmax(rows == self.end_id, axis=1) + 1).sum())
 
     @staticmethod
     def _has_special(text: str) -> bool:
         return START_OF_TEXT in text or END_OF_TEXT in text
 
-    def _encode_with_specials(self, text: str) -> list[int]:
+    def _tokenize_with_specials(self, text: str) -> list[int]:
         # The pre-tokenizer's regex has open_clip's special-token alternatives first, so a special
         # is its own pre-token exactly where open_clip's findall matches it; everything else goes
-        # through the BPE model as encode_batch would send it.
+        # through the BPE model as tokenize would send it.
         ids: list[int] = []
         for piece, _ in self._pre_tokenizer.pre_tokenize_str(text):
             special = self._specials.get(piece)

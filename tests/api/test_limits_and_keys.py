@@ -73,7 +73,7 @@ def test_admission_is_counted_in_work_and_fails_fast(fake: FakeBackend) -> None:
     assert refused.json()["horizon_s"] == 0.85
     assert 0.6 <= refused.json()["backlog_s"] < 0.85
     assert results["holder"].status_code == results["fits"].status_code == 200  # type: ignore[union-attr]
-    assert sample(after, "gateway_inflight_images") == 0
+    assert sample(after, "gateway_inflight_items") == 0
     rejected = "gateway_rejected_requests_total"
     assert (
         sample(after, rejected, reason="overloaded")
@@ -97,7 +97,7 @@ def test_request_deadline(fake: FakeBackend) -> None:
         assert response.status_code == 504
         assert response.json()["type"].endswith(("/deadline-exceeded", "/backend-timeout"))
         assert fake.arrivals == 1  # it reached the backend, which held it past the deadline
-        assert sample(client.get("/metrics").text, "gateway_inflight_images") == 0
+        assert sample(client.get("/metrics").text, "gateway_inflight_items") == 0
     fake.release()
 
 

@@ -33,7 +33,7 @@ from clip_gateway.model.contract import (
     decode_reference,
 )
 from clip_gateway.model.spec import ExportedModel, Weights
-from clip_gateway.text.tokenizer import Tokenizer
+from clip_gateway.text.tokenizer import ClipBpeTokenizer
 from tests import exports, reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,8 +136,8 @@ def test_rendered_configs_agree_with_the_graphs(exported, tmp_path: Path) -> Non
     text = configs[f"cpu/{TEXT_MODEL_NAME}"]
     assert text.parameters["context_length"].string_value == "77"
     assert text.parameters["tokenizer"].string_value == "clip_bpe"
-    tokenizer = Tokenizer.from_file(text.parameters["tokenizer_file"].string_value, 77)
-    np.testing.assert_array_equal(tokenizer.encode_batch(TEXTS), reference.tokens(TEXTS))
+    tokenizer = ClipBpeTokenizer.from_file(text.parameters["tokenizer_file"].string_value, 77)
+    np.testing.assert_array_equal(tokenizer.tokenize(TEXTS), reference.tokens(TEXTS))
     assert configs[f"cuda/{TEXT_MODEL_NAME}"].default_model_filename == "text_fp16.onnx"
 
 

@@ -116,7 +116,7 @@ def test_a_full_horizon_answers_429_at_once_with_a_computed_retry_after(
         - sample_or_zero(before, REJECTED, reason="overloaded")
         == 1
     )
-    assert sample(after, "gateway_inflight_images") == 0
+    assert sample(after, "gateway_inflight_items") == 0
 
 
 def test_triton_down_is_503_with_retry_after(start_gateway) -> None:
@@ -146,7 +146,7 @@ def test_a_slow_backend_is_504_and_releases_its_budget(
     control.release()
     body = problem(response, 504, response.json()["type"].rsplit("/", 1)[-1])
     assert body["type"].endswith(("/deadline-exceeded", "/backend-timeout"))
-    assert sample(metrics(gw.url), "gateway_inflight_images") == 0
+    assert sample(metrics(gw.url), "gateway_inflight_items") == 0
     # the gateway is fine afterwards
     again = httpx.post(f"{gw.url}/v1/embeddings", files=files(samples.compact(0)), timeout=60)
     assert again.status_code == 200
@@ -187,7 +187,7 @@ def test_a_vanished_client_has_its_work_cancelled(
     after = metrics(gw.url)
     calls = "gateway_triton_request_duration_seconds_count"
     assert sample(after, calls, model="image", outcome="cancelled") == 1
-    assert sample(after, "gateway_inflight_images") == 0
+    assert sample(after, "gateway_inflight_items") == 0
 
 
 def test_canary_failure_makes_the_gateway_unready(

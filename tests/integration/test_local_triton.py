@@ -21,7 +21,7 @@ from clip_gateway.model.contract import (
     TRITON_MODEL_NAME,
     decode_reference,
 )
-from clip_gateway.text.tokenizer import Tokenizer
+from clip_gateway.text.tokenizer import ClipBpeTokenizer
 from tests import reference
 
 #: Triton's answer vs open_clip's model on the same uint8 pixels (tests/reference.py); the
@@ -73,10 +73,12 @@ def test_text_model_carries_what_the_gateway_needs(triton) -> None:
     ]
     parameters = {k: v["string_value"] for k, v in config["parameters"].items()}
     assert (parameters["tokenizer"], parameters["context_length"]) == ("clip_bpe", "77")
-    tokenizer = Tokenizer.from_file(parameters["tokenizer_file"], int(parameters["context_length"]))
+    tokenizer = ClipBpeTokenizer.from_file(
+        parameters["tokenizer_file"], int(parameters["context_length"])
+    )
     sample = texts(20, 0)
-    np.testing.assert_array_equal(tokenizer.encode_batch(sample), reference.tokens(sample))
-    canary = infer_text(triton.grpc_url, tokenizer.encode_batch([TEXT_CANARY]))[0]
+    np.testing.assert_array_equal(tokenizer.tokenize(sample), reference.tokens(sample))
+    canary = infer_text(triton.grpc_url, tokenizer.tokenize([TEXT_CANARY]))[0]
     assert np.abs(canary - decode_reference(parameters[CANARY_PARAMETER])).max() <= MAX_ABS
 
 

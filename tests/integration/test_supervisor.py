@@ -155,7 +155,7 @@ def test_sigterm_drains_an_in_flight_request_then_stops_everything(launched: Lau
         thread.start()
         wait_until(
             lambda: (
-                sample(httpx.get(f"{launched.url}/metrics").text, "gateway_inflight_images") == 4
+                sample(httpx.get(f"{launched.url}/metrics").text, "gateway_inflight_items") == 4
             ),
             "the request is in flight",
         )

@@ -283,7 +283,7 @@ def test_one_request_moves_every_metric_by_its_amount(traced: TracedStack) -> No
     deltas = {name: b - a for (name, _, _), a, b in zip(counts, before, after, strict=True)}
     assert deltas == {name: float(amount) for name, _, amount in counts}
     assert triton_after - triton_before >= 1  # Triton's own counters, re-exposed
-    assert sample(httpx.get(f"{url}/metrics").text, "gateway_inflight_images") == 0
+    assert sample(httpx.get(f"{url}/metrics").text, "gateway_inflight_items") == 0
     openmetrics = httpx.get(
         f"{url}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
     )

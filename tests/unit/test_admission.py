@@ -36,25 +36,25 @@ def test_reservations_fill_the_horizon_then_refuse_with_a_computed_retry_after()
     cost = a.image_cost(FREE)
     fits = math.floor(1.0 / cost)  # 9 images of ~0.10015 s
     with a.reserve(1000) as first, a.reserve(1000) as second:
-        assert a.body_bytes == 0  # declared, not received: nothing held for it
+        assert a.body_bytes_in_flight == 0  # declared, not received: nothing held for it
         first.received(1000)
         second.received(1000)
         for i in range(fits):
             (first if i % 2 else second).add_image(FREE)
         assert a.backlog_s == 0  # bodies still arriving: nothing held yet
-        assert a.body_bytes == 2000
+        assert a.body_bytes_in_flight == 2000
         first.body_read()
         second.body_read()
         backlog = a.backlog_s
         assert backlog == pytest.approx(fits * cost)
-        assert a.images_in_flight == fits
-        assert a.body_bytes == 0  # both bodies complete
+        assert a.items_in_flight == fits
+        assert a.body_bytes_in_flight == 0  # both bodies complete
         with pytest.raises(Overloaded) as refused:
             first.add_image(FREE)
         assert refused.value.retry_after == max(1.0, math.ceil(backlog + cost - 1.0))
         assert refused.value.extra == {"backlog_s": round(backlog, 3), "horizon_s": 1.0}
-        assert a.backlog_s == backlog and first.images == fits // 2  # a refusal holds nothing
-    assert (a.backlog_s, a.images_in_flight, a.body_bytes) == (0.0, 0, 0)
+        assert a.backlog_s == backlog and first.items == fits // 2  # a refusal holds nothing
+    assert (a.backlog_s, a.items_in_flight, a.body_bytes_in_flight) == (0.0, 0, 0)
 
 
 def test_the_retry_after_grows_with_the_backlog() -> None:
@@ -97,7 +97,7 @@ def test_the_body_bytes_being_received_are_bounded_by_what_arrived() -> None:
     other.received(100)
     for reservation in [held, other, *declared]:
         reservation.release()
-    assert a.body_bytes == 0
+    assert a.body_bytes_in_flight == 0
 
 
 def test_a_body_refusal_says_when_the_oldest_body_in_flight_must_be_complete(
@@ -125,7 +125,7 @@ def test_a_declared_body_too_costly_to_decode_is_refused_before_reading() -> Non
     with pytest.raises(LimitExceeded):
         a.reserve(huge)
     a.reserve(huge // 4).release()  # half a horizon: read it, and price its items
-    assert a.body_bytes == 0
+    assert a.body_bytes_in_flight == 0
 
 
 def test_gauges_follow_the_backlog() -> None:
@@ -166,7 +166,7 @@ def test_the_text_rate_is_learned_from_text_calls_alone() -> None:
     with a.reserve(0) as held:
         held.add_text(20)
         held.body_read()
-        assert a.images_in_flight == 1  # items: texts count too
+        assert a.items_in_flight == 1
         assert a.backlog_s == pytest.approx(a.text_cost(20))
 
 
@@ -298,9 +298,9 @@ def test_releasing_twice_gives_back_nothing_more() -> None:
     held.release()
     held.release()
     assert a.backlog_s == pytest.approx(a.image_cost(FREE))
-    assert a.images_in_flight == 1
+    assert a.items_in_flight == 1
     other.release()
-    assert (a.backlog_s, a.images_in_flight) == (0.0, 0)
+    assert (a.backlog_s, a.items_in_flight) == (0.0, 0)
 
 
 class Clock:
@@ -447,7 +447,7 @@ def test_a_body_still_arriving_holds_nothing_others_must_wait_for() -> None:
         with pytest.raises(Overloaded):  # complete now: 0.5 + 0.75 s would not fit
             trickler.body_read()
     trickler.release()
-    assert (a.backlog_s, a.images_in_flight) == (0.0, 0)
+    assert (a.backlog_s, a.items_in_flight) == (0.0, 0)
 
 
 def test_a_header_over_the_pixel_or_memory_budget_is_priced_at_nothing() -> None:

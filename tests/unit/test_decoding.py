@@ -30,7 +30,7 @@ JPEG, PNG = samples.compact(0), samples.png(1)
 
 def image(value: bytes | str) -> ImageItem:
     """An item as the parsers make it: raw bytes (multipart) or base64 text (JSON)."""
-    return ImageItem(value) if isinstance(value, bytes) else ImageItem.encoded(value)
+    return ImageItem(value) if isinstance(value, bytes) else ImageItem.from_base64(value)
 
 
 def expected(data: bytes, options: ImageOptions = OPTIONS) -> tuple[np.ndarray, object]:
@@ -149,7 +149,7 @@ def test_every_item_lands_in_its_row(harness: Harness) -> None:
     for row, data in enumerate([JPEG, PNG, samples.compact(2)]):
         pixels, decoded = expected(data)
         assert np.array_equal(batch.pixels[row], pixels)
-        assert batch.decoded[row] == decoded
+        assert batch.image_facts[row] == decoded
     assert batch.indices == (0, 1, 2)
     assert batch.errors == ()
     assert harness.pool.tasks == 3  # one task per image, on the pool the decoder was given
@@ -185,7 +185,7 @@ def test_skip_invalid_keeps_the_good_rows_and_reports_the_bad_ones(harness: Harn
     assert batch.indices == (1,)
     assert batch.pixels.shape == (1, 224, 224, 3)
     assert np.array_equal(batch.pixels[0], expected(JPEG)[0])
-    assert batch.decoded == (expected(JPEG)[1],)
+    assert batch.image_facts == (expected(JPEG)[1],)
     assert [(type(e), e.index) for e in batch.errors] == [
         (InvalidImage, 0),
         (InvalidImage, 2),
@@ -200,7 +200,7 @@ def test_skip_invalid_keeps_the_good_rows_and_reports_the_bad_ones(harness: Harn
 def test_skip_invalid_with_nothing_good(harness: Harness) -> None:
     batch = harness.decode([b"x", b"y"], skip=True)
     assert batch.pixels.shape == (0, 224, 224, 3)
-    assert (batch.indices, batch.decoded) == ((), ())
+    assert (batch.indices, batch.image_facts) == ((), ())
     assert [e.index for e in batch.errors] == [0, 1]
     spans = harness.spans()
     assert set(spans) == {"preprocess"}  # no pool.wait/decode spans without a decoded image
@@ -348,21 +348,21 @@ def test_each_batch_tells_admission_what_its_decodes_cost() -> None:
                              on_decoded=lambda *a: told.append(a))  # fmt: skip
     try:
         result = h.decode([JPEG, b"not an image", PNG], skip=True)
-        assert len(result.decoded) == 2
+        assert len(result.image_facts) == 2
         failed, (samples_, encoded, pixels) = told
         assert failed == ((), 0, -1)
         by_format = {s.coding.split("-")[0]: s for s in samples_}
-        assert {s.coding for s in samples_} == {result.decoded[0].work.coding, "png"}
+        assert {s.coding for s in samples_} == {result.image_facts[0].work.coding, "png"}
         assert set(by_format) == {"jpeg", "png"}
         assert all(s.items == 1 and s.priced_s > 0 for s in samples_)
-        assert by_format["png"].priced_s == result.decoded[1].work.seconds
+        assert by_format["png"].priced_s == result.image_facts[1].work.seconds
         assert encoded == len(JPEG) + len(PNG)
-        assert pixels == sum(d.decoded_pixels for d in result.decoded) > 0
+        assert pixels == sum(d.decoded_pixels for d in result.image_facts) > 0
         cpu_s = sum(s.cpu_seconds for s in samples_)
         wall_s = h.spans()["decode"].attributes["decode.cpu_ms"] / 1e3
         assert 0 < cpu_s <= wall_s * 1.01 + 1e-3  # thread CPU time: never more than its wall
         told.clear()
-        assert not h.decode([b"not an image"], skip=True).decoded  # nothing decoded...
+        assert not h.decode([b"not an image"], skip=True).image_facts  # nothing decoded...
         assert told == [((), 0, -1)]  # ...nothing to learn from, a trim asked for
     finally:
         h.pool.shutdown()

@@ -54,7 +54,7 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def differences(ours, theirs, texts: list[str]) -> list[str]:
-    got, expected = ours.encode_batch(texts), theirs(texts).numpy()
+    got, expected = ours.tokenize(texts), theirs(texts).numpy()
     assert got.shape == expected.shape == (len(texts), CONTEXT) and got.dtype == np.int32
     return [texts[i] for i in np.flatnonzero((got != expected).any(axis=1))]
 
@@ -82,7 +82,7 @@ def test_ids_identical_on_hypothesis_text(pair, texts: list[str]) -> None:
 
 def test_long_texts_are_truncated_and_short_ones_padded_as_open_clip_does(pair) -> None:
     ours, theirs, _ = pair
-    rows, count = ours.encode_counted(["a photo of a cat " * 40, "a cat"])
+    rows, count = ours.tokenize_counted(["a photo of a cat " * 40, "a cat"])
     expected = theirs(["a photo of a cat " * 40, "a cat"]).numpy()
     np.testing.assert_array_equal(rows, expected)
     pad = theirs.tokenizer.pad_token_id

@@ -159,9 +159,12 @@ def items_of(input_json: str, modality: str | None = None) -> list[object]:
 
 
 def test_json_strings_are_texts_unless_image_data_uris_or_the_modality_says_so() -> None:
-    assert items_of(f'["a cat", "{DATA_URI}"]') == [TextItem("a cat"), ImageItem.encoded(DATA_URI)]
+    assert items_of(f'["a cat", "{DATA_URI}"]') == [
+        TextItem("a cat"),
+        ImageItem.from_base64(DATA_URI),
+    ]
     assert items_of(f'["{JPEG_B64}", "{DATA_URI}"]', "image") == [
-        ImageItem.encoded(JPEG_B64), ImageItem.encoded(DATA_URI),
+        ImageItem.from_base64(JPEG_B64), ImageItem.from_base64(DATA_URI),
     ]  # fmt: skip
     # modality text: every string is a text, even one that looks like an image
     assert items_of(f'["{DATA_URI}", "{JPEG_B64}"]', "text") == [
@@ -173,8 +176,8 @@ def test_json_strings_are_texts_unless_image_data_uris_or_the_modality_says_so()
 
 def test_json_objects_say_what_they_are() -> None:
     found = items_of(f'[{{"text": "a dog"}}, {{"image": "{JPEG_B64}"}}, "a bird"]')
-    assert found == [TextItem("a dog"), ImageItem.encoded(JPEG_B64), TextItem("a bird")]
-    assert items_of(f'[{{"image": "{JPEG_B64}"}}]', "image") == [ImageItem.encoded(JPEG_B64)]
+    assert found == [TextItem("a dog"), ImageItem.from_base64(JPEG_B64), TextItem("a bird")]
+    assert items_of(f'[{{"image": "{JPEG_B64}"}}]', "image") == [ImageItem.from_base64(JPEG_B64)]
 
 
 @pytest.mark.parametrize(
@@ -207,7 +210,7 @@ def test_a_bare_base64_image_is_refused_as_ambiguous_naming_the_item(start: byte
     assert raised.value.index == 1
     assert "looks like a base64-encoded image" in raised.value.reason
     assert '"modality": "image"' in raised.value.reason
-    assert items_of(f'["{encoded}"]', "image") == [ImageItem.encoded(encoded)]
+    assert items_of(f'["{encoded}"]', "image") == [ImageItem.from_base64(encoded)]
     # not base64 after the start (a sentence): a text
     assert items_of('["/9j/ is how a base64 JPEG starts"]') == [
         TextItem("/9j/ is how a base64 JPEG starts")

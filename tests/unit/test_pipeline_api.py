@@ -85,17 +85,18 @@ def test_capabilities_say_what_the_model_embeds(
     images = EmbeddingService(FakeBackend(embed_dim=256), pool, OPTIONS)
     missing = EmbeddingService(FakeBackend(tokenizer_file=str(tmp_path / "gone.json")), pool,
                                OPTIONS)  # fmt: skip
-    can = asyncio.run(both.capabilities())
-    assert can.modalities == ("image", "text") and can.text_unavailable is None
-    assert (can.embed_dim, can.image_size, can.context_length) == (512, 224, 77)
-    assert can.text is not None and can.text.tokenizer_kind == "clip_bpe"
+    served = asyncio.run(both.capabilities())
+    assert served.modalities == ("image", "text") and served.text_unavailable is None
+    assert (served.model.embed_dim, served.model.image_size) == (512, 224)
+    assert served.text is not None and served.text.tokenizer_kind == "clip_bpe"
     alone = asyncio.run(images.capabilities())
-    assert alone.modalities == ("image",) and alone.embed_dim == 256
+    assert alone.modalities == ("image",) and alone.model.embed_dim == 256
     assert alone.text_unavailable == (
         "this model embeds images only: the fake backend has no text model"
     )
     broken = asyncio.run(missing.capabilities())
-    assert broken.modalities == ("image",) and broken.context_length == 77
+    assert broken.modalities == ("image",) and broken.text is None
+    assert broken.model.text is not None and broken.model.text.context_length == 77
     assert broken.text_unavailable is not None and "gone.json" in broken.text_unavailable
 
 

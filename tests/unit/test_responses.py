@@ -39,9 +39,9 @@ def test_binary(dtype: str, numpy_dtype: str) -> None:
 
 def test_item_bytes() -> None:
     assert item_bytes(ImageItem(b"raw")) == b"raw"
-    assert item_bytes(ImageItem.encoded(base64.b64encode(b"abc").decode())) == b"abc"
+    assert item_bytes(ImageItem.from_base64(base64.b64encode(b"abc").decode())) == b"abc"
     uri = "data:image/png;base64," + base64.b64encode(b"xyz").decode()
-    assert item_bytes(ImageItem.encoded(uri)) == b"xyz"
+    assert item_bytes(ImageItem.from_base64(uri)) == b"xyz"
     for bad in ("@@@", "data:image/png,abc", "data:image/png;base64"):
         with pytest.raises(InvalidImage):
-            item_bytes(ImageItem.encoded(bad))
+            item_bytes(ImageItem.from_base64(bad))

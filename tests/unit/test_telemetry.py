@@ -117,7 +117,7 @@ def test_metrics_exposition_and_exemplars() -> None:
     text, content_type = metrics.render(openmetrics_format=False)
     assert content_type.startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(text.decode())}
-    assert families["gateway_inflight_images"].samples[0].value == 5
+    assert families["gateway_inflight_items"].samples[0].value == 5
     assert "gateway_triton_batch_size" in families
     om, om_type = metrics.render(openmetrics_format=True)
     assert om_type.startswith("application/openmetrics-text")
@@ -212,11 +212,11 @@ def test_a_dead_workers_live_gauges_are_forgotten_and_its_counters_kept(
     try:
         assert live.stdout is not None and live.stdout.readline() == "held\n"
         before = Metrics().render(False)[0].decode()
-        assert "gateway_inflight_images 9.0" in before
+        assert "gateway_inflight_items 9.0" in before
         forgotten = forget_dead_workers(str(tmp_path), alive)
         assert forgotten == [dead_pid] and live.pid not in forgotten
         after = Metrics().render(False)[0].decode()
     finally:
         live.communicate("\n", timeout=30)
-    assert "gateway_inflight_images 2.0" in after  # the live worker's images, not the dead one's
+    assert "gateway_inflight_items 2.0" in after  # the live worker's images, not the dead one's
     assert 'gateway_images_total{format="jpeg"} 3.0' in after

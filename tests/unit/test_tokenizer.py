@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clip_gateway.export.tokenizer import write_clip_bpe
-from clip_gateway.text.tokenizer import Tokenizer, clean
+from clip_gateway.text.tokenizer import ClipBpeTokenizer, clean
 from tests import tokenizer_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +77,8 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ours(tokenizer_file: Path) -> Tokenizer:
-    return Tokenizer.from_file(tokenizer_file, CONTEXT)
+def ours(tokenizer_file: Path) -> ClipBpeTokenizer:
+    return ClipBpeTokenizer.from_file(tokenizer_file, CONTEXT)
 
 
 def test_the_fixtures_copy_is_what_the_exporter_writes_from_this_open_clip(
@@ -96,13 +96,13 @@ def theirs():
     return open_clip.get_tokenizer("ViT-B-32")
 
 
-def differences(ours: Tokenizer, theirs, texts: list[str]) -> list[str]:
-    got, expected = ours.encode_batch(texts), theirs(texts).numpy()
+def differences(ours: ClipBpeTokenizer, theirs, texts: list[str]) -> list[str]:
+    got, expected = ours.tokenize(texts), theirs(texts).numpy()
     assert got.shape == expected.shape == (len(texts), CONTEXT)
     return [texts[i] for i in np.flatnonzero((got != expected).any(axis=1))]
 
 
-def test_ids_identical_to_open_clip_over_a_generated_corpus(ours: Tokenizer, theirs) -> None:
+def test_ids_identical_to_open_clip_over_a_generated_corpus(ours: ClipBpeTokenizer, theirs) -> None:
     texts = corpus()
     assert len(texts) > 4500
     assert differences(ours, theirs, texts) == []
@@ -110,7 +110,7 @@ def test_ids_identical_to_open_clip_over_a_generated_corpus(ours: Tokenizer, the
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.text(), min_size=1, max_size=6))
-def test_ids_identical_on_hypothesis_text(ours: Tokenizer, theirs, texts: list[str]) -> None:
+def test_ids_identical_on_hypothesis_text(ours: ClipBpeTokenizer, theirs, texts: list[str]) -> None:
     assert differences(ours, theirs, texts) == []
 
 
@@ -122,14 +122,16 @@ FRAGMENT = st.sampled_from(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.lists(FRAGMENT | st.text(max_size=4), max_size=12).map("".join), min_size=1))
 def test_ids_identical_around_special_tokens_and_entities(
-    ours: Tokenizer, theirs, texts: list[str]
+    ours: ClipBpeTokenizer, theirs, texts: list[str]
 ) -> None:
     assert differences(ours, theirs, texts) == []
 
 
-def test_truncation_keeps_end_of_text_last_and_pads_with_zeros(ours: Tokenizer, theirs) -> None:
+def test_truncation_keeps_end_of_text_last_and_pads_with_zeros(
+    ours: ClipBpeTokenizer, theirs
+) -> None:
     long, short = "cat " * 200, "a cat"
-    rows = ours.encode_batch([long, short])
+    rows = ours.tokenize([long, short])
     assert rows.dtype == np.int32
     assert rows[0, 0] == ours.start_id == 49406 and rows[0, -1] == ours.end_id == 49407
     assert (rows[0, 1:-1] != 0).all()  # 75 text tokens fill the row
@@ -143,24 +145,24 @@ def test_other_context_lengths_frame_as_open_clip_does(
     tokenizer_file: Path, context_length: int
 ) -> None:
     texts = ["a photo of a cat on a mat", "", "x" * 40, "<end_of_text> a"]
-    got = Tokenizer.from_file(tokenizer_file, context_length).encode_batch(texts)
+    got = ClipBpeTokenizer.from_file(tokenizer_file, context_length).tokenize(texts)
     expected = open_clip.tokenizer.SimpleTokenizer(context_length=context_length)(texts).numpy()
     np.testing.assert_array_equal(got, expected)
 
 
-def test_empty_and_blank_texts_are_start_and_end_only(ours: Tokenizer) -> None:
-    rows = ours.encode_batch(["", "   ", "\n\t", "\u3000"])
+def test_empty_and_blank_texts_are_start_and_end_only(ours: ClipBpeTokenizer) -> None:
+    rows = ours.tokenize(["", "   ", "\n\t", "\u3000"])
     assert (rows[:, :2] == [ours.start_id, ours.end_id]).all() and (rows[:, 2:] == 0).all()
-    assert ours.encode_batch([]).shape == (0, CONTEXT)
+    assert ours.tokenize([]).shape == (0, CONTEXT)
 
 
 def test_literal_special_tokens_become_special_ids_only_where_open_clip_matches_them(
-    ours: Tokenizer,
+    ours: ClipBpeTokenizer,
 ) -> None:
     end = ours.end_id
-    assert list(ours.encode_batch(["a<end_of_text>b"])[0, :5]) == [49406, 320, end, 321, end]
+    assert list(ours.tokenize(["a<end_of_text>b"])[0, :5]) == [49406, 320, end, 321, end]
     # inside a run of punctuation open_clip's regex never starts a match at "<"
-    assert ours.encode_batch(["!<end_of_text>"])[0].tolist().count(end) == 1  # the framing one
+    assert ours.tokenize(["!<end_of_text>"])[0].tolist().count(end) == 1  # the framing one
 
 
 def test_cleaning_is_open_clips() -> None:
@@ -174,9 +176,9 @@ def test_a_file_without_clip_specials_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.json"
     HfTokenizer(models.BPE(vocab={"a": 0}, merges=[])).save(str(path))
     with pytest.raises(ValueError, match="not a CLIP BPE tokenizer"):
-        Tokenizer.from_file(path, CONTEXT)
+        ClipBpeTokenizer.from_file(path, CONTEXT)
     with pytest.raises(ValueError, match="context_length"):
-        Tokenizer.from_file(path, 1)
+        ClipBpeTokenizer.from_file(path, 1)
 
 
 def test_importing_the_tokenizer_never_imports_torch() -> None:

@@ -30,7 +30,7 @@ def test_url_items_are_only_those_that_say_so() -> None:
     assert parsed[1] == ImageItem(url="https://images.example/cat.jpg")
     assert parsed[2] == ImageItem(url="HTTP://images.example/dog.jpg")
     assert parsed[3] == parsed[1]
-    assert parsed[4] == ImageItem.encoded("data:image/png;base64,iVBORw0KGgo=")  # not fetched
+    assert parsed[4] == ImageItem.from_base64("data:image/png;base64,iVBORw0KGgo=")  # not fetched
     assert parsed[5] == TextItem("a cat")
 
 

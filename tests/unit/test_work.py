@@ -146,18 +146,18 @@ def test_a_base64_item_is_priced_from_its_header_like_its_bytes() -> None:
     data = samples.encode(flat((640, 480)), "PNG")
     encoded = base64.b64encode(data).decode()
     assert price(ImageItem(data)) == work.estimate(data)
-    assert price(ImageItem.encoded(encoded)).coding == "png"
-    assert price(ImageItem.encoded("DATA:IMAGE/PNG;BASE64," + encoded)).coding == "png"
+    assert price(ImageItem.from_base64(encoded)).coding == "png"
+    assert price(ImageItem.from_base64("DATA:IMAGE/PNG;BASE64," + encoded)).coding == "png"
     wrapped = base64.encodebytes(data).decode()  # MIME line breaks
-    assert price(ImageItem.encoded(wrapped)).coding == "png"
-    assert price(ImageItem.encoded("%%% not base64")) == work.REFUSED
+    assert price(ImageItem.from_base64(wrapped)).coding == "png"
+    assert price(ImageItem.from_base64("%%% not base64")) == work.REFUSED
 
 
 def test_a_large_base64_item_is_priced_from_its_first_mebibyte() -> None:
     """Its bytes beyond the prefix still count at the per-byte factor (the whole length)."""
     data = samples.encode(flat((640, 480)), "JPEG") + b"\x00" * (3 << 20)  # trailing junk
     encoded = base64.b64encode(data).decode()
-    priced = price(ImageItem.encoded(encoded))
+    priced = price(ImageItem.from_base64(encoded))
     layout = jpeg.walk(data, max_scans=256)
     assert priced.seconds == pytest.approx(
         work.jpeg_seconds(layout, "jpeg-baseline", len(encoded) * 3 // 4, work.DEFAULT_PLAN)
@@ -170,7 +170,7 @@ def test_a_base64_jpeg_whose_frame_is_beyond_the_prefix_is_priced_at_the_worst()
     jpeg = samples.encode(flat((64, 64)), "JPEG")
     comment = b"\xff\xfe\xff\xf0" + b"x" * 0xFFEE  # a 64 KiB COM segment
     padded = jpeg[:2] + comment * 20 + jpeg[2:]
-    priced = price(ImageItem.encoded(base64.b64encode(padded).decode()))
+    priced = price(ImageItem.from_base64(base64.b64encode(padded).decode()))
     assert priced.coding == "jpeg-progressive"
     assert priced.seconds >= work.JPEG_OUTPUT_S_PER_PIXEL * work.WORST_PIXELS / 64
     assert work.estimate(padded).coding == "jpeg-baseline"  # the whole bytes: its real price
