@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 256 << 20
 #: How often the served models' configs are read again (``model_info``): a reload shows within it.
 INFO_REFRESH_S = 10.0
+#: How soon a read that found the text model mid-reload is tried again.
+RELOAD_RETRY_S = 1.0
 _UNAVAILABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED", "NOT_FOUND", "ABORTED"}
 
 
@@ -140,7 +142,12 @@ class TritonBackend:
             # Triton restarting or busy: what it served last is still the best answer
             log.debug("model config not read again: %s", exc)
             return
-        if info == known:
+        if _same(info, known):
+            return
+        if info.text_unavailable is not None and known.text_unavailable is None:
+            # the text model being loaded again (Triton knows no config for it meanwhile): texts
+            # stay served by what serves them; asked again in a second
+            self._info_read = time.monotonic() - max(0.0, INFO_REFRESH_S - RELOAD_RETRY_S)
             return
         if (info.max_batch_size, info.image_size) != (known.max_batch_size, known.image_size):
             # the regions were sized for the old batches: send pixels in the message instead
@@ -484,3 +491,12 @@ def parse_text_config(info: ModelInfo, config: dict[str, Any]) -> ModelInfo:
     )
     quantization = _quantization(parameters, "text", info.quantization)
     return dataclasses.replace(info, text=text, quantization=quantization)
+
+
+def _same(a: ModelInfo, b: ModelInfo) -> bool:
+    """Whether two reads of the configs describe the same served models: the fields a dataclass
+    compares, and the quantization and canary it leaves out (a profile switch changes those)."""
+    canaries = (a.canary is None and b.canary is None) or (
+        a.canary is not None and b.canary is not None and np.array_equal(a.canary, b.canary)
+    )
+    return a == b and a.quantization == b.quantization and canaries
