@@ -34,8 +34,8 @@ from typing import Any
 
 import httpx
 
-from bench.output import figure, write_results
-from bench.photos import CAMERA_SIZES, jpeg, photo
+from bench.harness.output import figure, write_results
+from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.launcher.local import LocalTriton
 from tests import hostile, samples

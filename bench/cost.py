@@ -32,11 +32,11 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from bench import load, profiling
-from bench.clients import Batches, GatewayClient
-from bench.output import write_results
-from bench.photos import compact_jpeg, jpeg
-from bench.stack import camera_photos
+from bench.harness import load, profiling
+from bench.harness.clients import Batches, GatewayClient
+from bench.harness.output import write_results
+from bench.harness.photos import compact_jpeg, jpeg
+from bench.harness.stack import camera_photos
 from clip_gateway.client.compact import CompactOptions, compact
 from clip_gateway.imaging import jpeg as jpegs
 from clip_gateway.imaging import orientation, paths
@@ -247,7 +247,7 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
 
 
 def run(out: Path, smoke: bool = False) -> dict[str, Any]:
-    from bench import models
+    from bench.harness import models
     from bench.runner import machine
     from clip_gateway.config.processes import GatewayProcess
     from clip_gateway.export.build import ensure_exported

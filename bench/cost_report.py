@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.output import figure
+from bench.harness.output import figure
 
 LABELS = {
     "compact": "compact JPEGs (256 px short side)",

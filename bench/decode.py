@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from bench.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
+from bench.harness.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
 from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 
 Pipeline = Callable[[bytes], object]

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from bench.photos import photo
+from bench.harness.photos import photo
 from clip_gateway.imaging import jpeg, work
 from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 from tests import samples

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from bench.output import write_results
+from bench.harness.output import write_results
 from bench.peers import gateway, machine
 
 ROOT = Path(__file__).resolve().parents[1]

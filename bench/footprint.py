@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from bench.output import write_results
-from bench.photos import compact_jpeg
+from bench.harness.output import write_results
+from bench.harness.photos import compact_jpeg
 from clip_gateway.config.processes import reserve_port
 
 #: The per-worker target (issue: warm-start serving process <= 250 MB RSS).

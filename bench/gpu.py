@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.output import figure, write_results
+from bench.harness.output import figure, write_results
 
 IMAGE_BATCHES = (1, 8, 32, 64, 128, 256)
 TEXT_BATCHES = (1, 8, 32, 128)

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.output import figure, write_results
+from bench.harness.output import figure, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def pinned(cores: tuple[int, ...]) -> Iterator[None]:
 
 def uploads(count: int, size: int) -> list[bytes]:
     """What the client SDK uploads for a ``size``-px model (clip_gateway/client/compact.py)."""
-    from bench.photos import jpeg
+    from bench.harness.photos import jpeg
     from clip_gateway.client.compact import CompactOptions, compact
     from clip_gateway.model.calibration import photo
 
@@ -208,8 +208,8 @@ def _read(path: str) -> bytes:
 async def _load(url: str, batch: int, concurrency: int, seconds: float, texts: bool) -> None:
     import httpx
 
-    from bench import load
-    from bench.clients import Batches, GatewayClient
+    from bench.harness import load
+    from bench.harness.clients import Batches, GatewayClient
 
     if texts:
         http = httpx.AsyncClient(base_url=url, timeout=120)
@@ -325,7 +325,7 @@ def gateway(
 
 def cpu_wall(sweep: Sweep, cores: Cores, work: Path, export_dir: Path) -> dict[str, Any]:
     """The gateway alone (null model): images/s and CPU per image by worker count."""
-    from bench.models import null_repository
+    from bench.harness.models import null_repository
     from clip_gateway.config.plan import worker_plan
     from clip_gateway.launcher.local import LocalTriton
 

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from bench.output import figure, write_results
+from bench.harness.output import figure, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("CONTAINERS_CONF", str(ROOT / "deploy" / "image" / "containers.conf"))

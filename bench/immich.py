@@ -31,12 +31,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench import load
-from bench.drive import breakdown, triton_counters
-from bench.load import Reply
-from bench.output import figure, write_results
-from bench.photos import immich_previews
-from bench.stack import running
+from bench.harness import load
+from bench.harness.drive import breakdown, triton_counters
+from bench.harness.load import Reply
+from bench.harness.output import figure, write_results
+from bench.harness.photos import immich_previews
+from bench.harness.stack import running
 from tests.immich_upstream import UpstreamProcess
 from tests.immich_upstream import answer as upstream_answer
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 
-from bench import load
-from bench.clients import GatewayClient
-from bench.output import figure, write_results
-from bench.stack import camera_photos, reference_batches, running
+from bench.harness import load
+from bench.harness.clients import GatewayClient
+from bench.harness.output import figure, write_results
+from bench.harness.stack import camera_photos, reference_batches, running
 
 
 def run(minutes: float, out: Path, smoke: bool = False, photos: str = "compact") -> dict[str, Any]:

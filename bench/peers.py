@@ -1,15 +1,15 @@
 """``python -m bench peers``: Infinity (``infinity-emb``, its torch CPU engine) beside the gateway's
 default (``auto``, which says what it chose) and each fixed CPU profile, back to back in one run
 on loopback, with the machine's GEMM ceilings and the model alone measured in the same run
-(bench/ceilings.py).
+(bench/harness/ceilings.py).
 
-Every system gets the same compact JPEGs (bench/photos.py, ~16-24 KB each) in batches of 1, 8
-and 32 from 1 and 4 concurrent clients (``CELLS``), each cell bounded by a request count and a
-duration. Infinity serves a Hugging Face CLIP checkpoint at ViT-B/32's sizes with random weights
-made locally (bench/peer_checkpoint.py) from its own virtualenv (``.peer-env``, docs/BENCHMARKS.md
-"Beside Infinity on the CPU"); the gateway starts through the container entrypoint, as deployed.
-Timings run from JPEG bytes in hand to embeddings in hand (Infinity: base64 data URIs in JSON,
-base64 floats back; the gateway: multipart, binary floats back).
+Every system gets the same compact JPEGs (bench/harness/photos.py, ~16-24 KB each) in batches of
+1, 8 and 32 from 1 and 4 concurrent clients (``CELLS``), each cell bounded by a request count and
+a duration. Infinity serves a Hugging Face CLIP checkpoint at ViT-B/32's sizes with random
+weights made locally (bench/harness/peer_checkpoint.py) from its own virtualenv (``.peer-env``,
+docs/BENCHMARKS.md "Beside Infinity on the CPU"); the gateway starts through the container
+entrypoint, as deployed. Timings run from JPEG bytes in hand to embeddings in hand (Infinity:
+base64 data URIs in JSON, base64 floats back; the gateway: multipart, binary floats back).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import httpx
 import numpy as np
 import orjson
 
-from bench import ceilings, load
-from bench.clients import Batches, GatewayClient
-from bench.load import Reply
-from bench.photos import compact_jpeg
-from bench.supervisor import Supervisor
+from bench.harness import ceilings, load
+from bench.harness.clients import Batches, GatewayClient
+from bench.harness.load import Reply
+from bench.harness.photos import compact_jpeg
+from bench.harness.supervisor import Supervisor
 from clip_gateway.config.processes import reserve_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +168,7 @@ def infinity(work: Path) -> Iterator[str]:
 
     checkpoint = work / "peer-clip"
     bpe = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
-    subprocess.run([str(python), "-m", "bench.peer_checkpoint", str(checkpoint), str(bpe)],
+    subprocess.run([str(python), "-m", "bench.harness.peer_checkpoint", str(checkpoint), str(bpe)],
                    cwd=ROOT, check=True, capture_output=True)  # fmt: skip
     port = reserve_port()
     log = work / "infinity.log"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.output import figure, write_results
+from bench.harness.output import figure, write_results
 
 LABELS = {
     "infinity": "Infinity (torch CPU)",

@@ -21,7 +21,7 @@ def measure() -> dict[str, object]:
     import numpy as np
 
     from bench.cost import per_cpu_second
-    from bench.photos import compact_jpeg
+    from bench.harness.photos import compact_jpeg
     from clip_gateway.imaging import paths
     from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.output import write_results
+from bench.harness.output import write_results
 from bench.peers import FULL, Limits, machine, system
 
 PLANS: dict[str, dict[str, str]] = {

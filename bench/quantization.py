@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from bench.ceilings import session
-from bench.output import write_results
+from bench.harness.ceilings import session
+from bench.harness.output import write_results
 from bench.peers import machine, wait_quiet
 from clip_gateway.export.parity import cosine
 from clip_gateway.export.quantize import Method, quantize

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.output import figure, write_results
-from bench.photos import compact_jpeg
+from bench.harness.output import figure, write_results
+from bench.harness.photos import compact_jpeg
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "deploy" / "compose"

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import models, profiling, shm
-from bench.clients import tensor_json_bytes
+from bench import shm
+from bench.harness import models, profiling
+from bench.harness.clients import tensor_json_bytes
 from bench.suites import SUITES, Suite
 from clip_gateway.config.processes import GatewayProcess, ReservedPort, ServerProcess, reserve_port
 from clip_gateway.export.build import ensure_exported
@@ -120,7 +121,7 @@ def drive(plan: dict[str, Any], work: Path, env: dict[str, str], cpus: str | Non
     out_path = plan_path.with_suffix(".out.json")
     plan_path.write_text(json.dumps(plan))
     pin = ["taskset", "-c", cpus] if cpus else []
-    command = [*pin, sys.executable, "-m", "bench.drive", str(plan_path), str(out_path)]
+    command = [*pin, sys.executable, "-m", "bench.harness.drive", str(plan_path), str(out_path)]
     subprocess.run(command, env=env, check=True, cwd=ROOT)
     return json.loads(out_path.read_text())
 

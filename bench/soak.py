@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import load
-from bench.clients import GatewayClient
-from bench.output import write_results
-from bench.stack import reference_batches, running
+from bench.harness import load
+from bench.harness.clients import GatewayClient
+from bench.harness.output import write_results
+from bench.harness.stack import reference_batches, running
 
 
 def process_stats(pid: int) -> dict[str, float]:

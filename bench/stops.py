@@ -11,7 +11,6 @@ serving with a stop delay. The tree's leftovers are the integration tests' busin
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import statistics
 import tempfile
@@ -23,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from bench.output import write_results
-from bench.photos import compact_jpeg
-from bench.supervisor import ROOT, Supervisor
+from bench.harness.output import write_results
+from bench.harness.photos import compact_jpeg
+from bench.harness.supervisor import Supervisor, slow_templates
 
 STOP_DELAY_S = 5.0
 
@@ -36,19 +35,6 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 300) -> 
         if time.monotonic() > deadline:
             raise TimeoutError(what)
         time.sleep(0.02)
-
-
-def slow_templates(work: Path, hold: Path) -> Path:
-    """triton/ with the cpu profile's model held in ``initialize`` until ``hold/release``
-    (tests/models/slow_start.py): a long model load or engine build, for stop timings and tests."""
-    templates = work / "templates"
-    shutil.copytree(ROOT / "triton", templates)
-    real = (ROOT / "triton" / "python" / "model.py").read_text()
-    suffix = (ROOT / "tests" / "models" / "slow_start.py").read_text()
-    (templates / "python" / "model.py").write_text(
-        real + "\n" + suffix.replace("HOLD_DIR", str(hold))
-    )
-    return templates
 
 
 def entrypoint(work: Path, env: dict[str, str]) -> Supervisor:

@@ -20,12 +20,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench import load
-from bench.clients import _TIMING
-from bench.load import Reply
-from bench.output import write_results
-from bench.photos import compact_jpeg
-from bench.stack import running
+from bench.harness import load
+from bench.harness.clients import _TIMING
+from bench.harness.load import Reply
+from bench.harness.output import write_results
+from bench.harness.photos import compact_jpeg
+from bench.harness.stack import running
 
 #: Words the generated queries are made of: search queries as people type them.
 _WORDS = (

@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench import load, models
-from bench.clients import Batches, GatewayClient
-from bench.output import write_results
-from bench.photos import compact_jpeg
+from bench.harness import load, models
+from bench.harness.clients import Batches, GatewayClient
+from bench.harness.output import write_results
+from bench.harness.photos import compact_jpeg
 from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.export.build import ensure_exported
 from clip_gateway.launcher.local import LocalTriton, otel_trace_args

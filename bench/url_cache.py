@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.output import write_results
-from bench.photos import compact_jpeg
-from bench.stack import running
+from bench.harness.output import write_results
+from bench.harness.photos import compact_jpeg
+from bench.harness.stack import running
 
 BATCH = 32
 OUT = Path(__file__).parent / "results" / "url_cache"

@@ -9,7 +9,8 @@ import sys
 import time
 from typing import Any
 
-from bench import cost, profiling
+from bench import cost
+from bench.harness import profiling
 
 
 def test_cpu_seconds_counts_the_children_of_the_process() -> None:

@@ -14,7 +14,8 @@ import numpy as np
 import orjson
 import pytest
 
-from bench import ceilings, peer_checkpoint, peers, peers_report
+from bench import peers, peers_report
+from bench.harness import ceilings, peer_checkpoint
 from tests import samples
 
 

@@ -19,7 +19,7 @@ What is read as a reference, and what it must resolve to:
   the title equals or begins;
 - a page's path upward (``../shared/NOTES.md``) stays inside the repository.
 
-A string literal without a space is data, not prose, and is not read (bench/profiling.py
+A string literal without a space is data, not prose, and is not read (bench/harness/profiling.py
 matches frames by path prefixes such as ``clip_gateway/backend/shm``).
 
 Named on purpose though absent, each by one rule (``path_problem``): a placeholder part

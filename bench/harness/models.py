@@ -23,7 +23,7 @@ from clip_gateway.model.contract import INPUT_NAME, OUTPUT_NAME, TRITON_MODEL_NA
 RAW_MODEL = "clip_raw"
 RAW_INPUT = "input"
 RAW_FILE = "model_raw.onnx"
-NULL_MODEL_SOURCE = Path(__file__).parent / "triton_null" / "model.py"
+NULL_MODEL_SOURCE = Path(__file__).parents[1] / "triton_null" / "model.py"
 
 
 def extract_raw(source: Path, target: Path) -> None:

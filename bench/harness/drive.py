@@ -1,7 +1,7 @@
 """Drive one system through a plan of load phases; one process per system.
 
-``python -m bench.drive PLAN.json OUT.json``. Running each system's client in its own process
-lets baselines use stock Pillow (put first on PYTHONPATH by the runner) while ours uses
+``python -m bench.harness.drive PLAN.json OUT.json``. Running each system's client in its own
+process lets baselines use stock Pillow (put first on PYTHONPATH by the runner) while ours uses
 pillow-simd, and keeps one system's client work from slowing another's. Around every phase the
 driver diffs Triton's Prometheus counters, so the server-side time is accounted for.
 """
@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import load
-from bench.clients import Batches, GatewayClient, PytorchClient, TritonRawClient
-from bench.photos import compact_jpeg
+from bench.harness import load
+from bench.harness.clients import Batches, GatewayClient, PytorchClient, TritonRawClient
+from bench.harness.photos import compact_jpeg
 
 TRITON_COUNTERS = (
     "nv_inference_request_success",

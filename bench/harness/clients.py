@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.load import Reply
+from bench.harness.load import Reply
 from clip_gateway.client.core import multipart
 
 SYSTEMS = ("gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import httpx
 
 from clip_gateway.config.processes import reserve_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The container entrypoint: settings from the environment only.
 ENTRYPOINT = (sys.executable, "-m", "clip_gateway.launcher.supervisor")
 HOST = "127.0.0.1"
@@ -137,3 +138,16 @@ class Supervisor:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def slow_templates(work: Path, hold: Path) -> Path:
+    """triton/ with the cpu profile's model held in ``initialize`` until ``hold/release``
+    (tests/models/slow_start.py): a long model load or engine build, for stop timings and tests."""
+    templates = work / "templates"
+    shutil.copytree(ROOT / "triton", templates)
+    real = (ROOT / "triton" / "python" / "model.py").read_text()
+    suffix = (ROOT / "tests" / "models" / "slow_start.py").read_text()
+    (templates / "python" / "model.py").write_text(
+        real + "\n" + suffix.replace("HOLD_DIR", str(hold))
+    )
+    return templates

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.clients import Batches, GatewayClient
-from bench.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
+from bench.harness.clients import Batches, GatewayClient
+from bench.harness.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
 from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.config.settings import RepositorySettings
 from clip_gateway.export.build import ensure_exported

@@ -1,7 +1,7 @@
 """The peer's model: a Hugging Face CLIP checkpoint at ViT-B/32's sizes with random weights, and
 its processor, written to a directory Infinity loads offline (``HF_HUB_OFFLINE=1``).
 
-``.peer-env/bin/python -m bench.peer_checkpoint OUT_DIR``: runs in the peer's own virtualenv
+``.peer-env/bin/python -m bench.harness.peer_checkpoint OUT_DIR``: runs in the peer's own virtualenv
 (transformers there; the project's environment has none). Nothing is downloaded: the tokenizer's
 vocabulary and merges are open_clip's CLIP BPE file (the same as OpenAI's), passed by path, and
 the image processor is OpenAI CLIP's configuration written out by hand.
