@@ -16,13 +16,10 @@ own, one for each kind of small JPEG, says where the rest goes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
-import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +31,7 @@ from PIL import Image
 
 from bench.harness import load, profiling
 from bench.harness.clients import Batches, GatewayClient
+from bench.harness.cpu import cpu_seconds, per_cpu_second, thread_seconds
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg, jpeg
 from bench.harness.stack import camera_photos
@@ -75,75 +73,6 @@ FULL = (
 SMOKE = (Phase("compact", 32, 4, 24), Phase("uploads", 32, 4, 24), Phase("camera", 4, 2, 3))
 #: The upload the client made before it sized uploads to the model's input: 8/7 of it, 4:2:0.
 EARLIER_UPLOAD = CompactOptions(short_side=256, subsampling="420")
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every descendant."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(_stat(entry / "stat")[1])
-            except OSError:
-                continue  # gone meanwhile
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(current := todo.pop())
-        todo += [child for child, parent in parents.items() if parent == current]
-    return tree
-
-
-def _stat(path: Path) -> list[str]:
-    """The fields of a /proc stat file after the command name (which may hold spaces)."""
-    return path.read_text().rpartition(")")[2].split()
-
-
-def _cpu(path: Path) -> float:
-    fields = _stat(path)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` and every descendant, from /proc."""
-    total = 0.0
-    for member in _tree(pid):
-        with contextlib.suppress(OSError):
-            total += _cpu(Path(f"/proc/{member}/stat"))
-    return total
-
-
-def thread_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds of the gateway's threads by role: each process's main thread runs the event
-    loop (HTTP, multipart, admission, the gRPC calls, logs, metrics); the decode pool's threads
-    are the other Python threads; gRPC's C core names its own."""
-    roles: dict[str, float] = {}
-    for member in _tree(pid):
-        for task in Path(f"/proc/{member}/task").glob("*"):
-            try:
-                name, seconds = (task / "comm").read_text().strip(), _cpu(task / "stat")
-            except OSError:
-                continue
-            if task.name == str(member):
-                role = "event loop thread"
-            elif name.startswith("python"):
-                role = "decode threads"
-            elif name.startswith(("event_engine", "grpc", "default-executo", "resolver")):
-                role = "gRPC core threads"
-            else:
-                role = "other threads"
-            roles[role] = roles.get(role, 0.0) + seconds
-    return roles
-
-
-def per_cpu_second(work: Callable[[bytes], object], images: list[bytes], rounds: int) -> float:
-    """Images per CPU-second of this thread running ``work`` over ``images``."""
-    for data in images[:2]:
-        work(data)
-    started = time.thread_time()
-    for _ in range(rounds):
-        for data in images:
-            work(data)
-    return rounds * len(images) / (time.thread_time() - started)
 
 
 def decode_only(data: bytes) -> np.ndarray:
@@ -248,7 +177,7 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
 
 def run(out: Path, smoke: bool = False) -> dict[str, Any]:
     from bench.harness import models
-    from bench.runner import machine
+    from bench.harness.machine import record as machine
     from clip_gateway.config.processes import GatewayProcess
     from clip_gateway.export.build import ensure_exported
     from clip_gateway.launcher.local import LocalTriton
@@ -300,7 +229,7 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
                         asyncio.run(_profiled(gateway.url, pools[dataset]))
                         results[key] = profiling.finish(spy, out / name, buckets=True)
     shutil.rmtree(work, ignore_errors=True)
-    from bench.cost_report import markdown, plot
+    from bench.studies.cost_report import markdown, plot
 
     write_results(out, "cost", results, markdown=markdown(results), plot=plot)
     return results

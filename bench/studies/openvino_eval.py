@@ -1,6 +1,6 @@
 """OpenVINO beside ONNX Runtime for the CPU profiles, on the exported image graph (issue 25).
 
-``python bench/openvino_eval.py MODEL.onnx INT8.onnx OUT_DIR`` in a virtualenv with ``openvino``,
+``python -m bench openvino-eval MODEL.onnx INT8.onnx OUT_DIR`` in a virtualenv with ``openvino``,
 ``onnxruntime``, ``numpy`` and, for OpenVINO's own INT8, ``nncf`` (none of them a project dependency
 of the gateway: this is the measurement that decides). OpenVINO's INT8 rows need ``calibration.npy``
 beside MODEL.onnx: the quality gate's calibration photos as the model's uint8 input, which NNCF
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,8 +143,8 @@ def markdown(results: dict[str, dict[str, float]], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    model, int8, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+def main(argv: list[str]) -> int:
+    model, int8, out = argv[0], argv[1], Path(argv[2])
     pixels = np.load(out / "pixels.npy")
     results = measure(model, int8, pixels, rounds=5)
     (out / "openvino.json").write_text(json.dumps(results, indent=1))
@@ -178,7 +177,3 @@ def _header() -> str:
         "the measuring process are the figure (median of 5 interleaved rounds), images/s only "
         "for reference."
     )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

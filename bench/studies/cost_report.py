@@ -1,4 +1,4 @@
-"""``python -m bench cost``'s Markdown table and plot (bench/cost.py measures)."""
+"""``python -m bench cost``'s Markdown table and plot (bench/studies/cost.py measures)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from bench.harness.output import figure, write_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -163,8 +163,8 @@ TEXTS = [f"a photo of {noun} number {i}" for i, noun in enumerate(
 
 
 def _load_command(url: str, batch: int, concurrency: int, seconds: float, texts: bool) -> list[str]:
-    return [sys.executable, "-m", "bench.host", "load", url, str(batch), str(concurrency),
-            str(seconds), "texts" if texts else "images"]  # fmt: skip
+    return [sys.executable, "-m", "bench.harness.child", "host", "load", url, str(batch),
+            str(concurrency), str(seconds), "texts" if texts else "images"]  # fmt: skip
 
 
 def drive(
@@ -288,7 +288,7 @@ def measured(
     url: str, pid: int, batch: int, concurrency: int, seconds: float, cores: Cores, **kw: Any
 ) -> dict[str, Any]:
     """One load cell with the gateway's CPU time and the GPU's utilisation over it."""
-    from bench.cost import cpu_seconds
+    from bench.harness.cpu import cpu_seconds
 
     before = cpu_seconds(pid)
     with GpuSampler() as gpu:
@@ -452,7 +452,7 @@ def parity(url: str, model: str, size: int) -> dict[str, Any]:
 
 def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str, Any]:
     """The served graph alone in ONNX Runtime, and open_clip in torch FP16 on device tensors."""
-    from bench import gpu as graphs
+    from bench.harness import engine
     from clip_gateway.export.model import load
     from clip_gateway.model.contract import INPUT_NAME
     from clip_gateway.model.spec import Weights
@@ -461,18 +461,18 @@ def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str,
     size = int(manifest["image_size"])
     path = export_dir / ("model_fp16.onnx" if gpu else "model.onnx")
     provider = "CUDAExecutionProvider" if gpu else "CPUExecutionProvider"
-    session = graphs._session(path, provider)
+    session = engine.session(path, provider)
     pixels = np.random.default_rng(0).integers(0, 256, (1, size, size, 3), dtype=np.uint8)
     found: dict[str, Any] = {"provider": provider, "graph": path.name, "ort": {}}
     for batch in sweep.ceiling_batches:
         feed = {INPUT_NAME: pixels.repeat(batch, axis=0)}
-        found["ort"][str(batch)] = graphs._rate(
+        found["ort"][str(batch)] = engine.rate(
             lambda feed=feed, s=session: s.run(None, feed), batch, sweep.ceiling_seconds
         )
     session = None  # its GPU memory back before torch takes the device
     if gpu:
         loaded = load(model, Weights.random(0))
-        found["torch_fp16"] = graphs._torch_fp16(
+        found["torch_fp16"] = engine.torch_fp16(
             loaded, size, tuple(b for b in sweep.ceiling_batches if b >= 32), sweep.ceiling_seconds
         )
     return found
@@ -494,7 +494,7 @@ def has_gpu() -> bool:
 
 
 def environment(gpu: bool, cores: Cores) -> dict[str, Any]:
-    from bench.runner import machine
+    from bench.harness.machine import record as machine
     from clip_gateway.imaging import paths
 
     found = machine() | {"cores_split": asdict(cores), "pinned": cores.pinned,
@@ -689,15 +689,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
             axes[1].legend(fontsize=7)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m bench.host load URL BATCH CLIENTS SECONDS images|texts``: one load process."""
+def child(argv: list[str]) -> int:
+    """``python -m bench.harness.child host load URL BATCH CLIENTS SECONDS images|texts``: one
+    load process."""
     if argv[:1] == ["load"]:
         url, batch, concurrency, seconds, kind = argv[1:6]
         asyncio.run(_load(url, int(batch), int(concurrency), float(seconds), kind == "texts"))
         return 0
-    print(main.__doc__, file=sys.stderr)
+    print(child.__doc__, file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

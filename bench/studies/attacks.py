@@ -1,4 +1,4 @@
-"""``python -m bench.attacks``: the hostile classes of issue 23 against a real gateway, one at a
+"""``python -m bench attacks``: the hostile classes of issue 23 against a real gateway, one at a
 time, then beside normal clients.
 
 The stack: a real tritonserver serving the control model (tests/controlled.py: the gateway's own
@@ -380,13 +380,15 @@ def render(before: dict[str, Any], after: dict[str, Any], out: Path) -> None:
             axis.legend()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.attacks", description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "attacks")
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench attacks", description=__doc__)
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parents[1] / "results" / "attacks"
+    )
     parser.add_argument("--gateway-path", default=None)
     parser.add_argument("--mixed-seconds", type=float, default=15.0)
     parser.add_argument("--render", nargs=2, type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.render:
         before, after = (json.loads(path.read_text()) for path in args.render)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -394,7 +396,3 @@ def main() -> int:
         return 0
     run(args.out, args.gateway_path, args.mixed_seconds)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,5 @@
-"""``python -m bench.pillow_compare``: ``preprocess()`` per CPU-second with this venv's PIL and with
-stock Pillow (put first on ``PYTHONPATH``, runner.stock_pillow), on the same compact JPEGs.
+"""``python -m bench pillow-compare``: ``preprocess()`` per CPU-second with this venv's PIL and with
+stock Pillow (put first on ``PYTHONPATH``, bench/harness/pillow.py), on the same compact JPEGs.
 
 What a fresh machine would run without pillow-simd, beside what ``make install`` builds
 (docs/PERFORMANCE.md). Each in a process of its own; the best of three passes of one thread's
@@ -14,13 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def measure() -> dict[str, object]:
     import numpy as np
 
-    from bench.cost import per_cpu_second
+    from bench.harness.cpu import per_cpu_second
     from bench.harness.photos import compact_jpeg
     from clip_gateway.imaging import paths
     from clip_gateway.imaging.preprocess import ImageOptions, preprocess
@@ -32,11 +32,15 @@ def measure() -> dict[str, object]:
     return {"resize": paths.current().resize, "preprocess_img_per_cpu_s": round(rate, 1)}
 
 
-def main() -> int:
-    if sys.argv[1:] == ["--measure"]:
-        print(json.dumps(measure()))
-        return 0
-    from bench.runner import stock_pillow
+def child(argv: list[str]) -> int:
+    """``python -m bench.harness.child pillow_compare``: this interpreter's PIL, measured."""
+    print(json.dumps(measure()))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    del argv  # no options
+    from bench.harness.pillow import stock_pillow
     from clip_gateway.model.spec import default_cache_dir
 
     stock = stock_pillow(default_cache_dir())
@@ -44,7 +48,7 @@ def main() -> int:
     for extra in [[], [str(stock)]] if stock else [[]]:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([*extra, str(ROOT)]))
         done = subprocess.run(
-            [sys.executable, "-m", "bench.pillow_compare", "--measure"],
+            [sys.executable, "-m", "bench.harness.child", "pillow_compare"],
             env=env, cwd=ROOT, capture_output=True, text=True, check=True,
         )  # fmt: skip
         rows.append(json.loads(done.stdout))
@@ -53,7 +57,3 @@ def main() -> int:
         ours, stock_rate = (float(str(row["preprocess_img_per_cpu_s"])) for row in rows)
         print(f"{rows[0]['resize']} / {rows[1]['resize']}: {ours / stock_rate:.2f}x")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,16 +1,6 @@
-"""``python -m bench peers``: Infinity (``infinity-emb``, its torch CPU engine) beside the gateway's
-default (``auto``, which says what it chose) and each fixed CPU profile, back to back in one run
-on loopback, with the machine's GEMM ceilings and the model alone measured in the same run
-(bench/harness/ceilings.py).
-
-Every system gets the same compact JPEGs (bench/harness/photos.py, ~16-24 KB each) in batches of
-1, 8 and 32 from 1 and 4 concurrent clients (``CELLS``), each cell bounded by a request count and
-a duration. Infinity serves a Hugging Face CLIP checkpoint at ViT-B/32's sizes with random
-weights made locally (bench/harness/peer_checkpoint.py) from its own virtualenv (``.peer-env``,
-docs/BENCHMARKS.md "Beside Infinity on the CPU"); the gateway starts through the container
-entrypoint, as deployed. Timings run from JPEG bytes in hand to embeddings in hand (Infinity:
-base64 data URIs in JSON, base64 floats back; the gateway: multipart, binary floats back).
-"""
+"""One system at a time on loopback, measured cell by cell: Infinity (its own virtualenv,
+``.peer-env``) or the gateway through the container entrypoint (the one launch path), each cell a
+batch size and a number of concurrent clients, bounded by a request count and a duration."""
 
 from __future__ import annotations
 
@@ -21,11 +11,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,21 +22,19 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.harness import ceilings, load
+from bench.harness import load
 from bench.harness.clients import Batches, GatewayClient
 from bench.harness.load import Reply
+from bench.harness.machine import wait_quiet
 from bench.harness.photos import compact_jpeg
 from bench.harness.supervisor import Supervisor
 from clip_gateway.config.processes import reserve_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+
 PEER_ENV = ROOT / ".peer-env"
 #: (batch, concurrency) cells, measured for every system in this order.
 CELLS = tuple((batch, clients) for batch in (1, 8, 32) for clients in (1, 4))
-SYSTEMS = ("infinity", "gateway-auto", "gateway-cpu", "gateway-cpu-int8", "gateway-cpu-bf16",
-           "gateway-cpu-int8-openvino")  # fmt: skip
-#: Run timed phases only below this 1-minute load average (the machine is shared).
-QUIET_LOAD = 0.6
 
 
 @dataclass(frozen=True)
@@ -68,26 +55,6 @@ SMOKE = Limits(seconds=1.0, requests=2, warmup=1, distinct_images=8, quiet_wait_
 
 def cell_name(batch: int, clients: int) -> str:
     return f"b{batch}xc{clients}"
-
-
-def machine() -> dict[str, Any]:
-    model = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                      if line.startswith("Model name")), "")  # fmt: skip
-    return {"nproc": os.cpu_count(), "cpu_model": model, "load_avg": list(os.getloadavg())}
-
-
-def wait_quiet(limit_s: float, threshold: float = QUIET_LOAD) -> dict[str, Any]:
-    """Wait (up to ``limit_s``) for the 1-minute load average to fall below ``threshold``; what
-    it was when the timed run started, and whether it was quiet."""
-    started = time.monotonic()
-    while os.getloadavg()[0] >= threshold and time.monotonic() - started < limit_s:
-        time.sleep(10)
-    load_1m = os.getloadavg()[0]
-    return {"load_1m": round(load_1m, 2), "waited_s": round(time.monotonic() - started, 1),
-            "quiet": load_1m < threshold}  # fmt: skip
 
 
 @dataclass
@@ -264,38 +231,3 @@ def _profile_choice(url: str) -> dict[str, Any] | None:
             chose: dict[str, Any] = image["profile_choice"]
             return chose
     return None
-
-
-def run(
-    out: Path,
-    limits: Limits,
-    systems: tuple[str, ...] = SYSTEMS,
-    cells: tuple[tuple[int, int], ...] = CELLS,
-) -> dict[str, Any]:
-    from bench.peers_report import write
-    from clip_gateway.export.build import ensure_exported
-    from clip_gateway.model.spec import Weights
-
-    exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
-    results: dict[str, Any] = {
-        "machine": machine(),
-        "limits": asdict(limits),
-        "command": " ".join(["python -m bench", *sys.argv[1:]]),
-        "export": exported.manifest.get("int8", {}).get("figures"),
-    }
-    results["ceilings_before"] = wait_quiet(limits.quiet_wait_s)
-    results["ceilings"] = ceilings.gemm_ceilings(reps=1 if limits is SMOKE else 5)
-    reps = 1 if limits is SMOKE else 5
-    results["model_alone"] = {
-        precision: ceilings.model_alone(exported.directory / file, "pixels", 224, reps=reps)
-        for precision, file in (("fp32", "model.onnx"), ("int8", "model_int8.onnx"))
-    }
-    results["gop_per_image"] = round(ceilings.VIT_B32_GOP, 3)
-    results["systems"] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
-        for name in systems:
-            results["systems"][name] = system(name, exported.directory, Path(tmp), limits,
-                                              cells=cells)  # fmt: skip
-    results["machine"]["load_avg_after"] = list(os.getloadavg())
-    write(results, out)
-    return results

@@ -21,8 +21,9 @@ import numpy as np
 from PIL import Image
 
 from bench.harness.ceilings import session
+from bench.harness.machine import cpu_load as machine
+from bench.harness.machine import wait_quiet
 from bench.harness.output import write_results
-from bench.peers import machine, wait_quiet
 from clip_gateway.export.parity import cosine
 from clip_gateway.export.quantize import Method, quantize
 from clip_gateway.model import calibration

@@ -25,48 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import engine
 from bench.harness.output import figure, write_results
 
 IMAGE_BATCHES = (1, 8, 32, 64, 128, 256)
 TEXT_BATCHES = (1, 8, 32, 128)
 PARITY_BATCH = 32
-CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "enable_cuda_graph": "0"}
 #: The provider under test; CPUExecutionProvider only to try this script on a machine with no GPU.
 PROVIDER = "CUDAExecutionProvider"
-
-
-def _session(path: Path, provider: str) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if provider == "CUDAExecutionProvider":
-        providers: list[Any] = [(provider, CUDA_OPTIONS)]
-    else:  # ORT_ENABLE_ALL's CPU layout transforms crash on the FP16 graph
-        # (clip_gateway/export/parity.py)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        providers = [provider]
-    session = ort.InferenceSession(str(path), options, providers=providers)
-    if session.get_providers()[0] != provider:
-        raise RuntimeError(f"{provider} not active for {path.name}: {session.get_providers()}")
-    return session
-
-
-def _rate(run: Any, batch: int, min_seconds: float) -> dict[str, float]:
-    """Items per second over at least ``min_seconds`` after three warm-up calls."""
-    for _ in range(3):
-        run()
-    calls, started = 0, time.perf_counter()
-    latencies = []
-    while (elapsed := time.perf_counter() - started) < min_seconds or calls < 5:
-        t0 = time.perf_counter()
-        run()
-        latencies.append(time.perf_counter() - t0)
-        calls += 1
-    return {
-        "items_per_s": round(calls * batch / elapsed, 1),
-        "ms_per_batch_p50": round(1000 * float(np.median(latencies)), 3),
-        "calls": calls,
-    }
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -85,24 +51,6 @@ def _tower(
         "cosine_mean": round(float(cos.mean()), 6),
         "max_abs": float(np.abs(got.astype(np.float64) - reference).max()),
     }
-
-
-def _torch_fp16(loaded: Any, size: int, batches: tuple[int, ...], seconds: float) -> dict[str, Any]:
-    import torch
-
-    model = loaded.clip.half().cuda().eval()
-    rates = {}
-    for batch in batches:
-        x = torch.randn(batch, 3, size, size, device="cuda", dtype=torch.float16)
-
-        def run(x: Any = x) -> None:
-            with torch.no_grad():
-                model.encode_image(x)
-            torch.cuda.synchronize()
-
-        rates[str(batch)] = _rate(run, batch, seconds)
-    loaded.clip.float().cpu()
-    return rates
 
 
 def measure_model(model_name: str, cache_dir: Path, seconds: float) -> dict[str, Any]:
@@ -140,10 +88,10 @@ def measure_model(model_name: str, cache_dir: Path, seconds: float) -> dict[str,
     ):
         if image_path is None:
             continue
-        image = _session(image_path, PROVIDER)
+        image = engine.session(image_path, PROVIDER)
         entry: dict[str, Any] = {"image": _tower(image, INPUT_NAME, image_ref, pixels)}
         entry["image_rates"] = {
-            str(b): _rate(
+            str(b): engine.rate(
                 lambda b=b, s=image: s.run(None, {INPUT_NAME: pixels[:1].repeat(b, axis=0)}),
                 b,
                 seconds,
@@ -151,10 +99,10 @@ def measure_model(model_name: str, cache_dir: Path, seconds: float) -> dict[str,
             for b in IMAGE_BATCHES
         }
         if text_path is not None:
-            text = _session(text_path, PROVIDER)
+            text = engine.session(text_path, PROVIDER)
             entry["text"] = _tower(text, TEXT_INPUT_NAME, text_ref, tokens)
             entry["text_rates"] = {
-                str(b): _rate(
+                str(b): engine.rate(
                     lambda b=b, t=text: t.run(None, {TEXT_INPUT_NAME: tokens[:1].repeat(b, 0)}),
                     b,
                     seconds,
@@ -164,7 +112,7 @@ def measure_model(model_name: str, cache_dir: Path, seconds: float) -> dict[str,
         result[precision] = entry
     result["tensorrt_ep"] = _tensorrt_probe(exported.fp16 or exported.fp32)
     if PROVIDER == "CUDAExecutionProvider":
-        result["torch_fp16"] = _torch_fp16(loaded, size, (32, 128, 256), seconds)
+        result["torch_fp16"] = engine.torch_fp16(loaded, size, (32, 128, 256), seconds)
     return result
 
 

@@ -17,8 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.harness.machine import cpu_load as machine
 from bench.harness.output import write_results
-from bench.peers import FULL, Limits, machine, system
+from bench.harness.systems import FULL, Limits, system
 
 PLANS: dict[str, dict[str, str]] = {
     "before: ORT default threads, spinning, decode 1/CPU": {

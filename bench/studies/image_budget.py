@@ -1,4 +1,4 @@
-"""``python -m bench.image_budget`` (run by `make image-test`): the runtime image's size over its
+"""``python -m bench image-budget`` (run by `make image-test`): the runtime image's size over its
 base and its layers, as podman reports them, to bench/results/image/ (JSON, Markdown, PNG)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.harness.output import figure, write_results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("CONTAINERS_CONF", str(ROOT / "deploy" / "image" / "containers.conf"))
 
 
@@ -85,8 +85,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes.set_title(f"{results['image']}: {mb(results['over_base_bytes'])} over its base")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.image_budget", description=__doc__)
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench image-budget", description=__doc__)
     parser.add_argument("--image", default="clip-gateway:local")
     parser.add_argument("--base", default="localhost/clip-gateway-base/tritonserver:standin")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "image")
@@ -94,7 +94,3 @@ def main(argv: list[str] | None = None) -> int:
     write(measure(args.image, args.base), args.out)
     print((args.out / "budget.md").read_text())
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

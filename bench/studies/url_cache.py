@@ -2,7 +2,7 @@
 Triton ``cpu`` profile, the gateway with URL items and the cache on), the URLs served by an
 image server on loopback (allowlisted). Run it where nothing can leave the machine:
 
-    unshare -n -- sh -c 'ip link set lo up && .venv/bin/python -m bench.url_cache'
+    unshare -n -- sh -c 'ip link set lo up && .venv/bin/python -m bench url-cache'
 
 It refuses to run in a network namespace with more than loopback unless ``--anywhere``.
 Writes ``bench/results/url_cache/url_cache.{json,md}``.
@@ -28,7 +28,7 @@ from bench.harness.photos import compact_jpeg
 from bench.harness.stack import running
 
 BATCH = 32
-OUT = Path(__file__).parent / "results" / "url_cache"
+OUT = Path(__file__).parents[1] / "results" / "url_cache"
 
 
 def _server(images: dict[str, bytes]) -> tuple[ThreadingHTTPServer, str]:
@@ -148,12 +148,14 @@ def markdown(results: dict[str, Any]) -> str:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench url-cache", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--anywhere", action="store_true", help="run outside a sealed namespace")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     interfaces = [name for _, name in socket.if_nameindex()]
     if interfaces != ["lo"] and not args.anywhere:
         print(f"not in a loopback-only namespace ({interfaces}); see the docstring",
@@ -163,7 +165,3 @@ def main() -> int:
     write_results(args.out, "url_cache", results, markdown=markdown(results))
     print(markdown(results))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``python -m bench.rolling_restart`` (`make compose-test`): deploy/compose (two gateways +
+"""``python -m bench rolling-restart`` (`make compose-test`): deploy/compose (two gateways +
 nginx) under podman-compose on the local images, steady load through nginx, and a rolling
 restart of one gateway in the middle of it: requests sent, answered, failed, and latency
 percentiles before, during and after the restart, to bench/results/compose/.
@@ -26,7 +26,7 @@ import yaml
 from bench.harness.output import figure, write_results
 from bench.harness.photos import compact_jpeg
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "deploy" / "compose"
 PROJECT = "clip-gateway-compose-test"
 KEY = "compose-test-key-0123456789"
@@ -260,8 +260,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes.legend(loc="upper right")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.rolling_restart", description=__doc__)
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench rolling-restart", description=__doc__)
     parser.add_argument("--image", default="clip-gateway:local")
     parser.add_argument("--lb-image", default="localhost/clip-gateway-base/nginx:standin")
     parser.add_argument("--port", type=int, default=18000)
@@ -278,7 +278,3 @@ def main(argv: list[str] | None = None) -> int:
     write(results, args.out)
     print((args.out / f"{stem(results)}.md").read_text())
     return 0 if results["all"]["failed"] == 0 else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -24,10 +24,11 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from bench.harness.machine import cpu_load as machine
 from bench.harness.output import write_results
-from bench.peers import gateway, machine
+from bench.harness.systems import gateway
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Real photographs shipped inside packages, looked for in the gateway's venv and the Triton env.
 SHIPPED = (
     "matplotlib/mpl-data/sample_data/grace_hopper.jpg",

@@ -1,4 +1,4 @@
-"""``python -m bench.decode_factors``: the CPU seconds one decode + resize to 224 px costs, per
+"""``python -m bench decode-factors``: the CPU seconds one decode + resize to 224 px costs, per
 format and coding, on flat and noisy images (thread CPU time, best of 3, one thread): the
 figures behind imaging/work.py's FACTORS (docs/ADMISSION.md), then the model's price against
 the measured time on files of every class, the issue-31 classes included.
@@ -33,7 +33,7 @@ OPTIONS = ImageOptions(
     size=224, max_pixels=100_000_000, max_bytes=64 << 20, max_decode_bytes=4 << 30
 )
 IMMICH = replace(OPTIONS, immich=True)
-OUT = Path(__file__).parent / "results" / "decode_factors"
+OUT = Path(__file__).parents[1] / "results" / "decode_factors"
 CODINGS: dict[str, tuple[str, dict[str, object]]] = {
     "png": ("PNG", {}),
     "webp-lossy": ("WEBP", {"quality": 80}),
@@ -189,7 +189,8 @@ def check() -> dict[str, dict[str, float]]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str]) -> int:
+    del argv  # no options: every factor, every check, each time
     report = {"jpeg_fit_ns": {k: v * 1e9 for k, v in fit().items()}, "others": others()}
     print(report["jpeg_fit_ns"], flush=True)
     report["check"] = check()
@@ -201,7 +202,4 @@ def main() -> None:
         lines.append(f"| {name} | {row['bytes']} | {row['measured_ms']} | {row['priced_ms']} | "
                      f"{row['measured_over_priced']} |")  # fmt: skip
     (OUT / "factors.md").write_text("\n".join(lines) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

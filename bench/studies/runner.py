@@ -7,10 +7,8 @@ one gateway core (with a py-spy profile) → gRPC vs system shared memory → JS
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -19,17 +17,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import shm
 from bench.harness import models, profiling
 from bench.harness.clients import tensor_json_bytes
-from bench.suites import SUITES, Suite
+from bench.harness.machine import record as machine
+from bench.harness.pillow import stock_pillow, with_stock_pillow
+from bench.studies import shm
+from bench.studies.suites import SUITES, Suite
 from clip_gateway.config.processes import GatewayProcess, ReservedPort, ServerProcess, reserve_port
 from clip_gateway.export.build import ensure_exported
 from clip_gateway.launcher.local import LocalTriton
 from clip_gateway.model.spec import ExportedModel, Weights, default_cache_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-STOCK_PILLOW = "pillow==12.1.1"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -57,41 +56,6 @@ class PytorchBaseline(ServerProcess):
         self.launch()
         self.wait_for(f"{self.url}/health", timeout, "pytorch baseline", stop_on_timeout=True)
         return self
-
-
-def with_stock_pillow(stock: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(stock)] if stock else []
-    env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT), env.get("PYTHONPATH", "")]).strip(
-        os.pathsep
-    )
-    return env
-
-
-def stock_pillow(cache: Path) -> Path | None:
-    """Stock Pillow in a directory of its own, for the baselines (the venv has pillow-simd)."""
-    target = cache / "bench" / "stock-pillow-12.1.1"
-    if not (target / "PIL").exists():
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--target",
-                str(target),
-                STOCK_PILLOW,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            print(f"warning: stock Pillow unavailable ({done.stderr.strip()[-200:]})", flush=True)
-            return None
-    return target
 
 
 def phases(suite: Suite, system: str) -> list[dict[str, Any]]:
@@ -126,49 +90,6 @@ def drive(plan: dict[str, Any], work: Path, env: dict[str, str], cpus: str | Non
     return json.loads(out_path.read_text())
 
 
-def machine() -> dict[str, Any]:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    versions = {}
-    for package in ("torch", "onnxruntime", "numpy", "litestar", "tritonclient", "simplejpeg"):
-        try:
-            versions[package] = __import__(package).__version__
-        except Exception:  # a missing package is just not reported
-            versions[package] = None
-    import PIL
-
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    return {
-        "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)),
-        "memory_gib": round(memory, 1),
-        "python": platform.python_version(),
-        "gpu": _gpu(),
-        "pil_gateway": PIL.__version__,
-        "versions": versions,
-        "git_commit": commit,
-        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
-
-
-def _gpu() -> str | None:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:
-        return None
-
-
 def decode_benchmark(suite: Suite, stock: Path | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     args = [
@@ -185,7 +106,8 @@ def decode_benchmark(suite: Suite, stock: Path | None) -> list[dict[str, Any]]:
                 [
                     sys.executable,
                     "-m",
-                    "bench.decode",
+                    "bench.harness.child",
+                    "decode",
                     "--pipeline",
                     pipeline,
                     *args,
@@ -233,7 +155,7 @@ def run(suite_name: str, out_dir: Path, profile: str = "cpu") -> dict[str, Any]:
         log("shared-memory comparison done")
     results["payload"] = _payload(results)
     results["wall_seconds"] = round(time.monotonic() - started, 1)
-    from bench import report
+    from bench.studies import report
 
     report.write(results, out_dir)
     log(f"results in {out_dir}")

@@ -3,7 +3,7 @@ BF16 inference precision, FP32 graph) beside ``cpu-int8`` (ONNX Runtime, dynamic
 ``cpu`` (ONNX Runtime FP32), each as 1 instance x 2 threads and as 2 instances x 1 thread
 (clip_gateway/config/plan.py ``CPU_MODEL_INSTANCES``), on the image tower at batch 32.
 
-``python bench/cpu_instances.py MODEL.onnx INT8.onnx PIXELS.npy OUT_DIR [SECONDS]`` in the Triton
+``python -m bench cpu-instances MODEL.onnx INT8.onnx PIXELS.npy OUT_DIR [SECONDS]`` in the Triton
 env (``.triton-env``: numpy, onnxruntime, openvino). PIXELS.npy: uint8 [n, 224, 224, 3], n >= 32
 (docs/PERFORMANCE.md: the calibration photos' crops, clip_gateway/launcher/bf16.py). Each instance
 is a Python thread with its own session or compiled model, as Triton runs one stub process per
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -72,7 +71,16 @@ def run_round(runners: list[Runner], batch: np.ndarray, seconds: float) -> dict[
             "images_per_cpu_s": images / cpu, "images_per_s": images / wall}  # fmt: skip
 
 
-def main(model: str, int8: str, pixels: str, out: str, seconds: str = "20") -> None:
+def main(argv: list[str]) -> int:
+    """``MODEL.onnx INT8.onnx PIXELS.npy OUT_DIR [SECONDS]``, or ``--plot OUT/x.json``."""
+    if argv[:1] == ["--plot"]:
+        plot(argv[1])
+    else:
+        measure(*argv)
+    return 0
+
+
+def measure(model: str, int8: str, pixels: str, out: str, seconds: str = "20") -> None:
     import onnxruntime as ort
     import openvino as ov
 
@@ -92,7 +100,7 @@ def main(model: str, int8: str, pixels: str, out: str, seconds: str = "20") -> N
                       Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), platform.processor())  # fmt: skip
     results = {
-        "command": "python bench/cpu_instances.py MODEL.onnx INT8.onnx PIXELS.npy OUT",
+        "command": "python -m bench cpu-instances MODEL.onnx INT8.onnx PIXELS.npy OUT",
         "machine": {"cpu_model": cpu_model, "nproc": os.cpu_count(),
                     "load_1m_before": load_before, "load_1m_after": os.getloadavg()[0]},
         "versions": {"openvino": ov.__version__, "onnxruntime": ort.__version__},
@@ -133,7 +141,7 @@ def markdown(results: dict) -> str:
 
 
 def plot(results_json: str) -> None:
-    """``python bench/cpu_instances.py --plot OUT/cpu_instances.json`` (any env with matplotlib):
+    """``python -m bench cpu-instances --plot OUT/cpu_instances.json`` (any env with matplotlib):
     the images per CPU-second of each profile and plan, beside the JSON."""
     import matplotlib
 
@@ -154,10 +162,3 @@ def plot(results_json: str) -> None:
     ax.set_xlim(0, max(values) * 1.18)
     fig.tight_layout()
     fig.savefig(Path(results_json).with_suffix(".png"), dpi=110)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--plot"]:
-        plot(sys.argv[2])
-    else:
-        main(*sys.argv[1:])

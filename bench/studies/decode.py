@@ -119,24 +119,22 @@ def run(
     return results
 
 
-def main() -> int:
-    """``python -m bench.decode [--full] [--pipeline naive|gateway] [--min-seconds S]``."""
+def child(argv: list[str]) -> int:
+    """``python -m bench.harness.child decode [--full] [--pipeline naive|gateway]
+    [--min-seconds S] [--json OUT]``: the run study's decode figures, in a process of their own
+    (stock Pillow first on the naive pipeline's path)."""
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m bench.decode")
+    parser = argparse.ArgumentParser(prog="python -m bench.harness.child decode")
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--pipeline", choices=("naive", "gateway"), action="append")
     parser.add_argument("--min-seconds", type=float)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = run(not args.full, args.min_seconds, tuple(args.pipeline or ("naive", "gateway")))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     for row in rows:
         print(json.dumps(row))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
