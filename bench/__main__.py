@@ -24,6 +24,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.studies.suites import SUITES
 
@@ -165,7 +166,8 @@ def _host(args: argparse.Namespace) -> int:
     for name, value in (("models", args.models), ("batches", args.batches),
                         ("concurrency", args.clients)):  # fmt: skip
         if value:
-            sweep = dataclasses.replace(sweep, **{name: tuple(value)})
+            chosen: dict[str, Any] = {name: tuple(value)}
+            sweep = dataclasses.replace(sweep, **chosen)
     sweep = dataclasses.replace(
         sweep, workers_engine=args.workers, threads_engine=args.decode_threads
     )

@@ -80,7 +80,7 @@ def check_raw_equivalence(ours: Path, raw: Path, mean: list[float], std: list[fl
 
 def bench_repository(export_dir: Path, out: Path, profile: str = "cpu") -> Path:
     """Our model (``clip_image``) and baseline B's ``clip_raw``, in one Triton repository."""
-    render(RepositorySettings(profile=profile), export_dir, out)  # type: ignore[arg-type]
+    render(RepositorySettings(profile=profile), export_dir, out)
     raw_dir = out / RAW_MODEL / "1"
     raw_dir.mkdir(parents=True, exist_ok=True)
     extract_raw(export_dir / "model.onnx", raw_dir / RAW_FILE)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from clip_gateway.model.calibration import photo
+from clip_gateway.model.calibration import photo as photo  # the one generator, re-exported
 
 #: Megapixel sizes of common cameras/phones (width x height, landscape).
 CAMERA_SIZES = {

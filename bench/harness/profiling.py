@@ -69,7 +69,8 @@ def finish(
             own[_short(frames[-1])] += n
         for frame in {_short(f) for f in frames}:
             inclusive[frame] += n
-    what = "of the GIL holder" if "--gil" in spy.args else "of every running thread"
+    command: list[str] = spy.args  # type: ignore[assignment]  # start() passes a list
+    what = "of the GIL holder" if "--gil" in command else "of every running thread"
     lines = [f"py-spy: {total} samples {what} in the gateway under null-model load", ""]
     if buckets:
         lines += ["stage %  stage (the innermost frame that names one)"]

@@ -200,13 +200,17 @@ async def measure(make: Callable[[Batches], Any], limits: Limits,
     return found
 
 
+#: A system's clients: its URL -> one client per set of batches.
+Client = Callable[[str], Callable[[Batches], Any]]
+
+
 def system(name: str, export_dir: Path, work: Path, limits: Limits,
            env: dict[str, str] | None = None,
            cells: tuple[tuple[int, int], ...] = CELLS) -> dict[str, Any]:  # fmt: skip
     """Start one system, measure every cell, stop it."""
     if name == "infinity":
         server = infinity(work)
-        make: Callable[[Batches], Any] = lambda url: lambda b: InfinityClient(url, b)  # noqa: E731
+        make: Client = lambda url: lambda b: InfinityClient(url, b)  # noqa: E731
     else:
         server = gateway(name.removeprefix("gateway-"), export_dir, work, env or {})
         make = lambda url: lambda b: GatewayClient(url, b)  # noqa: E731

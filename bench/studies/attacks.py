@@ -194,11 +194,19 @@ def classes(url: str) -> dict[str, Callable[[], list[tuple[int, float, str]]]]:
     found: dict[str, Callable[[], list[tuple[int, float, str]]]] = {}
     for name, (make, count) in hostile.BULK.items():
         data = make()
-        found[name] = lambda data=data, count=count: [post(url, [data] * count) for _ in range(3)]
+
+        def bulk(data: bytes = data, count: int = count) -> list[tuple[int, float, str]]:
+            return [post(url, [data] * count) for _ in range(3)]
+
+        found[name] = bulk
     # issue 31's classes at a count admission lets in (a batch of 32): decoded, within price
     for name, make in ISSUE_31.items():
         data = make()
-        found[f"{name}-x32"] = lambda data=data: [post(url, [data] * 32) for _ in range(3)]
+
+        def batch(data: bytes = data) -> list[tuple[int, float, str]]:
+            return [post(url, [data] * 32) for _ in range(3)]
+
+        found[f"{name}-x32"] = batch
     found["stalled-64MiB-declared-x4"] = lambda: stalled(url)
     found["trickling-uploads-x64"] = lambda: trickle(url)
     poison, normal = hostile.webp_flat_lossless(), camera_photo()

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,7 @@ def measure(model: str, int8: str, pixels: str, out: str, seconds: str = "20") -
     (Path(out) / "cpu_instances.md").write_text(markdown(results))
 
 
-def markdown(results: dict) -> str:
+def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     base = results["plans"]["cpu-int8 2x1"]["median_images_per_cpu_s"]
     lines = [

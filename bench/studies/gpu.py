@@ -28,8 +28,8 @@ import numpy as np
 from bench.harness import engine
 from bench.harness.output import figure, write_results
 
-IMAGE_BATCHES = (1, 8, 32, 64, 128, 256)
-TEXT_BATCHES = (1, 8, 32, 128)
+IMAGE_BATCHES: tuple[int, ...] = (1, 8, 32, 64, 128, 256)
+TEXT_BATCHES: tuple[int, ...] = (1, 8, 32, 128)
 PARITY_BATCH = 32
 #: The provider under test; CPUExecutionProvider only to try this script on a machine with no GPU.
 PROVIDER = "CUDAExecutionProvider"

@@ -118,7 +118,7 @@ class FaceCaller:
         self.previews = previews
         self.bodies = []
         for data in previews:
-            files = [("entries", (None, json.dumps(FACES))),
+            files: list[tuple[str, Any]] = [("entries", (None, json.dumps(FACES))),
                      ("image", ("blob", data, "application/octet-stream"))]  # fmt: skip
             request = httpx.Request("POST", "http://bench/predict", files=files)
             self.bodies.append((request.read(), request.headers["content-type"]))

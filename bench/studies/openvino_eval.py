@@ -37,7 +37,11 @@ def systems(
     for key, path in (("onnxruntime-fp32", model), ("onnxruntime-int8-dynamic", int8)):
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         name = session.get_inputs()[0].name
-        out[key] = lambda x, s=session, n=name: s.run(None, {n: x})[0]
+
+        def run(x: np.ndarray, s: Any = session, n: str = name) -> np.ndarray:
+            return s.run(None, {n: x})[0]  # type: ignore[no-any-return]
+
+        out[key] = run
     core = ov.Core()
     for precision in ("f32", "bf16"):
         out[f"openvino-{'fp32' if precision == 'f32' else precision}"] = _openvino(
@@ -66,7 +70,7 @@ def _openvino(core: Any, model: Any, precision: str) -> Callable[[np.ndarray], n
          "PERFORMANCE_HINT": "LATENCY"},
     )  # fmt: skip
     request = compiled.create_infer_request()
-    return lambda x: request.infer({0: x})[0].copy()  # type: ignore[no-any-return]
+    return lambda x: request.infer({0: x})[0].copy()
 
 
 #: NNCF's SmoothQuant strength on the MatMuls: its transformer preset's own (None), and the one of

@@ -54,7 +54,7 @@ def run(minutes: float, out: Path, smoke: bool = False, photos: str = "compact")
                         break
                     concurrency //= 2
                 capacity["concurrency"] = concurrency
-                rate = max(float(capacity["requests_per_s"]), 1.0)
+                rate = max(float(capacity["requests_per_s"]), 1.0)  # type: ignore[arg-type]
                 one = await load.open_loop(client, rate, phase_s)
                 two = await load.open_loop(client, 2 * rate, phase_s)
             finally:

@@ -152,7 +152,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def _cells(results: dict[str, Any]) -> list[str]:
-    first = next(iter(results["systems"].values()), {"cells": {}})
+    first: dict[str, Any] = next(iter(results["systems"].values()), {"cells": {}})
     return list(first["cells"])
 
 

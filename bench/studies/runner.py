@@ -262,7 +262,8 @@ def _null_capacity(
 def _payload(results: dict[str, Any]) -> dict[str, Any]:
     def sent(system: str) -> float | None:
         phase = results["systems"].get(system, {}).get("phases", {}).get("batch-1", {})
-        return phase.get("sent_bytes_per_image")
+        sent_bytes: float | None = phase.get("sent_bytes_per_image")
+        return sent_bytes
 
     return {
         "client_to_server_bytes_per_image": {

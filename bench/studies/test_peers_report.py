@@ -72,7 +72,7 @@ def test_the_five_times_goal_takes_the_better_of_int8_and_bf16() -> None:
     results = run_results(int8_b32=40.0, int8_p50=50.0, alone=60.0)
     goal = "batch 32 x 4 img/s vs Infinity's"
     assert not [g for g, *_ in peers_report.goals(results) if g.startswith("best CPU profile")]
-    bf16 = {"before": {"load_1m": 0.2}, "cells": {"b32xc4": cell(110, 900.0)}}
+    bf16: dict[str, Any] = {"before": {"load_1m": 0.2}, "cells": {"b32xc4": cell(110, 900.0)}}
     results["systems"]["gateway-cpu-bf16"] = bf16
     rows = {g: (measured, met) for g, _, measured, met in peers_report.goals(results)}
     assert rows[f"best CPU profile (gateway cpu-bf16 (OpenVINO)): {goal}"] == (

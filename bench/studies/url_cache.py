@@ -97,14 +97,14 @@ def run(rounds: int) -> dict[str, Any]:
             _timed(lambda: upload(seeds["warm-up"][0]))  # Triton's first call (not counted)
             first: list[np.ndarray] = []
             for r in range(rounds):
-                spent, vectors = _timed(lambda r=r: upload(seeds["upload"][r]))  # type: ignore[misc]
+                spent, vectors = _timed(lambda r=r: upload(seeds["upload"][r]))
                 times["upload"].append(spent)
                 first.append(vectors)
-                times["url"].append(_timed(lambda r=r: by_url(seeds["url"][r]))[0])  # type: ignore[misc]
+                times["url"].append(_timed(lambda r=r: by_url(seeds["url"][r]))[0])
             before = http.get("/metrics").text
             identical = True
             for r in range(rounds):
-                spent, vectors = _timed(lambda r=r: upload(seeds["upload"][r]))  # type: ignore[misc]
+                spent, vectors = _timed(lambda r=r: upload(seeds["upload"][r]))
                 times["cache hit"].append(spent)
                 identical &= bool(np.array_equal(vectors, first[r]))
             after = http.get("/metrics").text
