@@ -26,7 +26,6 @@ from bench.harness.machine import cpu_load as machine
 from bench.harness.machine import wait_quiet
 from bench.harness.systems import CELLS, SMOKE, Limits, system
 
-ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("infinity", "gateway-auto", "gateway-cpu", "gateway-cpu-int8", "gateway-cpu-bf16",
            "gateway-cpu-int8-openvino")  # fmt: skip
 
