@@ -168,12 +168,12 @@ image:
 image-test: $(VENV)/.installed
 	PYTEST_ADDOPTS= CLIP_GATEWAY_IMAGE_TEST=1 CLIP_GATEWAY_IMAGE=$(IMAGE) $(PY) -m pytest tests/image/test_image.py \
 	  -p no:randomly $(PYTEST_ARGS)
-	$(PY) -m bench.image_budget --image $(IMAGE) --out build/image/budget
+	$(PY) -m bench image-budget --image $(IMAGE) --out build/image/budget
 
 # deploy/compose under podman-compose on the local images: a rolling restart of one gateway
-# under steady load through nginx (bench/rolling_restart.py; figures to bench/results/compose/).
+# under steady load through nginx (bench/studies/rolling_restart.py; figures to bench/results/compose/).
 compose-test: $(VENV)/.installed
-	$(PY) -m bench.rolling_restart --image $(IMAGE)
+	$(PY) -m bench rolling-restart --image $(IMAGE)
 
 # deploy/k8s rendered without the GPU request (deploy/image/k8s) under `podman kube play`: how far
 # a local pod runtime goes (tests/image/test_kube_play.py says where podman 4.3 stops).

@@ -7,7 +7,7 @@ from functools import cache
 
 from PIL import Image
 
-from bench.photos import compact_jpeg, jpeg, photo
+from bench.harness.photos import compact_jpeg, jpeg, photo
 
 
 @cache

@@ -61,7 +61,7 @@ def main(lock: Path) -> None:
             pins[canonicalize_name(match[1])] = match[2]
     for name in sorted(closure(ROOTS) - {"clip-gateway"}):
         if not HOST_HAS.match(name) and name in pins:
-            print(f"{name}=={pins[name]}")
+            print(f"{name}=={pins[canonicalize_name(name)]}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Encoded bytes say little about decode work: a lossless WebP of a flat 30 MP canv
 hundred bytes and costs ~0.3 CPU-seconds, an arithmetic-coded 100 MP JPEG is 211 bytes. The
 factors below are CPU seconds on one core of the 2-CPU development machine (Pillow 11 /
 libjpeg-turbo via simplejpeg, decode + resize to 224 px, thread CPU time, best of 3;
-``python -m bench.decode_factors``, docs/ADMISSION.md has the table); admission learns, per
+``python -m bench decode-factors``, docs/ADMISSION.md has the table); admission learns, per
 format and coding, how far this machine is from them (pipeline/admission.py), and meters what
 each request really spends.
 

@@ -4,8 +4,8 @@ images and captions, deterministic for a seed.
 Random pixels or ids would flatter a quantized graph: it is real images' smooth regions, edges
 and texture, and real sentences' token statistics, that push activations to the ranges INT8 must
 cover. ``photo`` (smooth lighting, objects with hard edges, texture and sensor noise) is the one
-generator of synthetic photos: the benches draw theirs from it too (bench/photos.py). The set is
-drawn at the sizes a client uploads; the captions are built from a small vocabulary in
+generator of synthetic photos: the benches draw theirs from it too (bench/harness/photos.py).
+The set is drawn at the sizes a client uploads; the captions are built from a small vocabulary in
 the shapes CLIP is queried with, plus lengths around the context limit.
 """
 

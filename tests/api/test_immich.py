@@ -13,7 +13,7 @@ import pytest
 from litestar.testing import TestClient
 from pydantic import SecretStr
 
-from bench.photos import immich_preview, jpeg, photo
+from bench.harness.photos import immich_preview, jpeg, photo
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.http.app import create_app
 from clip_gateway.http.context import app_context

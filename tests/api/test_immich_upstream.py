@@ -12,7 +12,7 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from bench.photos import immich_preview
+from bench.harness.photos import immich_preview
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.http.app import create_app
 from tests.api.test_immich import NAME, TEXTUAL, VISUAL, predict

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.photos import CAMERA_SIZES, jpeg, photo
+from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.config.processes import GatewayProcess
 from tests import hostile, samples
 from tests.controlled import wait_until

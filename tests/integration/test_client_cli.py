@@ -17,7 +17,7 @@ import numpy as np
 import openai
 import pytest
 
-from bench.photos import CAMERA_SIZES, jpeg, photo
+from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.client import AsyncClient, Client
 from clip_gateway.exits import Exit
 from clip_gateway.photos.library import Library

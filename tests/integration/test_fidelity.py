@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench.photos import CAMERA_SIZES, jpeg, photo
+from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from tests import reference, samples
 
 #: Measured on the 2-core CI machine (random weights, seed 0): mean 0.99998, min 0.99967 (the

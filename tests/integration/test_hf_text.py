@@ -17,7 +17,7 @@ import numpy as np
 import openai
 import pytest
 
-from bench.supervisor import Supervisor
+from bench.harness.supervisor import Supervisor
 from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.config.settings import RepositorySettings
 from clip_gateway.launcher.local import LocalTriton

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.photos import CAMERA_SIZES, jpeg, photo
+from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.config.processes import GatewayProcess
 from tests import hostile, samples
 

@@ -28,7 +28,7 @@ import multipart
 import numpy as np
 import pytest
 
-from bench.photos import immich_preview
+from bench.harness.photos import immich_preview
 from clip_gateway.config.processes import GatewayProcess
 from tests import immich_reference, reference
 from tests.immich_upstream import FACES, OCR, UpstreamProcess

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.photos import immich_previews, jpeg, photo
+from bench.harness.photos import immich_previews, jpeg, photo
 from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.config.settings import RepositorySettings
 from clip_gateway.launcher.local import LocalTriton

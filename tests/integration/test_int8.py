@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from bench.supervisor import Supervisor
+from bench.harness.supervisor import Supervisor
 from clip_gateway.export.parity import cosine
 from clip_gateway.model.contract import INPUT_NAME
 from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE

@@ -23,8 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.stops import slow_templates
-from bench.supervisor import Supervisor
+from bench.harness.supervisor import Supervisor, slow_templates
 from clip_gateway.config.processes import ReservedPort, reserve_port
 from clip_gateway.imaging import paths
 from tests import reference, samples
@@ -325,7 +324,7 @@ SIGLIP_MEAN_LIMIT = 0.995
 
 
 def siglip_photos() -> list[bytes]:
-    from bench.photos import CAMERA_SIZES, jpeg, photo
+    from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 
     return [
         samples.encode(samples.small_photo(11, (900, 300)), "PNG"),

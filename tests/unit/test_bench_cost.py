@@ -1,5 +1,5 @@
-"""The pure parts of ``python -m bench cost``: the process-tree CPU count, the profile's stages
-and the smoke's verdict (a ratio to decode-only, never an absolute time)."""
+"""The harness's CPU accounting (bench/harness/cpu.py: a process tree's CPU seconds) and the
+profile's stages (bench/harness/profiling.py), which ``python -m bench cost`` reads."""
 
 from __future__ import annotations
 
@@ -7,19 +7,18 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
 
-from bench import cost, profiling
+from bench.harness import cpu, profiling
 
 
 def test_cpu_seconds_counts_the_children_of_the_process() -> None:
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        while (theirs := cost.cpu_seconds(child.pid)) < 0.3:  # part of its loop is done
+        while (theirs := cpu.cpu_seconds(child.pid)) < 0.3:  # part of its loop is done
             time.sleep(0.01)
         own = time.process_time()  # this process alone, children excluded
         # 0.05 s: two counts rounded to clock ticks
-        assert cost.cpu_seconds(os.getpid()) + 0.05 >= own + theirs
+        assert cpu.cpu_seconds(os.getpid()) + 0.05 >= own + theirs
     finally:
         child.kill()
         child.wait()
@@ -35,15 +34,3 @@ def test_each_sample_goes_to_the_innermost_stage_it_names() -> None:
     assert profiling.stage([root, pre]) == "preprocess: the rest (copy into the batch)"
     assert profiling.stage([root]) == "event loop + threads"
     assert profiling.stage(["main (/x/app.py:1)"]) == "other"
-
-
-def _results(ratio: float | None, ok: int = 10) -> dict[str, Any]:
-    row = {"dataset": "compact", "batch": 32, "ok": ok, "requests": 10,
-           "images_per_cpu_s": 100.0, "decode_only_ratio": ratio}  # fmt: skip
-    return {"phases": [row], "local": {"compact": {"decode_only": 1000.0}}}
-
-
-def test_the_smoke_fails_only_on_a_large_regression_or_failed_requests() -> None:
-    assert cost.smoke_verdict(_results(cost.SMOKE_FLOOR * 1.01)) is None
-    assert "under" in (cost.smoke_verdict(_results(cost.SMOKE_FLOOR * 0.99)) or "")
-    assert "9 of 10" in (cost.smoke_verdict(_results(0.5, ok=9)) or "")

@@ -1,4 +1,4 @@
-"""bench/output.py: the one writer of a bench's JSON, Markdown and PNG files."""
+"""bench/harness/output.py: the one writer of a bench's JSON, Markdown and PNG files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.output import figure, write_results
+from bench.harness.output import figure, write_results
 
 
 def bars(results: dict[str, Any], path: Path) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import hashlib
 
-from bench import photos as bench_photos
+from bench.harness import photos as bench_photos
 from clip_gateway.export.int8 import PHOTOS, SEED, TEXTS
 from clip_gateway.model import calibration
 
 #: sha256 of the 48 calibration photos (size, then RGB bytes, in turn) for seed 0, as exported
-#: before the generator was shared with bench/photos.py.
+#: before the generator was shared with bench/harness/photos.py.
 PHOTOS_DIGEST = "cb568346b14fdec96153aa42e2ddcb7413f40abd4e0332517fa8a539c1a5caed"
 #: sha256 of the 96 captions, newline-terminated.
 TEXTS_DIGEST = "4f2ba1bb9bc5588098d792aee4d23ba3671ad11e2ba32a08d661e1feb6dd9620"

@@ -17,7 +17,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from bench.photos import CAMERA_SIZES, jpeg, photo
+from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.client import AsyncClient, Client, ClientError, CompactOptions, compact
 from clip_gateway.imaging.preprocess import ImageOptions, preprocess
 from tests import samples

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.photos import jpeg, photo
+from bench.harness.photos import jpeg, photo
 from clip_gateway.errors import EmbeddingError
 from clip_gateway.http.problems import problem_of
 from clip_gateway.imaging.preprocess import ImageOptions, preprocess

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from bench.photos import jpeg as jpeg_bytes
-from bench.photos import photo
+from bench.harness.photos import jpeg as jpeg_bytes
+from bench.harness.photos import photo
 from clip_gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
 from clip_gateway.imaging import jpeg, orientation
 from clip_gateway.imaging import preprocess as images

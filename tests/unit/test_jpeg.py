@@ -10,8 +10,8 @@ import simplejpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.photos import jpeg as encode_jpeg
-from bench.photos import photo
+from bench.harness.photos import jpeg as encode_jpeg
+from bench.harness.photos import photo
 from clip_gateway.imaging import jpeg
 from tests import samples
 

@@ -1,5 +1,6 @@
-"""Every repository path and command the prose names exists: in README.md, docs/*.md and
-triton/README.md, and in the docstrings, comments and prose strings of clip_gateway/ and bench/.
+"""Every repository path and command the prose names exists: in README.md, docs/*.md,
+triton/README.md and bench/README.md, and in the docstrings, comments and prose strings of
+clip_gateway/ and bench/.
 
 What is read as a reference, and what it must resolve to:
 
@@ -19,7 +20,7 @@ What is read as a reference, and what it must resolve to:
   the title equals or begins;
 - a page's path upward (``../shared/NOTES.md``) stays inside the repository.
 
-A string literal without a space is data, not prose, and is not read (bench/profiling.py
+A string literal without a space is data, not prose, and is not read (bench/harness/profiling.py
 matches frames by path prefixes such as ``clip_gateway/backend/shm``).
 
 Named on purpose though absent, each by one rule (``path_problem``): a placeholder part
@@ -114,7 +115,8 @@ class Known:
 
 
 def markdown_pages(root: Path) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "triton/README.md"]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [*pages, root / "triton/README.md", root / "bench/README.md"]
 
 
 def python_files(root: Path) -> list[Path]:
@@ -358,6 +360,7 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
     for file in ("clip_gateway/http/app.py", "clip_gateway/http/__init__.py", "bench/__main__.py"):
         (tmp_path / file).write_text("")
     (tmp_path / "triton/README.md").write_text("# Triton\n")
+    (tmp_path / "bench/README.md").write_text("# Bench\n\n| `python -m bench gone` | x |\n")
     (tmp_path / "docs/A.md").write_text(
         "# A\n\n"
         "Fine: docs/A.md, `http/app.py`, http/, bench/results/<suite>/, bench/results/tmp/x.json,\n"
@@ -388,6 +391,7 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
     assert defined.targets == {"serve", "test", ".PHONY"}
     assert problems(tmp_path, defined) == [
         "README.md:3: ../shared/NOTES.md: outside the repository",
+        "bench/README.md:3: python -m bench gone: no such study (bench/__main__.py has ['smoke'])",
         "clip_gateway/http/routes.py:1: clip_gateway/http/old.py: no such file or folder",
         "clip_gateway/http/routes.py:1: make gone: no such target",
         'clip_gateway/http/routes.py:2: README.md "Tests": no such section',

@@ -1,0 +1,700 @@
+"""``python -m bench host``: one GPU host measured end to end, in one command (docs/GPU_HOST.md).
+
+Three phases, on whatever machine it runs (a lent GPU host, or this CPU machine as a rehearsal):
+
+- **CPU wall**: the gateway with 1, 2, 4, 8 workers (one core each, the core plan's decode
+  threads for that core) and with the core plan on every gateway core, in front of the null Triton
+  model (bench/triton_null), fed the client's uploads at batch 32 by load generators on cores of
+  their own; Triton on cores of its own. Images/s, gateway CPU-seconds per image (its /proc
+  accounting), scaling per worker.
+- **Engine through Triton**: each model's exported graphs served by Triton (the ``cuda`` profile
+  on the Python backend's CUDA EP: the PyPI tritonserver has no onnxruntime backend; on a CPU
+  machine the ``cpu`` profile), through ``/v1/embeddings``: batch 1 / 8 / 32 x a concurrency
+  sweep, images/s, p50/p99, GPU utilisation (NVML), gateway CPU per image; texts/s; parity of
+  the served embeddings against open_clip FP32 on the CPU.
+- **Ceilings** beside it: the same graph alone in ONNX Runtime at the same batches, and open_clip
+  in torch FP16 on device tensors, so the gateway's overhead is a ratio.
+
+Cores are split when there are enough (12 or more): the gateway's first, then Triton's, then the
+load generators'; on fewer (this 2-core machine) nothing is pinned and the JSON says so.
+Results: ``bench/results/host/`` (host.json, host.md, host.png), written after every phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.harness.output import figure, write_results
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """How much of each phase runs: the full run on a GPU host, a smoke for CI."""
+
+    workers: tuple[int, ...] = (1, 2, 4, 8)
+    wall_seconds: float = 8.0
+    models: tuple[str, ...] = ("ViT-B-32", "ViT-B-16")
+    batches: tuple[int, ...] = (1, 8, 32)
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    cell_seconds: float = 4.0
+    text_concurrency: tuple[int, ...] = (4, 16)
+    ceiling_batches: tuple[int, ...] = (1, 8, 32, 128)
+    ceiling_seconds: float = 2.0
+    #: Triton's largest batch on the GPU: four 32-image requests merged (bench/results/gpu:
+    #: ViT-B-32 FP16 8,910 images/s alone at 32, 13,343 at 128).
+    max_batch_size: int = 128
+    #: The engine phase's gateway: workers and decode threads per worker (0: the core plan's).
+    workers_engine: int = 0
+    threads_engine: int = 0
+
+
+FULL = Sweep()
+SMOKE = Sweep(
+    workers=(1, 2),
+    wall_seconds=3.0,
+    models=("ViT-B-32",),
+    batches=(1, 8),
+    concurrency=(1, 2),
+    cell_seconds=1.5,
+    text_concurrency=(2,),
+    ceiling_batches=(1, 8),
+    ceiling_seconds=0.5,
+    max_batch_size=32,
+)
+
+
+@dataclass(frozen=True)
+class Cores:
+    """Which cores the gateway, Triton and the load generators run on (empty: not pinned)."""
+
+    gateway: tuple[int, ...]
+    triton: tuple[int, ...]
+    load: tuple[int, ...]
+
+    @classmethod
+    def split(cls, available: list[int]) -> Cores:
+        if len(available) < 12:
+            return cls((), (), ())
+        load, triton = available[-4:], available[-7:-4]
+        return cls(tuple(available[:-7]), tuple(triton), tuple(load))
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.gateway)
+
+    def gateway_count(self) -> int:
+        return len(self.gateway) or len(os.sched_getaffinity(0))
+
+
+@contextlib.contextmanager
+def pinned(cores: tuple[int, ...]) -> Iterator[None]:
+    """Children started inside run on ``cores`` (affinity is inherited at fork)."""
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+
+def uploads(count: int, size: int) -> list[bytes]:
+    """What the client SDK uploads for a ``size``-px model (clip_gateway/client/compact.py)."""
+    from bench.harness.photos import jpeg
+    from clip_gateway.client.compact import CompactOptions, compact
+    from clip_gateway.model.calibration import photo
+
+    options = CompactOptions(short_side=size)
+    return [compact(jpeg(photo(1600, 1200, 1000 + i)), options) for i in range(count)]
+
+
+def use_uploads(work: Path, size: int) -> None:
+    """The load processes' pool (``size``-px uploads), made once and read by each of them."""
+    path = work / f"uploads-{size}.pickle"
+    if not path.exists():
+        path.write_bytes(pickle.dumps(uploads(64, size)))
+    os.environ["BENCH_HOST_UPLOADS"] = str(path)
+
+
+def parity_images(count: int, size: int) -> tuple[list[bytes], np.ndarray]:
+    """Lossless ``size`` x ``size`` PNGs and their pixels: the gateway only decodes them, so the
+    served embedding is the model's alone, comparable with open_clip on the same pixels."""
+    from clip_gateway.model.calibration import photo
+
+    files, pixels = [], []
+    for i in range(count):
+        image = photo(size, size, 2000 + i)
+        buffer = io.BytesIO()
+        image.save(buffer, "PNG")
+        files.append(buffer.getvalue())
+        pixels.append(np.asarray(image.convert("RGB")))
+    return files, np.stack(pixels)
+
+
+TEXTS = [f"a photo of {noun} number {i}" for i, noun in enumerate(
+    ["a cat", "a dog", "the sea", "a red car", "two people", "a mountain", "a city at night",
+     "a bowl of soup"] * 4)]  # fmt: skip
+
+
+# -- load generators -------------------------------------------------------------------------
+
+
+def _load_command(url: str, batch: int, concurrency: int, seconds: float, texts: bool) -> list[str]:
+    return [sys.executable, "-m", "bench.harness.child", "host", "load", url, str(batch),
+            str(concurrency), str(seconds), "texts" if texts else "images"]  # fmt: skip
+
+
+def drive(
+    url: str, batch: int, concurrency: int, seconds: float, cores: Cores, *, texts: bool = False
+) -> dict[str, Any]:
+    """``concurrency`` closed-loop clients over as many load processes as there are load cores
+    (one when not pinned), for ``seconds``; their records merged."""
+    processes = max(1, min(len(cores.load) or 1, concurrency))
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    children = []
+    for i, share in enumerate(shares):
+        with pinned(cores.load[i : i + 1] if cores.load else ()):
+            children.append(subprocess.Popen(
+                _load_command(url, batch, share, seconds, texts), cwd=ROOT,
+                stdout=subprocess.PIPE, text=True))  # fmt: skip
+    found = [json.loads(child.communicate(timeout=seconds + 120)[0]) for child in children]
+    latencies = np.array([ms for f in found for ms in f["latencies_ms"]])
+    items = sum(f["items"] for f in found)
+    elapsed = max(f["seconds"] for f in found)
+    statuses: dict[str, int] = {}
+    for f in found:
+        for status, n in f["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + n
+    row: dict[str, Any] = {
+        "batch": batch, "concurrency": concurrency, "load_processes": processes,
+        "requests": sum(statuses.values()), "ok": statuses.get("200", 0), "statuses": statuses,
+        "items": items, "seconds": round(elapsed, 2),
+        "items_per_s": round(items / elapsed, 1) if elapsed else 0.0,
+    }  # fmt: skip
+    if len(latencies):
+        row["p50_ms"] = round(float(np.percentile(latencies, 50)), 2)
+        row["p99_ms"] = round(float(np.percentile(latencies, 99)), 2)
+    return row
+
+
+def _read(path: str) -> bytes:
+    """A file's bytes (the load process reads its pool once, before any request)."""
+    return Path(path).read_bytes()
+
+
+async def _load(url: str, batch: int, concurrency: int, seconds: float, texts: bool) -> None:
+    import httpx
+
+    from bench.harness import load
+    from bench.harness.clients import Batches, GatewayClient
+
+    if texts:
+        http = httpx.AsyncClient(base_url=url, timeout=120)
+
+        async def call(index: int) -> load.Reply:
+            body = {"input": [TEXTS[(index + j) % len(TEXTS)] for j in range(batch)],
+                    "encoding_format": "base64"}  # fmt: skip
+            try:
+                response = await http.post("/v1/embeddings", json=body)
+            except httpx.HTTPError:
+                return load.Reply(599, 0)
+            return load.Reply(response.status_code, batch)
+
+        records = await load.closed_loop(call, concurrency, duration=seconds, warmup=2)
+        await http.aclose()
+    else:
+        pool = pickle.loads(_read(os.environ["BENCH_HOST_UPLOADS"]))
+        batches = Batches([[pool[(i * batch + j) % len(pool)] for j in range(batch)]
+                           for i in range(16)])  # fmt: skip
+        client = GatewayClient(url, batches)
+        try:
+            records = await load.closed_loop(client, concurrency, duration=seconds, warmup=2)
+        finally:
+            await client.close()
+    ok = [r for r in records if r.reply.status == 200]
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[str(r.reply.status)] = statuses.get(str(r.reply.status), 0) + 1
+    elapsed = max((r.start + r.latency for r in records), default=0.0)
+    print(json.dumps({"items": sum(r.reply.images for r in ok), "seconds": elapsed,
+                      "statuses": statuses,
+                      "latencies_ms": [round(r.latency * 1000, 3) for r in ok]}))  # fmt: skip
+
+
+# -- measurement helpers ---------------------------------------------------------------------
+
+
+class GpuSampler:
+    """The GPU's utilisation (NVML) every 100 ms while it runs; nothing where NVML is absent."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no driver, no GPU, no nvidia-ml-py: nothing to sample
+            self._handle = None
+
+    def __enter__(self) -> GpuSampler:
+        if self._handle is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import pynvml
+
+        while not self._stop.wait(0.1):
+            self.samples.append(int(pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def mean(self) -> float | None:
+        return round(float(np.mean(self.samples)), 1) if self.samples else None
+
+
+def measured(
+    url: str, pid: int, batch: int, concurrency: int, seconds: float, cores: Cores, **kw: Any
+) -> dict[str, Any]:
+    """One load cell with the gateway's CPU time and the GPU's utilisation over it."""
+    from bench.harness.cpu import cpu_seconds
+
+    before = cpu_seconds(pid)
+    with GpuSampler() as gpu:
+        row = drive(url, batch, concurrency, seconds, cores, **kw)
+    spent = cpu_seconds(pid) - before
+    row["gateway_cpu_s"] = round(spent, 2)
+    row["gateway_cpu_us_per_item"] = round(1e6 * spent / row["items"], 1) if row["items"] else None
+    row["gpu_util_pct"] = gpu.mean()
+    return row
+
+
+def gateway_env(workers: int, threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {"GATEWAY_WORKERS": str(workers), "GATEWAY_DECODE_THREADS": str(threads),
+           "GATEWAY_CANARY_INTERVAL_S": "0", "GATEWAY_LOG_LEVEL": "WARNING"}  # fmt: skip
+    return env | (extra or {})
+
+
+@contextlib.contextmanager
+def gateway(
+    triton_url: str, env: dict[str, str], cores: tuple[int, ...], work: Path
+) -> Iterator[Any]:
+    from clip_gateway.config.processes import GatewayProcess
+
+    if int(env["GATEWAY_WORKERS"]) > 1:  # what the supervisor gives several workers
+        metrics = Path(tempfile.mkdtemp(prefix="metrics-", dir=work))
+        env = env | {"PROMETHEUS_MULTIPROC_DIR": str(metrics)}
+    with pinned(cores), GatewayProcess(triton_url, env=env, log_path=work / "gateway.log") as gw:
+        gw.wait_ready(120)
+        yield gw
+
+
+# -- phases ----------------------------------------------------------------------------------
+
+
+def cpu_wall(sweep: Sweep, cores: Cores, work: Path, export_dir: Path) -> dict[str, Any]:
+    """The gateway alone (null model): images/s and CPU per image by worker count."""
+    from bench.harness.models import null_repository
+    from clip_gateway.config.plan import worker_plan
+    from clip_gateway.launcher.local import LocalTriton
+
+    repo = null_repository(export_dir, work / "null-repo")
+    use_uploads(work, int(json.loads((export_dir / "manifest.json").read_text())["image_size"]))
+    available = cores.gateway_count()
+    rows = []
+    with pinned(cores.triton), LocalTriton(repo, log_path=work / "triton-null.log") as triton:
+        settings: list[tuple[str, int, int, tuple[int, ...]]] = [
+            (f"{w} worker{'s' * (w > 1)}", w, worker_plan(1, w).decode_threads,
+             cores.gateway[:w]) for w in sweep.workers if w <= available
+        ]  # fmt: skip
+        plan = worker_plan(available)
+        settings.append((f"core plan on {available} cores", plan.workers, plan.decode_threads,
+                         cores.gateway))  # fmt: skip
+        for name, workers, threads, gateway_cores in settings:
+            env = gateway_env(workers, threads)
+            with gateway(triton.grpc_url, env, gateway_cores, work) as gw:
+                pid = gw.process.pid
+                concurrency = max(4, 4 * workers)
+                row = measured(gw.url, pid, 32, concurrency, sweep.wall_seconds, cores)
+            row |= {"name": name, "workers": workers, "decode_threads": threads,
+                    "gateway_cores": len(gateway_cores) or available}  # fmt: skip
+            rows.append(row)
+            print(json.dumps({k: row.get(k) for k in ("name", "items_per_s",
+                              "gateway_cpu_us_per_item", "statuses")}), flush=True)  # fmt: skip
+    one = next((r for r in rows if r["workers"] == 1 and r["name"].startswith("1 ")), None)
+    for row in rows:
+        if one and one["items_per_s"]:
+            row["speedup_vs_1"] = round(row["items_per_s"] / one["items_per_s"], 2)
+            row["efficiency"] = round(row["speedup_vs_1"] / row["gateway_cores"], 2)
+    return {"rows": rows}
+
+
+def engine(
+    model: str, sweep: Sweep, cores: Cores, work: Path, export_dir: Path, gpu: bool
+) -> dict[str, Any]:
+    """The model's graphs served by Triton through the gateway: the sweep, texts, parity."""
+    from clip_gateway.config.plan import worker_plan
+    from clip_gateway.config.settings import RepositorySettings
+    from clip_gateway.launcher.local import LocalTriton
+    from clip_gateway.launcher.repository import render
+
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    size = int(manifest["image_size"])
+    if gpu:
+        settings = RepositorySettings(
+            profile="cuda", gpu_backend="python", instance_count=2,
+            max_batch_size=sweep.max_batch_size,
+            preferred_batch_sizes=(32, 64, sweep.max_batch_size),
+        )  # fmt: skip
+    else:
+        settings = RepositorySettings(profile="cpu", max_batch_size=sweep.max_batch_size)
+    repo = render(settings, export_dir, work / f"repo-{model}")
+    plan = worker_plan(cores.gateway_count(), sweep.workers_engine, sweep.threads_engine)
+    env = gateway_env(plan.workers, plan.decode_threads)
+    result: dict[str, Any] = {
+        "profile": settings.profile,
+        "triton_backend": "python (ONNX Runtime CUDA EP)"
+        if gpu
+        else "python (ONNX Runtime CPU EP)",
+        "graph": "FP16" if gpu else "FP32",
+        "max_batch_size": settings.max_batch_size,
+        "instances": settings.instance_count or 1,
+        "gateway": {"workers": plan.workers, "decode_threads": plan.decode_threads},
+        "images": [],
+        "texts": [],
+    }
+    use_uploads(work, size)
+    started = time.perf_counter()
+    with (
+        pinned(cores.triton),
+        LocalTriton(repo, log_path=work / f"triton-{model}.log") as triton,
+    ):
+        result["triton_ready_s"] = round(time.perf_counter() - started, 1)
+        with gateway(triton.grpc_url, env, cores.gateway, work) as gw:
+            pid = gw.process.pid
+            result["parity"] = parity(gw.url, model, size)
+            for batch in sweep.batches:
+                for concurrency in sweep.concurrency:
+                    row = measured(gw.url, pid, batch, concurrency, sweep.cell_seconds, cores)
+                    result["images"].append(row)
+                    print(json.dumps({"model": model} | {k: row.get(k) for k in (
+                        "batch", "concurrency", "items_per_s", "p50_ms", "p99_ms",
+                        "gpu_util_pct", "statuses")}), flush=True)  # fmt: skip
+            if "text" in manifest.get("towers", {}):
+                for concurrency in sweep.text_concurrency:
+                    row = measured(gw.url, pid, 32, concurrency, sweep.cell_seconds, cores,
+                                   texts=True)  # fmt: skip
+                    result["texts"].append(row)
+    return result
+
+
+def parity(url: str, model: str, size: int) -> dict[str, Any]:
+    """Served image and text embeddings against open_clip FP32 on the CPU (seed-0 weights)."""
+    import httpx
+    import open_clip
+
+    from clip_gateway.client.core import multipart
+    from clip_gateway.export.model import load
+    from clip_gateway.export.parity import cosine, reference, reference_text
+    from clip_gateway.model.spec import Weights
+
+    files, pixels = parity_images(16, size)
+    body, content_type = multipart(files, "image/png")
+    response = httpx.post(f"{url}/v1/embeddings", content=body, timeout=120,
+                          headers={"Content-Type": content_type})  # fmt: skip
+    response.raise_for_status()
+    served = np.array([row["embedding"] for row in response.json()["data"]], dtype=np.float64)
+    loaded = load(model, Weights.random(0))
+    image_cos = cosine(served, reference(loaded, pixels).astype(np.float64))
+    found = {"images": len(files), "image_cos_min": round(float(image_cos.min()), 6),
+             "image_cos_mean": round(float(image_cos.mean()), 6)}  # fmt: skip
+    texts = TEXTS[:16]
+    response = httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120)
+    if response.status_code == 200:
+        served = np.array([row["embedding"] for row in response.json()["data"]], np.float64)
+        tokens = open_clip.get_tokenizer(model)(texts).numpy().astype(np.int32)
+        text_cos = cosine(served, reference_text(loaded, tokens).astype(np.float64))
+        found |= {"texts": len(texts), "text_cos_min": round(float(text_cos.min()), 6),
+                  "text_cos_mean": round(float(text_cos.mean()), 6)}  # fmt: skip
+    return found
+
+
+def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str, Any]:
+    """The served graph alone in ONNX Runtime, and open_clip in torch FP16 on device tensors."""
+    from bench.harness import engine
+    from clip_gateway.export.model import load
+    from clip_gateway.model.contract import INPUT_NAME
+    from clip_gateway.model.spec import Weights
+
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    size = int(manifest["image_size"])
+    path = export_dir / ("model_fp16.onnx" if gpu else "model.onnx")
+    provider = "CUDAExecutionProvider" if gpu else "CPUExecutionProvider"
+    session = engine.session(path, provider)
+    pixels = np.random.default_rng(0).integers(0, 256, (1, size, size, 3), dtype=np.uint8)
+    found: dict[str, Any] = {"provider": provider, "graph": path.name, "ort": {}}
+    for batch in sweep.ceiling_batches:
+        feed = {INPUT_NAME: pixels.repeat(batch, axis=0)}
+        found["ort"][str(batch)] = engine.rate(
+            lambda feed=feed, s=session: s.run(None, feed), batch, sweep.ceiling_seconds
+        )
+    session = None  # its GPU memory back before torch takes the device
+    if gpu:
+        loaded = load(model, Weights.random(0))
+        found["torch_fp16"] = engine.torch_fp16(
+            loaded, size, tuple(b for b in sweep.ceiling_batches if b >= 32), sweep.ceiling_seconds
+        )
+    return found
+
+
+def has_gpu() -> bool:
+    """ONNX Runtime has its CUDA EP and NVML sees a GPU."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False
+    with GpuSampler() as sampler:
+        return sampler._handle is not None
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def environment(gpu: bool, cores: Cores) -> dict[str, Any]:
+    from bench.harness.machine import record as machine
+    from clip_gateway.imaging import paths
+
+    found = machine() | {"cores_split": asdict(cores), "pinned": cores.pinned,
+                         "imaging": paths.current().__dict__}  # fmt: skip
+    try:
+        import onnxruntime as ort
+
+        found["onnxruntime_providers"] = ort.get_available_providers()
+    except ImportError:
+        pass
+    if gpu:
+        query = "name,driver_version,memory.total,clocks.max.sm"
+        found["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+            capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+    return found
+
+
+@dataclass
+class Run:
+    sweep: Sweep
+    out: Path
+    cache: Path | None
+    gpu: bool
+    phases: tuple[str, ...] = ("wall", "engine", "ceilings")
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def save(self) -> None:
+        write_results(self.out, "host", self.results, markdown=markdown(self.results), plot=plot)
+
+    def phase(self, key: str, work: Any) -> None:
+        """Run one phase; a failure is recorded and the run goes on to the next."""
+        started = time.perf_counter()
+        try:
+            self.results[key] = work()
+        except Exception as exc:  # one broken phase must not cost the lent machine's others
+            self.results[key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            print(f"phase {key} failed: {exc}", file=sys.stderr, flush=True)
+        self.results.setdefault("phase_seconds", {})[key] = round(time.perf_counter() - started)
+        self.save()
+
+
+def run(
+    sweep: Sweep, out: Path, cache: Path | None, gpu: bool, phases: tuple[str, ...]
+) -> dict[str, Any]:
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
+
+    cores = Cores.split(sorted(os.sched_getaffinity(0)))
+    state = Run(sweep, out, cache, gpu, phases)
+    state.results = {"environment": environment(gpu, cores), "sweep": asdict(sweep),
+                     "models": {}}  # fmt: skip
+    state.save()
+    exports = {}
+    for model in sweep.models:
+        started = time.perf_counter()
+        exports[model] = ensure_exported(model, Weights.random(0), cache).directory
+        state.results.setdefault("export_seconds", {})[model] = round(
+            time.perf_counter() - started, 1
+        )
+    # the repositories and the servers' logs: $BENCH_HOST_WORK when set (the GPU kit keeps
+    # them for its results), else a temporary folder
+    kept = os.environ.get("BENCH_HOST_WORK")
+    with contextlib.ExitStack() as stack:
+        if kept:
+            work = Path(kept)
+            work.mkdir(parents=True, exist_ok=True)
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-host-")))
+        if "wall" in phases:
+            state.phase("cpu_wall", lambda: cpu_wall(sweep, cores, work, exports[sweep.models[0]]))
+        for model in sweep.models:
+            if "engine" in phases:
+                state.phase(
+                    f"engine:{model}",
+                    lambda m=model: engine(m, sweep, cores, work, exports[m], gpu),
+                )
+            if "ceilings" in phases:
+                state.phase(f"ceilings:{model}",
+                            lambda m=model: ceilings(m, sweep, exports[m], gpu))  # fmt: skip
+    return state.results
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def _cell(row: dict[str, Any] | None, key: str, fmt: str = ",.0f") -> str:
+    value = (row or {}).get(key)
+    return "–" if value is None else format(value, fmt)
+
+
+def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if "error" in found:
+        return [f"## {model}: engine phase failed", "", f"`{found['error']}`", ""]
+    lines += [f"## {model} through the gateway ({found['triton_backend']}, {found['graph']})",
+              "", f"Triton max batch {found['max_batch_size']}, {found['instances']} "
+              f"instances; gateway {found['gateway']}; parity vs open_clip FP32: "
+              f"{found.get('parity')}.", "",
+              "| batch | clients | images/s | p50 ms | p99 ms | GPU util % | "
+              "gateway CPU µs/image | graph alone (ORT) images/s | statuses |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in found["images"]:
+        alone = (ceiling.get("ort") or {}).get(str(row["batch"]))
+        lines.append(f"| {row['batch']} | {row['concurrency']} | {_cell(row, 'items_per_s')} | "
+                     f"{_cell(row, 'p50_ms', '.1f')} | {_cell(row, 'p99_ms', '.1f')} | "
+                     f"{_cell(row, 'gpu_util_pct', '.0f')} | "
+                     f"{_cell(row, 'gateway_cpu_us_per_item')} | "
+                     f"{_cell(alone, 'items_per_s')} | {row['statuses']} |")  # fmt: skip
+    for row in found.get("texts", []):
+        lines.append(f"\nTexts, batch 32 x {row['concurrency']} clients: "
+                     f"{_cell(row, 'items_per_s')} texts/s, p50 {_cell(row, 'p50_ms', '.1f')} "
+                     f"ms, {row['statuses']}.")  # fmt: skip
+    if ceiling and "error" not in ceiling:
+        ort_rates = ", ".join(f"{b}: {r['items_per_s']:,.0f}" for b, r in ceiling["ort"].items())
+        lines += ["", f"Ceilings: {ceiling['graph']} alone in ONNX Runtime "
+                  f"({ceiling['provider']}), images/s by batch: {ort_rates}."]  # fmt: skip
+        if torch_rates := ceiling.get("torch_fp16"):
+            rates = ", ".join(f"{b}: {r['items_per_s']:,.0f}" for b, r in torch_rates.items())
+            lines.append(f"open_clip in torch FP16 on device tensors: {rates}.")
+    elif ceiling:
+        lines += ["", f"Ceilings failed: `{ceiling['error']}`"]
+    best = max(found["images"], key=lambda r: r.get("items_per_s") or 0, default=None)
+    alone = (ceiling.get("ort") or {}).get(str(best["batch"])) if best else None
+    if best and alone:
+        lines += ["", f"Best through the gateway: {best['items_per_s']:,.0f} images/s (batch "
+                  f"{best['batch']} x {best['concurrency']}): "
+                  f"{best['items_per_s'] / alone['items_per_s']:.2f}x the graph alone at "
+                  f"batch {best['batch']}."]  # fmt: skip
+    lines.append("")
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    env = results.get("environment", {})
+    lines = ["# One host end to end: gateway → Triton → engine", "",
+             f"Machine: {env.get('cpu')} ({env.get('cores')} cores), GPU: "
+             f"{env.get('nvidia_smi') or env.get('gpu') or 'none'}; Python {env.get('python')}, "
+             f"{env.get('versions')}; imaging: {env.get('imaging')}; cores pinned: "
+             f"{env.get('pinned')} {env.get('cores_split')}; commit {env.get('git_commit')}, "
+             f"{env.get('when')}.", ""]  # fmt: skip
+    wall = results.get("cpu_wall", {})
+    if wall.get("rows"):
+        lines += ["## CPU wall: the gateway alone (null model), uploads at batch 32", "",
+                  "| gateway | cores | decode threads/worker | images/s | CPU µs/image | "
+                  "speed-up vs 1 | per-core efficiency | statuses |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row in wall["rows"]:
+            lines.append(f"| {row['name']} | {row['gateway_cores']} | {row['decode_threads']} | "
+                         f"{_cell(row, 'items_per_s')} | {_cell(row, 'gateway_cpu_us_per_item')} | "
+                         f"{_cell(row, 'speedup_vs_1', '.2f')} | {_cell(row, 'efficiency', '.2f')} "
+                         f"| {row['statuses']} |")  # fmt: skip
+        lines.append("")
+    elif wall:
+        lines += [f"CPU wall: {wall}", ""]
+    for key, found in results.items():
+        if key.startswith("engine:"):
+            model = key.split(":", 1)[1]
+            lines += _engine_section(model, found, results.get(f"ceilings:{model}", {}))
+    lines += [f"Phase seconds: {results.get('phase_seconds')}; exports: "
+              f"{results.get('export_seconds')}.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    with figure(path, dpi=110, ncols=2, figsize=(11, 4)) as (_, axes):
+        rows = results.get("cpu_wall", {}).get("rows", [])
+        workers = [r for r in rows if not r["name"].startswith("core plan")]
+        if workers:
+            axes[0].plot([r["workers"] for r in workers], [r["items_per_s"] for r in workers],
+                         marker="o", label="measured")  # fmt: skip
+            one = workers[0]["items_per_s"]
+            axes[0].plot([r["workers"] for r in workers], [one * r["workers"] for r in workers],
+                         linestyle="--", label="linear")  # fmt: skip
+        axes[0].set(xlabel="gateway workers (1 core each)", ylabel="images/s",
+                    title="CPU wall (null model)")  # fmt: skip
+        axes[0].grid(True, alpha=0.3)
+        if workers:
+            axes[0].legend(fontsize=8)
+        for key, found in results.items():
+            if key.startswith("engine:") and "images" in found:
+                for batch in sorted({r["batch"] for r in found["images"]}):
+                    cells = [r for r in found["images"] if r["batch"] == batch]
+                    axes[1].plot([r["concurrency"] for r in cells],
+                                 [r["items_per_s"] for r in cells], marker="o",
+                                 label=f"{key.split(':')[1]} batch {batch}")  # fmt: skip
+        axes[1].set(xlabel="clients", ylabel="images/s", title="Through the gateway")
+        axes[1].set_xscale("log", base=2)
+        axes[1].grid(True, alpha=0.3)
+        if axes[1].get_legend_handles_labels()[0]:
+            axes[1].legend(fontsize=7)
+
+
+def child(argv: list[str]) -> int:
+    """``python -m bench.harness.child host load URL BATCH CLIENTS SECONDS images|texts``: one
+    load process."""
+    if argv[:1] == ["load"]:
+        url, batch, concurrency, seconds, kind = argv[1:6]
+        asyncio.run(_load(url, int(batch), int(concurrency), float(seconds), kind == "texts"))
+        return 0
+    print(child.__doc__, file=sys.stderr)
+    return 2

@@ -1,0 +1,65 @@
+"""``python -m bench peers``: Infinity (``infinity-emb``, its torch CPU engine) beside the gateway's
+default (``auto``, which says what it chose) and each fixed CPU profile, back to back in one run
+on loopback, with the machine's GEMM ceilings and the model alone measured in the same run
+(bench/harness/ceilings.py).
+
+Every system gets the same compact JPEGs (bench/harness/photos.py, ~16-24 KB each) in batches of
+1, 8 and 32 from 1 and 4 concurrent clients (``CELLS``), each cell bounded by a request count and
+a duration. Infinity serves a Hugging Face CLIP checkpoint at ViT-B/32's sizes with random
+weights made locally (bench/harness/peer_checkpoint.py) from its own virtualenv (``.peer-env``,
+docs/BENCHMARKS.md "Beside Infinity on the CPU"); the gateway starts through the container
+entrypoint, as deployed. Timings run from JPEG bytes in hand to embeddings in hand (Infinity:
+base64 data URIs in JSON, base64 floats back; the gateway: multipart, binary floats back).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.harness import ceilings
+from bench.harness.machine import cpu_load as machine
+from bench.harness.machine import wait_quiet
+from bench.harness.systems import CELLS, SMOKE, Limits, system
+
+SYSTEMS = ("infinity", "gateway-auto", "gateway-cpu", "gateway-cpu-int8", "gateway-cpu-bf16",
+           "gateway-cpu-int8-openvino")  # fmt: skip
+
+
+def run(
+    out: Path,
+    limits: Limits,
+    systems: tuple[str, ...] = SYSTEMS,
+    cells: tuple[tuple[int, int], ...] = CELLS,
+) -> dict[str, Any]:
+    from bench.studies.peers_report import write
+    from clip_gateway.export.build import ensure_exported
+    from clip_gateway.model.spec import Weights
+
+    exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "limits": asdict(limits),
+        "command": " ".join(["python -m bench", *sys.argv[1:]]),
+        "export": exported.manifest.get("int8", {}).get("figures"),
+    }
+    results["ceilings_before"] = wait_quiet(limits.quiet_wait_s)
+    results["ceilings"] = ceilings.gemm_ceilings(reps=1 if limits is SMOKE else 5)
+    reps = 1 if limits is SMOKE else 5
+    results["model_alone"] = {
+        precision: ceilings.model_alone(exported.directory / file, "pixels", 224, reps=reps)
+        for precision, file in (("fp32", "model.onnx"), ("int8", "model_int8.onnx"))
+    }
+    results["gop_per_image"] = round(ceilings.VIT_B32_GOP, 3)
+    results["systems"] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        for name in systems:
+            results["systems"][name] = system(name, exported.directory, Path(tmp), limits,
+                                              cells=cells)  # fmt: skip
+    results["machine"]["load_avg_after"] = list(os.getloadavg())
+    write(results, out)
+    return results
