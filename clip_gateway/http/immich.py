@@ -34,10 +34,7 @@ from clip_gateway.errors import (
 )
 from clip_gateway.http import parsing
 from clip_gateway.http.auth import PUBLIC
-from clip_gateway.http.context import AppContext, app_context
-from clip_gateway.http.parsing import MAX_BYTES_PER_CHAR, decode_text, text_codec
-from clip_gateway.http.routes import (
-    JSON,
+from clip_gateway.http.body import (
     admitted,
     body_of,
     in_time,
@@ -45,6 +42,9 @@ from clip_gateway.http.routes import (
     refuse_oversized,
     unless_disconnected,
 )
+from clip_gateway.http.context import AppContext, app_context
+from clip_gateway.http.encoding import JSON_MEDIA_TYPE
+from clip_gateway.http.parsing import MAX_BYTES_PER_CHAR, decode_text, text_codec
 from clip_gateway.http.upstream import REQUEST_HEADERS, Upstream
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
@@ -112,7 +112,7 @@ async def serve(request: Request[Any, Any, Any], context: AppContext) -> Respons
     if kind == "visual":
         decoded = result.decoded[0]
         body["imageHeight"], body["imageWidth"] = decoded.height, decoded.width
-    return Response(msgspec.json.encode(body), media_type=JSON)
+    return Response(msgspec.json.encode(body), media_type=JSON_MEDIA_TYPE)
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""A request body at the edge, for every route that takes one: admitted before its first byte,
+read under its limits (encoding, size, upload pace, deadline), and the client's leaving after it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from litestar import Request
+
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.errors import BodyTooSlow, ClientGone, LimitExceeded, UnsupportedFormat
+from clip_gateway.http import parsing
+from clip_gateway.http.auth import key_of
+from clip_gateway.http.context import AppContext
+from clip_gateway.pipeline.admission import Reservation
+
+T = TypeVar("T")
+
+
+def admitted(
+    request: Request[Any, Any, Any], context: AppContext, *, immich: bool = False
+) -> Reservation:
+    """The pipeline's admission before the first byte is read, for every route that takes a
+    body: a declared length over the limit is refused at once, and the declared size already
+    costs its cheapest decode, charged to the request's API key. ``immich``: its images will be
+    decoded Immich's way (every pixel), and priced so."""
+    refuse_oversized(request, context.settings.max_body_bytes)
+    return context.pipeline.admit(request.content_length, key_of(request), immich=immich)
+
+
+def refuse_oversized(request: Request[Any, Any, Any], limit: int) -> None:
+    """413 at once for a declared length over the body limit (nothing of it is read)."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise LimitExceeded(
+            f"request body of {declared} bytes; the limit is {limit}",
+            limit=limit,
+        )
+
+
+async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
+    """``reading`` (a body being received and parsed) within the body deadline, else 408."""
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            return await reading
+    except TimeoutError as exc:
+        raise BodyTooSlow(
+            f"request body not received within {settings.body_timeout_s:g} s"
+        ) from exc
+
+
+def refuse_encoded(request: Request[Any, Any, Any]) -> None:
+    """415 for a compressed body: never decompressed here (images are compressed already)."""
+    coding = request.headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedFormat(
+            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
+            "are compressed already)"
+        )
+
+
+def body_of(
+    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+) -> AsyncIterator[bytes]:
+    """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
+    its size, the minimum upload rate (408), and the bodies in flight, counted on the
+    reservation by the bytes as they arrive (429). Every route that reads a body reads it
+    through this."""
+    refuse_encoded(request)
+    return parsing.body_chunks(
+        request.receive,
+        settings.max_body_bytes,
+        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
+        on_bytes=reservation.received,
+    )
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # let it unwind: admission budget released, gRPC call cancelled
+    raise ClientGone("client disconnected; its pending work was cancelled")
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    # The body has been read: the next ASGI message is the disconnect (or never comes).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
