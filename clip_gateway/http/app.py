@@ -182,6 +182,8 @@ def create_app(
             HTTPException: problems.respond,
             Exception: problems.internal_error,
         },
+        # bodies are read and bounded by http/body.py; Litestar's own reader, unused by the
+        # routes, holds the same limit rather than its 10 MB default
         request_max_body_size=settings.max_body_bytes,
         # The process entry point configures logging (observability/logs.py); Litestar's
         # default would replace the root handlers with its own text format.

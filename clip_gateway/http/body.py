@@ -1,23 +1,26 @@
-"""A request body at the edge, for every route that takes one: admitted before its first byte,
-read under its limits (encoding, size, upload pace, deadline), and the client's leaving after it."""
+"""A request body at the edge, the one place its limits are enforced, for every route that takes
+one: admitted before its first byte, read from the ASGI channel under its limits (encoding,
+declared and received size, upload pace, deadline), and the client's leaving after it. Read here,
+not by Litestar, so a client that disconnects mid-upload is a ``ClientGone``, not a server error."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from litestar import Request
 
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import BodyTooSlow, ClientGone, LimitExceeded, UnsupportedFormat
-from clip_gateway.http import parsing
 from clip_gateway.http.auth import key_of
 from clip_gateway.http.context import AppContext
 from clip_gateway.pipeline.admission import Reservation
 
 T = TypeVar("T")
+Receive = Callable[[], Any]
 
 
 def admitted(
@@ -63,19 +66,82 @@ def refuse_encoded(request: Request[Any, Any, Any]) -> None:
 
 
 def body_of(
-    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+    request: Request[Any, Any, Any],
+    settings: ServerSettings,
+    reservation: Reservation | None,
 ) -> AsyncIterator[bytes]:
     """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
     its size, the minimum upload rate (408), and the bodies in flight, counted on the
-    reservation by the bytes as they arrive (429). Every route that reads a body reads it
-    through this."""
+    reservation by the bytes as they arrive (429; None: a body passed on unparsed, outside
+    admission). Every route that reads a body reads it through this."""
     refuse_encoded(request)
-    return parsing.body_chunks(
+    return read_chunks(
         request.receive,
         settings.max_body_bytes,
-        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
-        on_bytes=reservation.received,
+        pace=Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
+        on_bytes=reservation.received if reservation is not None else lambda _: None,
     )
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The slowest upload accepted: after ``grace_s``, ``min_bytes_per_s`` on average."""
+
+    min_bytes_per_s: int
+    grace_s: float
+
+    def deadline(self, started: float, received: int) -> float | None:
+        """When the next bytes must have arrived (event-loop time), or None: no minimum."""
+        if self.min_bytes_per_s <= 0:
+            return None
+        return started + self.grace_s + received / self.min_bytes_per_s
+
+
+async def read_chunks(
+    receive: Receive,
+    limit: int,
+    *,
+    pace: Pace | None = None,
+    on_bytes: Callable[[int], None] = lambda _: None,
+) -> AsyncIterator[bytes]:
+    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``.
+    ``on_bytes`` hears of every chunk as it arrives (admission counts bodies in flight by the
+    bytes received) and may refuse it; a body slower than ``pace`` is ``BodyTooSlow``."""
+    loop = asyncio.get_running_loop()
+    started, received = loop.time(), 0
+    while True:
+        deadline = pace.deadline(started, received) if pace else None
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError as exc:
+            assert pace is not None
+            raise BodyTooSlow(
+                f"request body arriving at under {pace.min_bytes_per_s} bytes/s after the first "
+                f"{pace.grace_s:g} s ({received} bytes in {loop.time() - started:.1f} s)"
+            ) from exc
+        if message["type"] == "http.disconnect":
+            raise ClientGone("client disconnected while sending the request body")
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if received > limit:
+            raise LimitExceeded(f"request body over {limit} bytes", limit=limit)
+        if chunk:
+            on_bytes(len(chunk))
+            yield chunk
+        if not message.get("more_body", False):
+            yield b""
+            return
+
+
+async def read_all(chunks: AsyncIterator[bytes]) -> bytearray:
+    """The whole body in one buffer, grown as bytes arrive: never sized by a declared length
+    (a client that declares 64 MiB and sends one byte holds one byte). Large buffers are
+    mmapped (config/memory.py), so growing one remaps it rather than copying."""
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+    return body
 
 
 async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:

@@ -32,7 +32,6 @@ from clip_gateway.errors import (
     OtherModel,
     UnsupportedTask,
 )
-from clip_gateway.http import parsing
 from clip_gateway.http.auth import PUBLIC
 from clip_gateway.http.body import (
     admitted,
@@ -188,12 +187,7 @@ async def forward(
 ) -> Response[bytes]:
     """The request to the upstream as it arrives (under the body limit and the upload pace,
     never parsed or re-encoded), and the upstream's status, headers and body back."""
-    settings = context.settings
-    body = parsing.body_chunks(
-        request.receive,
-        settings.max_body_bytes,
-        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
-    )
+    body = body_of(request, context.settings, None)
     headers = {name: request.headers[name] for name in REQUEST_HEADERS if name in request.headers}
     headers["accept-encoding"] = "identity"  # the answer's bytes as the upstream made them
     answer = await upstream.forward(headers, body)

@@ -7,18 +7,16 @@ or GIF without ``modality`` is refused as ambiguous rather than embedded as text
 the image-only API sent images that way). In multipart, ``text`` fields are texts and every
 other part that is not an option is an image.
 
-Bounded while reading, before objects are built: the body's bytes (read from the ASGI channel
-here, so a client that disconnects mid-upload is a ``ClientGone``, not a server error), the
-number of parts and each part's size (the multipart parser's own limits), and in JSON the
-number of items and each string's length (msgspec checks them while decoding). Each image part
-is reported as soon as it is complete (``on_item``, the request's ``Reservation.add``) so
-admission can stop reading a body whose cost no longer fits. Items come out typed: an
-``ImageItem`` (raw bytes, or the base64 text JSON carried) or a ``TextItem``.
+Bounded while reading, before objects are built (the body's bytes are bounded as they arrive,
+in http/body.py): the number of parts and each part's size (the multipart parser's own limits),
+and in JSON the number of items and each string's length (msgspec checks them while decoding).
+Each image part is reported as soon as it is complete (``on_item``, the request's
+``Reservation.add``) so admission can stop reading a body whose cost no longer fits. Items come
+out typed: an ``ImageItem`` (raw bytes, or the base64 text JSON carried) or a ``TextItem``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import re
 from collections.abc import AsyncIterator, Callable
@@ -31,8 +29,6 @@ import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
 from clip_gateway.errors import (
-    BodyTooSlow,
-    ClientGone,
     InvalidFields,
     LimitExceeded,
     MalformedRequest,
@@ -67,67 +63,6 @@ class ParsedRequest:
     normalize: bool | None
     skip_invalid: bool | None = None
     dimensions: int | None = None
-
-
-@dataclass(frozen=True)
-class Pace:
-    """The slowest upload accepted: after ``grace_s``, ``min_bytes_per_s`` on average."""
-
-    min_bytes_per_s: int
-    grace_s: float
-
-    def deadline(self, started: float, received: int) -> float | None:
-        """When the next bytes must have arrived (event-loop time), or None: no minimum."""
-        if self.min_bytes_per_s <= 0:
-            return None
-        return started + self.grace_s + received / self.min_bytes_per_s
-
-
-async def body_chunks(
-    receive: Receive,
-    limit: int,
-    *,
-    pace: Pace | None = None,
-    on_bytes: Callable[[int], None] = lambda _: None,
-) -> AsyncIterator[bytes]:
-    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``.
-    ``on_bytes`` hears of every chunk as it arrives (admission counts bodies in flight by the
-    bytes received) and may refuse it; a body slower than ``pace`` is ``BodyTooSlow``."""
-    loop = asyncio.get_running_loop()
-    started, received = loop.time(), 0
-    while True:
-        deadline = pace.deadline(started, received) if pace else None
-        try:
-            async with asyncio.timeout_at(deadline):
-                message = await receive()
-        except TimeoutError as exc:
-            assert pace is not None
-            raise BodyTooSlow(
-                f"request body arriving at under {pace.min_bytes_per_s} bytes/s after the first "
-                f"{pace.grace_s:g} s ({received} bytes in {loop.time() - started:.1f} s)"
-            ) from exc
-        if message["type"] == "http.disconnect":
-            raise ClientGone("client disconnected while sending the request body")
-        chunk = message.get("body", b"")
-        received += len(chunk)
-        if received > limit:
-            raise LimitExceeded(f"request body over {limit} bytes", limit=limit)
-        if chunk:
-            on_bytes(len(chunk))
-            yield chunk
-        if not message.get("more_body", False):
-            yield b""
-            return
-
-
-async def read_all(chunks: AsyncIterator[bytes]) -> bytearray:
-    """The whole body in one buffer, grown as bytes arrive: never sized by a declared length
-    (a client that declares 64 MiB and sends one byte holds one byte). Large buffers are
-    mmapped (config/memory.py), so growing one remaps it rather than copying."""
-    body = bytearray()
-    async for chunk in chunks:
-        body += chunk
-    return body
 
 
 def _encoded_chars(max_bytes: int) -> int:

@@ -23,7 +23,7 @@ from clip_gateway.errors import (
 )
 from clip_gateway.http import encoding, parsing, url_items
 from clip_gateway.http.auth import PUBLIC
-from clip_gateway.http.body import admitted, body_of, in_time, unless_disconnected
+from clip_gateway.http.body import admitted, body_of, in_time, read_all, unless_disconnected
 from clip_gateway.http.context import app_context
 from clip_gateway.http.docs import PROTECTED, EmbeddingsOperation
 from clip_gateway.http.schemas import (
@@ -69,7 +69,7 @@ async def _parse(
             on_item=reservation.add,
         )
     if media_type == JSON:
-        body = await parsing.read_all(chunks)
+        body = await read_all(chunks)
         parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
         for item in parsed.items:
             if not (isinstance(item, ImageItem) and item.url):  # priced once fetched
