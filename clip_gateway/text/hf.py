@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import tokenizers
 
-from clip_gateway.text.tokenizer import CLEANERS, immich_clean_text
+from clip_gateway.text.tokenizer import CLEANERS, clean_immich
 
 #: The tokenizer kind (``clip_text``'s ``tokenizer`` parameter, the manifest's ``kind``).
 HF_KIND = "hf"
@@ -77,7 +77,7 @@ class HfTokenizer:
         if not texts:
             return rows, 0
         if immich:
-            cleaned = [immich_clean_text(text, self._immich_canonicalize) for text in texts]
+            cleaned = [clean_immich(text, self._immich_canonicalize) for text in texts]
         else:
             cleaned = [self._clean(text) for text in texts]
         encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=True)
