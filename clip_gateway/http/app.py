@@ -19,7 +19,7 @@ from clip_gateway.backend import shm
 from clip_gateway.backend.protocol import InferenceBackend
 from clip_gateway.config import memory
 from clip_gateway.config.plan import plan_for
-from clip_gateway.config.processes import exit_with_parent
+from clip_gateway.config.processes import stop_with_parent
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import EmbeddingError
 from clip_gateway.http import docs, head, immich, problems
@@ -103,7 +103,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        exit_with_parent()  # a uvicorn worker whose manager is killed stops too
+        stop_with_parent()  # a uvicorn worker whose manager is killed stops too
         memory.tune()  # before the decode threads allocate anything
         if directory := multiprocess_dir():
             forget_dead_workers(directory, shm.alive)  # this worker may replace a dead one
