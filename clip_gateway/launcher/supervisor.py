@@ -54,9 +54,9 @@ from clip_gateway.launcher import (
     calibrate,
     cpu_auto,
     engines,
-    exports,
     int8_openvino,
     profiles,
+    served_export,
 )
 from clip_gateway.launcher.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from clip_gateway.launcher.repository import default_templates, render, rendered_config
@@ -143,7 +143,9 @@ class Supervisor:
         gpu = profiles.detect() if automatic else None
         # auto without a GPU measures cpu-int8 too: its files are made at the first start
         int8 = self.settings.repository.profile == "cpu-int8" or (automatic and gpu is None)
-        export_dir = exports.find_or_export(launch, self.progress, self.stop_requested, int8=int8)
+        export_dir = served_export.find_or_export(
+            launch, self.progress, self.stop_requested, int8=int8
+        )
         if self.settings.repository.profile == "cpu-int8":
             self.int8_fallback = self.int8_gate(export_dir)
         identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
