@@ -224,8 +224,8 @@ def _surrogate_item(text: str, max_items: int) -> int | None:
     return None
 
 
-def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -> ParsedRequest:
-    """The OpenAI embeddings request: ``max_images`` bounds the items (texts included), and
+def parse_json(body: bytes | bytearray, max_items: int, max_image_bytes: int) -> ParsedRequest:
+    """The OpenAI embeddings request: ``max_items`` bounds the items, and
     ``max_image_bytes`` the length of any string (texts have their own, smaller limit, checked
     where they are embedded so ``skip_invalid`` can report them one by one)."""
     max_chars = _encoded_chars(max_image_bytes)
@@ -234,23 +234,23 @@ def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise _undecodable(body, exc, max_images) from None
+        raise _undecodable(body, exc, max_items) from None
     except RecursionError as exc:  # msgspec's own guard against hostile nesting
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     raw: msgspec.Raw = request.input  # type: ignore[assignment]
     try:
-        _scan_input(raw, max_images, max_chars)
+        _scan_input(raw, max_items, max_chars)
         value = msgspec.json.decode(raw, type=_INPUT)
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except UnicodeDecodeError:  # msgspec's answer to invalid UTF-8 inside a string
-        raise _not_utf8(raw, max_images) from None
+        raise _not_utf8(raw, max_items) from None
     except msgspec.DecodeError as exc:  # the envelope passed it: not seen, but a 4xx if so
-        raise _undecodable(body, exc, max_images) from None
+        raise _undecodable(body, exc, max_items) from None
     except RecursionError as exc:
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     items = _items([value] if isinstance(value, str) else value, request.modality)
-    _check_count(len(items), max_images)
+    _check_count(len(items), max_items)
     return ParsedRequest(
         items,
         request.model,
@@ -395,7 +395,7 @@ async def parse_multipart(
     chunks: AsyncIterator[bytes],
     boundary: str,
     *,
-    max_images: int,
+    max_items: int,
     max_image_bytes: int,
     max_text_chars: int,
     on_item: Callable[[Item], None] = lambda _: None,
@@ -409,7 +409,7 @@ async def parse_multipart(
     buffer = bytearray()
     parser = PushMultipartParser(
         boundary,
-        max_segment_count=max_images + len(OPTION_FIELDS),
+        max_segment_count=max_items + len(OPTION_FIELDS),
         max_segment_size=max_image_bytes,
         max_header_count=16,
     )
@@ -440,13 +440,13 @@ async def parse_multipart(
         parser.close()
     except ParserLimitReached as exc:
         raise LimitExceeded(
-            f"multipart limit reached at part {len(items)}: {exc} (at most {max_images} items, "
+            f"multipart limit reached at part {len(items)}: {exc} (at most {max_items} items, "
             f"each part at most {max_image_bytes} bytes)",
             index=len(items),
         ) from exc
     except ParserError as exc:
         raise MalformedRequest(f"malformed multipart body: {exc}") from exc
-    _check_count(len(items), max_images)
+    _check_count(len(items), max_items)
     return ParsedRequest(
         items,
         options.get("model"),
@@ -456,12 +456,12 @@ async def parse_multipart(
     )
 
 
-def _check_count(count: int, max_images: int) -> None:
+def _check_count(count: int, max_items: int) -> None:
     if count == 0:
         raise MalformedRequest("no items (images or texts) in the request")
-    if count > max_images:
+    if count > max_items:
         raise LimitExceeded(
-            f"{count} items in one request; the limit is {max_images}", index=max_images
+            f"{count} items in one request; the limit is {max_items}", index=max_items
         )
 
 

@@ -63,14 +63,14 @@ async def _parse(
         return await parsing.parse_multipart(
             chunks,
             options["boundary"],
-            max_images=settings.max_images_per_request,
+            max_items=settings.max_items_per_request,
             max_image_bytes=settings.max_image_bytes,
             max_text_chars=settings.max_text_chars,
             on_item=reservation.add,
         )
     if media_type == JSON:
         body = await read_all(chunks)
-        parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
+        parsed = parsing.parse_json(body, settings.max_items_per_request, settings.max_image_bytes)
         for item in parsed.items:
             if not (isinstance(item, ImageItem) and item.url):  # priced once fetched
                 reservation.add(item)

@@ -37,13 +37,13 @@ async def chunked(data: bytes, size: int) -> AsyncIterator[bytes]:
 
 
 def parse(
-    data: bytes, chunk: int = 7, max_images: int = 8, max_bytes: int = 1000
+    data: bytes, chunk: int = 7, max_items: int = 8, max_bytes: int = 1000
 ) -> parsing.ParsedRequest:
     return asyncio.run(
         parsing.parse_multipart(
             chunked(data, chunk),
             BOUNDARY,
-            max_images=max_images,
+            max_items=max_items,
             max_image_bytes=max_bytes,
             max_text_chars=max_bytes,
         )
@@ -103,7 +103,7 @@ def test_multipart_reports_each_item_as_it_completes() -> None:
         parsing.parse_multipart(
             chunked(raw, 5),
             BOUNDARY,
-            max_images=8,
+            max_items=8,
             max_image_bytes=100,
             max_text_chars=100,
             on_item=seen.append,
@@ -117,7 +117,7 @@ def test_multipart_limits() -> None:
         parse(body([("image", b"ok", "a"), ("image", b"x" * 2000, "b")]))
     assert too_big.value.index == 1
     with pytest.raises(LimitExceeded):
-        parse(body([("image", b"x", str(i)) for i in range(9)]), max_images=8)
+        parse(body([("image", b"x", str(i)) for i in range(9)]), max_items=8)
     with pytest.raises(MalformedRequest, match="no items"):
         parse(body([("model", b"ViT-B-32", None)]))
 
@@ -277,9 +277,9 @@ def test_multipart_bad_encoding_format_message() -> None:
 
 
 def test_multipart_image_count_limit_is_inclusive() -> None:
-    assert len(parse(body([("image", b"x", str(i)) for i in range(8)]), max_images=8).items) == 8
+    assert len(parse(body([("image", b"x", str(i)) for i in range(8)]), max_items=8).items) == 8
     with pytest.raises(LimitExceeded) as raised:
-        parse(body([("image", b"x", str(i)) for i in range(9)]), max_images=8)
+        parse(body([("image", b"x", str(i)) for i in range(9)]), max_items=8)
     assert raised.value.reason == "9 items in one request; the limit is 8"
     assert raised.value.index == 8
 
@@ -287,7 +287,7 @@ def test_multipart_image_count_limit_is_inclusive() -> None:
 def test_multipart_stops_parsing_at_the_segment_limit() -> None:
     """Images plus the option fields: the parser refuses the next part, however many follow."""
     with pytest.raises(LimitExceeded) as raised:
-        parse(body([("image", b"x", str(i)) for i in range(50)]), max_images=2)
+        parse(body([("image", b"x", str(i)) for i in range(50)]), max_items=2)
     assert raised.value.index == 6  # 2 images + 4 option fields were allowed
     assert raised.value.reason == (
         "multipart limit reached at part 6: Maximum segment count exceeded (at most 2 items, "
