@@ -32,7 +32,7 @@ from tests import samples
 OPTIONS = ImageOptions(
     size=224, max_pixels=100_000_000, max_bytes=64 << 20, max_decode_bytes=4 << 30
 )
-IMMICH = replace(OPTIONS, immich=True)
+IMMICH = replace(OPTIONS, variant="immich")
 OUT = Path(__file__).parent / "results" / "decode_factors"
 CODINGS: dict[str, tuple[str, dict[str, object]]] = {
     "png": ("PNG", {}),

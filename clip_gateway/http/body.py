@@ -17,6 +17,7 @@ from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import BodyTooSlow, ClientGone, LimitExceeded, UnsupportedFormat
 from clip_gateway.http.auth import key_of
 from clip_gateway.http.context import AppContext
+from clip_gateway.imaging.preprocess import Variant
 from clip_gateway.pipeline.admission import Reservation
 
 T = TypeVar("T")
@@ -24,14 +25,14 @@ Receive = Callable[[], Any]
 
 
 def admitted(
-    request: Request[Any, Any, Any], context: AppContext, *, immich: bool = False
+    request: Request[Any, Any, Any], context: AppContext, *, variant: Variant = "open_clip"
 ) -> Reservation:
     """The pipeline's admission before the first byte is read, for every route that takes a
     body: a declared length over the limit is refused at once, and the declared size already
-    costs its cheapest decode, charged to the request's API key. ``immich``: its images will be
-    decoded Immich's way (every pixel), and priced so."""
+    costs its cheapest decode, charged to the request's API key. ``variant`` ``immich``: its
+    images will be decoded Immich's way (every pixel), and priced so."""
     refuse_oversized(request, context.settings.max_body_bytes)
-    return context.pipeline.admit(request.content_length, key_of(request), immich=immich)
+    return context.pipeline.admit(request.content_length, key_of(request), variant=variant)
 
 
 def refuse_oversized(request: Request[Any, Any, Any], limit: int) -> None:

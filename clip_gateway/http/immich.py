@@ -98,14 +98,14 @@ async def serve(request: Request[Any, Any, Any], context: AppContext) -> Respons
     settings, pipeline = context.settings, context.pipeline
     # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
     # decode work their headers promise, each API key within its share
-    with admitted(request, context, immich=True) as reservation:
+    with admitted(request, context, variant="immich") as reservation:
         with context.telemetry.tracer.start_as_current_span("receive"):
             form = await read_form(request, settings, reservation)
         kind, item = check_form(form, settings)
         is_text = isinstance(item, TextItem)
         request.state.images, request.state.texts = int(not is_text), int(is_text)
         result = await unless_disconnected(
-            request, pipeline.embed(reservation, [item], immich=True)
+            request, pipeline.embed(reservation, [item], variant="immich")
         )
     body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
     if kind == "visual":

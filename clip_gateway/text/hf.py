@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import tokenizers
 
+from clip_gateway.text import Variant
 from clip_gateway.text.tokenizer import CLEANERS, clean_immich
 
 #: The tokenizer kind (``clip_text``'s ``tokenizer`` parameter, the manifest's ``kind``).
@@ -69,14 +70,14 @@ class HfTokenizer:
         return self.encode_counted(texts)[0]
 
     def encode_counted(
-        self, texts: Sequence[str], *, immich: bool = False
+        self, texts: Sequence[str], *, variant: Variant = "open_clip"
     ) -> tuple[np.ndarray, int]:
         """``encode_batch`` and the tokens the model reads (padding not counted), summed.
-        ``immich``: cleaned as Immich's server cleans a query, not as open_clip does."""
+        ``variant`` ``immich``: cleaned as Immich's server cleans a query, not as open_clip does."""
         rows = np.zeros((len(texts), self.context_length), dtype=np.int32)
         if not texts:
             return rows, 0
-        if immich:
+        if variant == "immich":
             cleaned = [clean_immich(text, self._immich_canonicalize) for text in texts]
         else:
             cleaned = [self._clean(text) for text in texts]

@@ -28,6 +28,8 @@ import ftfy
 import numpy as np
 import tokenizers
 
+from clip_gateway.text import Variant
+
 START_OF_TEXT = "<start_of_text>"
 END_OF_TEXT = "<end_of_text>"
 
@@ -138,12 +140,12 @@ class Tokenizer:
         return rows
 
     def encode_counted(
-        self, texts: Sequence[str], *, immich: bool = False
+        self, texts: Sequence[str], *, variant: Variant = "open_clip"
     ) -> tuple[np.ndarray, int]:
         """``encode_batch`` and the tokens the model reads (start and end included, padding
         not), summed: each row ends with the end token, truncated texts keep it last.
-        ``immich``: the texts cleaned as Immich's server cleans them (its /predict)."""
-        rows = self.encode_batch(texts, _clean_immich_bpe if immich else clean)
+        ``variant`` ``immich``: the texts cleaned as Immich's server cleans them (its /predict)."""
+        rows = self.encode_batch(texts, _clean_immich_bpe if variant == "immich" else clean)
         return rows, int((np.argmax(rows == self.end_id, axis=1) + 1).sum())
 
     @staticmethod
