@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
-from clip_gateway.backend.protocol import ModelInfo, Preprocessing, TextModel
+from clip_gateway.backend.protocol import ModelInfo, ModelPreprocessing, TextModel
 from clip_gateway.errors import BackendFailed
 from clip_gateway.model.contract import (
     CANARY_PARAMETER,
@@ -84,7 +84,7 @@ def _parameters(config: dict[str, Any]) -> dict[str, str]:
     return {k: str(v.get("string_value", "")) for k, v in config.get("parameters", {}).items()}
 
 
-def parse_preprocessing(text: str, image_size: int) -> Preprocessing:
+def parse_preprocessing(text: str, image_size: int) -> ModelPreprocessing:
     """The ``preprocess`` parameter (the manifest's, as JSON), checked: a model whose
     preprocessing the gateway would reproduce only approximately is refused, never served."""
     try:
@@ -94,7 +94,7 @@ def parse_preprocessing(text: str, image_size: int) -> Preprocessing:
         )
         if not len(fill) == len(mean) == len(std) == 3:
             raise ValueError("fill_color, mean and std need three channels")
-        preprocessing = Preprocessing(
+        preprocessing = ModelPreprocessing(
             size=int(spec["size"]),
             resize_mode=spec["resize_mode"],
             interpolation=spec["interpolation"],

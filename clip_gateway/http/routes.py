@@ -29,10 +29,10 @@ from clip_gateway.http.docs import PROTECTED, EmbeddingsOperation
 from clip_gateway.http.schemas import (
     BinaryDtype,
     Health,
-    ImagePreprocessing,
     ImagingPath,
     ModelCard,
     ModelList,
+    PreprocessingCard,
     TextTokenizer,
 )
 from clip_gateway.pipeline.admission import Reservation
@@ -242,7 +242,7 @@ async def list_models(state: State) -> ModelList:
     except BackendUnavailable:
         return ModelList("list", [card])
     pre = can.preprocessing
-    preprocessing = ImagePreprocessing(
+    preprocessing = PreprocessingCard(
         size=pre.size,
         resize_mode=pre.resize_mode,
         interpolation=pre.interpolation,

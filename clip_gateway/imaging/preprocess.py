@@ -54,7 +54,10 @@ _RESAMPLING = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling
 
 
 @dataclass(frozen=True)
-class ImageOptions:
+class DecodeOptions:
+    """How ``preprocess`` makes an image's pixels: the served model's preprocessing (the
+    backend's ``ModelPreprocessing``, resolved), whose variant, and the decoder's limits."""
+
     size: int
     max_pixels: int
     max_bytes: int
@@ -117,7 +120,7 @@ def sniff(data: bytes) -> str:
     raise InvalidImage(f"not an image: no {ACCEPTED} signature in the first bytes")
 
 
-def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
+def preprocess(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
     """Decode ``data`` and write the model's input into ``out`` (``[S, S, 3]`` uint8)."""
     if not data:
         raise InvalidImage("empty image (0 bytes)")
@@ -171,7 +174,7 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
 
 
 def _geometry(
-    width: int, height: int, options: ImageOptions
+    width: int, height: int, options: DecodeOptions
 ) -> tuple[orientation.Box, tuple[int, int]]:
     """The source box (on the full-size upright image) and the (width, height) it becomes, as
     open_clip's inference transform computes them, its rounding included."""
@@ -220,7 +223,7 @@ def _rgb(image: Image.Image) -> np.ndarray:
     return np.frombuffer(image.tobytes("raw", "RGB"), np.uint8).reshape(height, width, 3)
 
 
-def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions) -> None:
+def _check_cost(width: int, height: int, peak_bytes: int, options: DecodeOptions) -> None:
     """Refuse before decoding: too many pixels, or more decoder memory than the budget (the
     same check admission makes when it prices the header, imaging/work.py)."""
     work.check_budget(width, height, peak_bytes, options.plan)
@@ -264,7 +267,7 @@ class _Jpeg:
         return rgb[top:bottom, left:right]
 
 
-def _jpeg(data: bytes, options: ImageOptions) -> tuple[_Jpeg, int, Decoded]:
+def _jpeg(data: bytes, options: DecodeOptions) -> tuple[_Jpeg, int, Decoded]:
     # Immich's server decodes every pixel: so does its mode here, or its embeddings would not
     # be Immich's (a DCT-scaled decode moved pixels by up to 42/255, cosine 0.99991)
     dc_only = options.progressive_dc_only and options.variant != "immich"
@@ -307,7 +310,7 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[_Jpeg, int, Decoded]:
 _CONTAINERS = {"png": containers.png, "webp": containers.webp, "gif": containers.gif}
 
 
-def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
+def _pillow(data: bytes, kind: str, options: DecodeOptions) -> tuple[Image.Image, int, Decoded]:
     try:
         header = _CONTAINERS[kind](data)
     except containers.ContainerError as exc:

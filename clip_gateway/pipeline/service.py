@@ -31,7 +31,7 @@ from clip_gateway.backend.protocol import (
     ImageBatch,
     InferenceBackend,
     ModelInfo,
-    Preprocessing,
+    ModelPreprocessing,
     TextModel,
 )
 from clip_gateway.config import memory
@@ -43,7 +43,7 @@ from clip_gateway.errors import (
     EmbeddingError,
     ModalityUnavailable,
 )
-from clip_gateway.imaging.preprocess import Decoded, ImageOptions, Variant
+from clip_gateway.imaging.preprocess import Decoded, DecodeOptions, Variant
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline import cache as _cache
 from clip_gateway.pipeline.admission import METER_FLOOR_S, Admission, Reservation
@@ -88,7 +88,7 @@ class Capabilities:
     model: str
     embed_dim: int
     image_size: int
-    preprocessing: Preprocessing
+    preprocessing: ModelPreprocessing
     #: The text model, when texts can be embedded (its tokenizer loads here).
     text: TextModel | None
     #: Why texts cannot be embedded, when ``text`` is None.
@@ -164,7 +164,7 @@ class EmbeddingService:
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
         self._texts = TextEncoder(pool, options.max_text_chars, self._metrics)
         #: The served model's preprocessing, once the backend has said (admission's plan).
-        self._preprocessing: Preprocessing | None = None
+        self._preprocessing: ModelPreprocessing | None = None
 
     def _decoded(self, samples: Sequence[DecodeSample], encoded: int, pixels: int) -> None:
         for sample in samples:
@@ -185,7 +185,7 @@ class EmbeddingService:
         as they are read (``Reservation.add``, priced by the decode its ``variant`` will
         run), its body bytes as they arrive (``Reservation.received``); ``embed`` takes it.
         Release it (``with``) once answered."""
-        plan = self._image_options(self._preprocessing, variant).plan
+        plan = self._decode_options(self._preprocessing, variant).plan
         reservation = self.admission.reserve(declared_bytes, key, plan)
         if self._cache is not None and self._model is not None:
             reservation.probe = self._probe(self._model, variant)
@@ -200,11 +200,11 @@ class EmbeddingService:
         )  # fmt: skip
         return _Probe(self._cache, identity, self._metrics)
 
-    def _image_options(self, pre: Preprocessing | None, variant: Variant) -> ImageOptions:
+    def _decode_options(self, pre: ModelPreprocessing | None, variant: Variant) -> DecodeOptions:
         """How images are decoded for the served model (``pre``; before the backend has said,
         a 224 px shortest-side resize) and the limits."""
         limits = self._options
-        return ImageOptions(
+        return DecodeOptions(
             size=pre.size if pre else 224,
             max_pixels=limits.max_image_pixels,
             max_bytes=limits.max_image_bytes,
@@ -416,7 +416,7 @@ class EmbeddingService:
         meter: Meter | None = None,
     ) -> _Part:
         limits = self._options
-        options = self._image_options(model.image_preprocessing, variant)
+        options = self._decode_options(model.image_preprocessing, variant)
         images: list[ImageItem] = [items[i] for i in positions]  # type: ignore[misc]
         limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
         # decoded straight into the batch the backend sends from (a shared-memory region when
