@@ -27,6 +27,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, ClassVar, Self
 
+from clip_gateway.config.settings import with_new_names
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -164,7 +166,7 @@ class ServerProcess:
         raise NotImplementedError
 
     def environment(self) -> dict[str, str]:
-        return dict(os.environ)
+        return with_new_names(os.environ)
 
     def inherited_fds(self) -> tuple[int, ...]:
         """File descriptors the child inherits (a listening socket)."""
@@ -276,7 +278,7 @@ class GatewayProcess(ServerProcess):
 
     def environment(self) -> dict[str, str]:
         return {
-            **os.environ,
+            **with_new_names(os.environ),
             "GATEWAY_HOST": self.host,
             "GATEWAY_PORT": str(self.port),
             "GATEWAY_TRITON_URL": self.triton_url,

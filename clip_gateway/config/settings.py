@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -46,6 +47,22 @@ log = logging.getLogger(__name__)
 #: still honoured (the new one wins when both are set), with a warning once per process.
 RENAMED_ENV = {"GATEWAY_MAX_IMAGES_PER_REQUEST": "GATEWAY_MAX_ITEMS_PER_REQUEST"}
 _warned: set[str] = set()
+
+
+def use_new_names(environ: MutableMapping[str, str]) -> None:
+    """Each renamed variable in ``environ`` under its new name only (a new name set wins),
+    for child processes (``os.environ`` before uvicorn starts its workers): this process read
+    the old one and warned; its children need not again."""
+    for old, new in RENAMED_ENV.items():
+        if old in environ:
+            environ.setdefault(new, environ.pop(old))
+
+
+def with_new_names(environ: Mapping[str, str]) -> dict[str, str]:
+    """A child process's copy of ``environ``, through ``use_new_names``."""
+    copy = dict(environ)
+    use_new_names(copy)
+    return copy
 
 
 class RenamedEnv(PydanticBaseSettingsSource):

@@ -15,7 +15,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
 
 from clip_gateway.config.plan import plan_for
-from clip_gateway.config.settings import ServerSettings, exposure_problem
+from clip_gateway.config.settings import ServerSettings, exposure_problem, use_new_names
 from clip_gateway.http.app import ServerConfig
 from clip_gateway.observability.logs import configure, logging_config
 
@@ -27,7 +27,9 @@ def main() -> int:
     if problem is not None:  # the launcher checks first; run by hand, this process does
         raise SystemExit(problem)
     planned = plan_for(settings.workers, settings.decode_threads, settings.max_decode_mib)
-    # uvicorn's workers build their settings from the environment: make the plan theirs
+    # uvicorn's workers build their settings from the environment: make the plan theirs, and
+    # renamed variables theirs under the new names (this process has warned of the old)
+    use_new_names(os.environ)
     os.environ["GATEWAY_WORKERS"] = str(planned.workers)
     os.environ["GATEWAY_DECODE_THREADS"] = str(planned.decode_threads)
     if planned.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:

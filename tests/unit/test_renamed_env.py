@@ -58,3 +58,11 @@ def test_the_new_name_alone_warns_of_nothing(
 def test_a_value_given_wins_over_the_old_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(OLD, "7")
     assert ServerSettings(max_items_per_request=3).max_items_per_request == 3
+
+
+def test_children_get_the_new_name_only() -> None:
+    """The process that read the old name warned; its children (uvicorn's workers, the
+    supervisor's gateway) are started with the new one and warn of nothing."""
+    assert settings.with_new_names({OLD: "7", "OTHER": "x"}) == {NEW: "7", "OTHER": "x"}
+    assert settings.with_new_names({OLD: "7", NEW: "9"}) == {NEW: "9"}
+    assert settings.with_new_names({NEW: "9"}) == {NEW: "9"}
