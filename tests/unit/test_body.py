@@ -32,7 +32,7 @@ async def collect(chunks: AsyncIterator[bytes]) -> list[bytes]:
     return [chunk async for chunk in chunks]
 
 
-def test_body_chunks_end_with_an_empty_chunk_and_skip_empty_messages() -> None:
+def test_read_chunks_end_with_an_empty_chunk_and_skip_empty_messages() -> None:
     receive = channel(
         {"type": "http.request", "body": b"ab", "more_body": True},
         {"type": "http.request", "more_body": True},  # no body key at all
@@ -42,7 +42,7 @@ def test_body_chunks_end_with_an_empty_chunk_and_skip_empty_messages() -> None:
     assert asyncio.run(collect(body.read_chunks(receive, 4))) == [b"ab", b"cd", b""]
 
 
-def test_body_chunks_allow_exactly_the_limit_and_refuse_one_byte_more() -> None:
+def test_read_chunks_allow_exactly_the_limit_and_refuse_one_byte_more() -> None:
     exact = channel({"type": "http.request", "body": b"abc", "more_body": True},
                     {"type": "http.request", "body": b"d", "more_body": False})  # fmt: skip
     assert asyncio.run(collect(body.read_chunks(exact, 4))) == [b"abc", b"d", b""]
