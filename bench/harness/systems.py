@@ -165,7 +165,7 @@ def gateway(profile: str, export_dir: Path, work: Path, env: dict[str, str]) -> 
             "GATEWAY_TRITON_PROFILE": profile,
             "GATEWAY_SCRATCH_DIR": str(scratch),
             "GATEWAY_LOG_LEVEL": "WARNING",  # so no "ready on http" line: /readyz alone says
-            "GATEWAY_MAX_IMAGES_PER_REQUEST": "64",
+            "GATEWAY_MAX_ITEMS_PER_REQUEST": "64",
         } | env)  # fmt: skip
         try:
             # auto's first start builds every candidate (NNCF's ~4.5 min on 2 cores) and times them

@@ -38,7 +38,7 @@ from bench.harness.stack import camera_photos
 from clip_gateway.client.compact import CompactOptions, compact
 from clip_gateway.imaging import jpeg as jpegs
 from clip_gateway.imaging import orientation, paths
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from clip_gateway.model.calibration import photo
 
 #: A regression the CI smoke fails on: the gateway's images per CPU-second on compact JPEGs at
@@ -47,7 +47,7 @@ from clip_gateway.model.calibration import photo
 SMOKE_FLOOR = 0.15
 SIZE = 224
 #: The gateway's preprocessing for ViT-B/32, its limits out of the way: the same for every figure.
-OPTIONS = ImageOptions(size=SIZE, max_pixels=200_000_000, max_bytes=1 << 30)
+OPTIONS = DecodeOptions(size=SIZE, max_pixels=200_000_000, max_bytes=1 << 30)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from bench.harness.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 
 Pipeline = Callable[[bytes], object]
 
@@ -66,7 +66,7 @@ def naive_pipeline() -> Pipeline:
 
 def gateway_pipeline() -> Pipeline:
     out = np.empty((224, 224, 3), np.uint8)
-    options = ImageOptions(size=224, max_pixels=200_000_000, max_bytes=1 << 30)
+    options = DecodeOptions(size=224, max_pixels=200_000_000, max_bytes=1 << 30)
 
     def run(data: bytes) -> object:
         return preprocess(data, out, options)

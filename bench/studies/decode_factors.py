@@ -27,13 +27,13 @@ from PIL import Image
 
 from bench.harness.photos import photo
 from clip_gateway.imaging import jpeg, work
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from tests import samples
 
-OPTIONS = ImageOptions(
+OPTIONS = DecodeOptions(
     size=224, max_pixels=100_000_000, max_bytes=64 << 20, max_decode_bytes=4 << 30
 )
-IMMICH = replace(OPTIONS, immich=True)
+IMMICH = replace(OPTIONS, variant="immich")
 OUT = Path(__file__).parents[1] / "results" / "decode_factors"
 CODINGS: dict[str, tuple[str, dict[str, object]]] = {
     "png": ("PNG", {}),
@@ -44,7 +44,7 @@ CODINGS: dict[str, tuple[str, dict[str, object]]] = {
 FLAT = (120, 130, 140)
 
 
-def cpu_s(data: bytes, options: ImageOptions = OPTIONS, reps: int = 3) -> float:
+def cpu_s(data: bytes, options: DecodeOptions = OPTIONS, reps: int = 3) -> float:
     """Best of ``reps`` decodes' thread CPU time (what the gateway's meter counts)."""
     out = np.empty((224, 224, 3), np.uint8)
     best = float("inf")
@@ -78,7 +78,7 @@ def photo_jpeg(width: int, height: int, **options: object) -> bytes:
     return samples.encode(photo(width, height, seed=1).convert("RGB"), "JPEG", **options)
 
 
-def terms(data: bytes, options: ImageOptions = OPTIONS) -> dict[str, float]:
+def terms(data: bytes, options: DecodeOptions = OPTIONS) -> dict[str, float]:
     """The model's quantities for a JPEG under ``options``: block passes, output pixels,
     resized pixels, bytes."""
     plan = options.plan
@@ -156,7 +156,7 @@ def others() -> dict[str, dict[str, float]]:
     return found
 
 
-def classes() -> dict[str, tuple[bytes, ImageOptions]]:
+def classes() -> dict[str, tuple[bytes, DecodeOptions]]:
     """The files the model is checked on: the classes of issues 23 and 31, photos, Immich."""
     prog_strip = flat_jpeg(224, 40_000, progressive=True)
     return {

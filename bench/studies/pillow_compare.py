@@ -23,11 +23,11 @@ def measure() -> dict[str, object]:
     from bench.harness.cpu import per_cpu_second
     from bench.harness.photos import compact_jpeg
     from clip_gateway.imaging import paths
-    from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+    from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 
     pool = [compact_jpeg(1000 + i) for i in range(64)]
     out = np.empty((224, 224, 3), np.uint8)
-    options = ImageOptions(size=224, max_pixels=10**8, max_bytes=1 << 30)
+    options = DecodeOptions(size=224, max_pixels=10**8, max_bytes=1 << 30)
     rate = max(per_cpu_second(lambda d: preprocess(d, out, options), pool, 4) for _ in range(3))
     return {"resize": paths.current().resize, "preprocess_img_per_cpu_s": round(rate, 1)}
 

@@ -14,7 +14,7 @@ from clip_gateway.imaging.preprocess import Interpolation, ResizeMode
 
 
 @dataclass(frozen=True)
-class Preprocessing:
+class ModelPreprocessing:
     """The image preprocessing the model was trained with (the export's ``preprocess``;
     docs/EXPORT.md): what the gateway does before the graph, and what /v1/models shows.
     Mean and std are applied inside the graph; they are here to be reported."""
@@ -63,7 +63,7 @@ class ModelInfo:
     #: Export-time embedding of the canary image (pipeline/canary.py), when the config has one.
     canary: np.ndarray | None = field(default=None, compare=False)
     #: None: open_clip's classic transform at ``image_size`` (exports from before it was recorded).
-    preprocessing: Preprocessing | None = None
+    preprocessing: ModelPreprocessing | None = None
     text: TextModel | None = None
     #: Why texts cannot be embedded, when ``text`` is None.
     text_unavailable: str | None = None
@@ -77,8 +77,8 @@ class ModelInfo:
     instances: int = 1
 
     @property
-    def image_preprocessing(self) -> Preprocessing:
-        return self.preprocessing or Preprocessing(self.image_size)
+    def image_preprocessing(self) -> ModelPreprocessing:
+        return self.preprocessing or ModelPreprocessing(self.image_size)
 
     @property
     def modalities(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import random
 import signal
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, ClassVar, Self
+
+from clip_gateway.config.settings import with_new_names
 
 _PR_SET_PDEATHSIG = 1
 
@@ -42,25 +45,29 @@ class Interrupted(RuntimeError):
     """A stop was requested (a signal) while waiting for a child to start."""
 
 
-def exit_with_parent() -> None:
-    """This process gets SIGTERM when its parent dies (a uvicorn worker whose manager is
-    killed). A no-op where prctl does not exist."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, TypeError):  # no libc prctl (not Linux)
+        return None
+    return prctl
 
 
-def die_with_parent() -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux prctl), and exits at
-    once if the parent is already gone. Prepared before the fork: nothing imported in between."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
+#: libc's prctl, looked up once at import so that a child's ``preexec_fn`` finds it after the
+#: fork without loading anything there; None where there is none.
+_PRCTL = _load_prctl()
 
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # died before prctl took effect
-            os._exit(1)
 
-    return preexec
+def stop_with_parent(parent: int | None = None) -> None:
+    """This process gets SIGTERM when its parent dies (Linux prctl; a no-op elsewhere): a
+    uvicorn worker whose manager is killed, or a child, as its ``preexec_fn``
+    (``functools.partial(stop_with_parent, os.getpid())``). ``parent``: the pid that started
+    it; already gone (it died before prctl took effect), this process exits at once."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 def listening_socket(host: str = "127.0.0.1", port: int = 0, backlog: int = 2048) -> socket.socket:
@@ -159,7 +166,7 @@ class ServerProcess:
         raise NotImplementedError
 
     def environment(self) -> dict[str, str]:
-        return dict(os.environ)
+        return with_new_names(os.environ)
 
     def inherited_fds(self) -> tuple[int, ...]:
         """File descriptors the child inherits (a listening socket)."""
@@ -178,7 +185,7 @@ class ServerProcess:
                 env=self.environment(),
                 start_new_session=self.new_session,
                 pass_fds=self.inherited_fds(),
-                preexec_fn=die_with_parent(),
+                preexec_fn=functools.partial(stop_with_parent, os.getpid()),
             )
 
     def wait_for(self, url: str, timeout: float, what: str, *, stop_on_timeout: bool) -> None:
@@ -271,7 +278,7 @@ class GatewayProcess(ServerProcess):
 
     def environment(self) -> dict[str, str]:
         return {
-            **os.environ,
+            **with_new_names(os.environ),
             "GATEWAY_HOST": self.host,
             "GATEWAY_PORT": str(self.port),
             "GATEWAY_TRITON_URL": self.triton_url,

@@ -10,12 +10,21 @@ concern, built by the launcher (or by the HTTP process for its own section) and 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
 
@@ -31,6 +40,53 @@ PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvi
                                  "tensorrt")  # fmt: skip
 #: The profiles that run the model on the CPU (the Python backend): the core plan applies.
 CPU_PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino")
+
+log = logging.getLogger(__name__)
+
+#: Environment variables renamed since users set them: old name → new name. The old one is
+#: still honoured (the new one wins when both are set), with a warning once per process.
+RENAMED_ENV = {"GATEWAY_MAX_IMAGES_PER_REQUEST": "GATEWAY_MAX_ITEMS_PER_REQUEST"}
+_warned: set[str] = set()
+
+
+def use_new_names(environ: MutableMapping[str, str]) -> None:
+    """Each renamed variable in ``environ`` under its new name only (a new name set wins),
+    for child processes (``os.environ`` before uvicorn starts its workers): this process read
+    the old one and warned; its children need not again."""
+    for old, new in RENAMED_ENV.items():
+        if old in environ:
+            environ.setdefault(new, environ.pop(old))
+
+
+def with_new_names(environ: Mapping[str, str]) -> dict[str, str]:
+    """A child process's copy of ``environ``, through ``use_new_names``."""
+    copy = dict(environ)
+    use_new_names(copy)
+    return copy
+
+
+class RenamedEnv(PydanticBaseSettingsSource):
+    """The settings source for ``RENAMED_ENV``'s old names, below the environment's own."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads the few names it knows
+
+    def __call__(self) -> dict[str, Any]:
+        prefix = str(self.config.get("env_prefix", ""))
+        values: dict[str, Any] = {}
+        for old, new in RENAMED_ENV.items():
+            field = new.removeprefix(prefix).lower()
+            if old not in os.environ or field not in self.settings_cls.model_fields:
+                continue
+            if new in os.environ:
+                message = "%s is set and ignored: %s, its new name, is set too"
+            else:
+                values[field] = os.environ[old]
+                message = "%s is deprecated: set %s instead"
+            if old not in _warned:
+                _warned.add(old)
+                log.warning(message, old, new)
+        return values
 
 
 class ServerSettings(BaseSettings):
@@ -97,8 +153,9 @@ class ServerSettings(BaseSettings):
     # --- limits -----------------------------------------------------------------------------
     #: Largest request body; a bigger Content-Length is refused before the body is read.
     max_body_bytes: int = Field(64 * MiB, ge=1024)
-    #: Items (images and texts) in one request.
-    max_images_per_request: int = Field(256, ge=1)
+    #: Items (images and texts) in one request (formerly ``GATEWAY_MAX_IMAGES_PER_REQUEST``,
+    #: still read, with a warning).
+    max_items_per_request: int = Field(256, ge=1)
     #: Longest text, in characters (before tokenising; the model reads its first
     #: ``context_length`` tokens, as open_clip does: a 77-token context holds ~300 characters).
     max_text_chars: int = Field(4096, ge=1)
@@ -241,6 +298,20 @@ class ServerSettings(BaseSettings):
         """Every model name ``/predict`` answers to; empty: none (each request gets 409)."""
         named = (self.immich_name,) if self.immich_name else ()
         return tuple(dict.fromkeys((*named, *self.immich_aliases)))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """pydantic-settings' sources, with the renamed variables' old names below the
+        environment (a new name set wins)."""
+        renamed = RenamedEnv(settings_cls)
+        return init_settings, env_settings, renamed, dotenv_settings, file_secret_settings
 
     @model_validator(mode="after")
     def _horizon_within_the_deadline(self) -> ServerSettings:

@@ -6,14 +6,17 @@ the environment; run by hand, it binds ``GATEWAY_HOST:GATEWAY_PORT`` and plans f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
 from clip_gateway.config.plan import plan_for
-from clip_gateway.config.settings import ServerSettings, exposure_problem
-from clip_gateway.http.connections import DeadlineProtocol
+from clip_gateway.config.settings import ServerSettings, exposure_problem, use_new_names
+from clip_gateway.http.app import ServerConfig
 from clip_gateway.observability.logs import configure, logging_config
 
 
@@ -24,7 +27,9 @@ def main() -> int:
     if problem is not None:  # the launcher checks first; run by hand, this process does
         raise SystemExit(problem)
     planned = plan_for(settings.workers, settings.decode_threads, settings.max_decode_mib)
-    # uvicorn's workers build their settings from the environment: make the plan theirs
+    # uvicorn's workers build their settings from the environment: make the plan theirs, and
+    # renamed variables theirs under the new names (this process has warned of the old)
+    use_new_names(os.environ)
     os.environ["GATEWAY_WORKERS"] = str(planned.workers)
     os.environ["GATEWAY_DECODE_THREADS"] = str(planned.decode_threads)
     if planned.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
@@ -32,8 +37,8 @@ def main() -> int:
             "several workers need PROMETHEUS_MULTIPROC_DIR (a private, empty directory) for "
             "their metrics; the supervisor (clip-gateway serve) sets it"
         )
-    uvicorn.run(
-        "clip_gateway.http.app:create_app",
+    config = ServerConfig(
+        "clip_gateway.http.app:create_app",  # built by ServerConfig in each worker
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -42,10 +47,18 @@ def main() -> int:
         log_level=settings.log_level.lower(),
         access_log=False,
         limit_concurrency=settings.max_connections or None,
-        http=DeadlineProtocol,
         log_config=logging_config(settings.log_level, settings.log_format),
         timeout_graceful_shutdown=int(settings.drain_s),
     )
+    # what uvicorn.run does, with this config (it would build its own from keywords)
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        if config.workers > 1:
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+        else:
+            server.run()
+    if config.workers == 1 and not server.started:
+        return STARTUP_FAILURE
     return 0
 
 

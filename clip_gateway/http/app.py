@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import uvicorn
 from litestar import Litestar
 from litestar.exceptions import HTTPException
 from litestar.plugins.opentelemetry import OpenTelemetryConfig
@@ -19,12 +21,11 @@ from clip_gateway.backend import shm
 from clip_gateway.backend.protocol import InferenceBackend
 from clip_gateway.config import memory
 from clip_gateway.config.plan import plan_for
-from clip_gateway.config.processes import exit_with_parent
+from clip_gateway.config.processes import stop_with_parent
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import EmbeddingError
-from clip_gateway.http import docs, head, immich, problems
+from clip_gateway.http import connections, docs, head, immich, problems
 from clip_gateway.http.auth import load_api_keys, require_api_key
-from clip_gateway.http.connections import DeadlineProtocol
 from clip_gateway.http.context import KEY, AppContext
 from clip_gateway.http.fetch import Fetcher, FetchOptions
 from clip_gateway.http.guard import Allowlist
@@ -92,9 +93,6 @@ def create_app(
     settings: ServerSettings | None = None, backend_factory: BackendFactory = triton_backend
 ) -> Litestar:
     settings = settings or ServerSettings()
-    DeadlineProtocol.header_timeout_s = settings.header_timeout_s  # this worker's connections
-    DeadlineProtocol.max_head_bytes = settings.max_head_bytes
-    DeadlineProtocol.max_header_fields = settings.max_header_fields
     telemetry = create_telemetry(
         settings.tracing, settings.trace_sample_ratio, settings.trace_trust_upstream
     )
@@ -103,7 +101,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        exit_with_parent()  # a uvicorn worker whose manager is killed stops too
+        stop_with_parent()  # a uvicorn worker whose manager is killed stops too
         memory.tune()  # before the decode threads allocate anything
         if directory := multiprocess_dir():
             forget_dead_workers(directory, shm.alive)  # this worker may replace a dead one
@@ -122,7 +120,6 @@ def create_app(
             metrics=metrics,
             cache=cache,
         )
-        DeadlineProtocol.retry_after_s = lambda: pipeline.admission.backlog_s
         canary = pipeline.canary(
             settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
         )
@@ -182,6 +179,8 @@ def create_app(
             HTTPException: problems.respond,
             Exception: problems.internal_error,
         },
+        # bodies are read and bounded by http/body.py; Litestar's own reader, unused by the
+        # routes, holds the same limit rather than its 10 MB default
         request_max_body_size=settings.max_body_bytes,
         # The process entry point configures logging (observability/logs.py); Litestar's
         # default would replace the root handlers with its own text format.
@@ -190,6 +189,34 @@ def create_app(
     )
     app.asgi_handler = head.as_get(app.asgi_handler)
     return app
+
+
+def retry_after_s(app: Litestar) -> float:
+    """Seconds a client refused at the connection limit should wait: this app's admitted
+    backlog (connections free as that work finishes); 1 before its lifespan has begun."""
+    context: AppContext | None = app.state.get(KEY)
+    return context.pipeline.admission.backlog_s if context is not None else 1.0
+
+
+class ServerConfig(uvicorn.Config):
+    """uvicorn's config for the gateway: each worker builds its app (``create_app``, settings
+    from its environment) and serves it with the HTTP protocol bound to that app (its head
+    limits, its admission's Retry-After), passed to every connection as arguments."""
+
+    def load_app(self) -> Callable[[], Litestar]:
+        return self._create_app
+
+    def _create_app(self) -> Litestar:
+        settings = ServerSettings()
+        app = create_app(settings)
+        self._protocol = connections.protocol(
+            connections.HeadLimits.of(settings), functools.partial(retry_after_s, app)
+        )
+        return app
+
+    def load(self) -> None:
+        super().load()
+        self.http_protocol_class = self._protocol  # type: ignore[assignment]
 
 
 def _middleware(telemetry: Telemetry, metrics: Metrics) -> list[Any]:

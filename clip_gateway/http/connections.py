@@ -16,21 +16,29 @@ long request line, folded continuation lines). A head is counted from the first 
 it; a pipelined request's bytes that arrived with the previous one (one read at most) are not.
 
 Past ``GATEWAY_MAX_CONNECTIONS`` uvicorn answers 503 from an ASGI app of its own that says
-nothing of when to retry; every 503 of this gateway carries a computed ``Retry-After``, so the
-one below takes its place.
+nothing of when to retry; every 503 of this gateway carries a computed ``Retry-After``, so each
+connection answers with its own (``_connection_limit``) instead.
+
+Each connection gets its limits and its Retry-After source as arguments (``protocol``: the
+factory uvicorn calls per connection), never from class or module state, so two apps served
+in one process keep their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from asyncio import TimerHandle
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from uvicorn.protocols.http import httptools_impl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from clip_gateway.config.settings import ServerSettings
 
 
 def _closing_answer(status: int, reason: str, slug: str, title: str, detail: str) -> bytes:
@@ -68,19 +76,47 @@ class _HeadRefused(Exception):
     """Raised inside a parser callback to stop parsing a head already answered."""
 
 
-class DeadlineProtocol(HttpToolsProtocol):
-    #: Seconds a request head may take; set from the settings by the app factory (per worker).
-    header_timeout_s: float = 10.0
-    #: Bytes a request head (request line and headers) may take; set like the deadline.
-    max_head_bytes: int = 64 << 10
-    #: Header fields one request may carry; set like the deadline.
-    max_header_fields: int = 100
-    #: Seconds a client refused at the connection limit should wait: the app sets it to this
-    #: worker's admitted backlog (connections free as that work finishes).
-    retry_after_s: Callable[[], float] = staticmethod(lambda: 1.0)
+@dataclass(frozen=True)
+class HeadLimits:
+    """What a request head may take (the settings' ``header_timeout_s``, ``max_head_bytes``,
+    ``max_header_fields``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    #: Seconds a request head may take.
+    header_timeout_s: float = 10.0
+    #: Bytes a request head (request line and headers) may take.
+    max_head_bytes: int = 64 << 10
+    #: Header fields one request may carry.
+    max_header_fields: int = 100
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> HeadLimits:
+        return cls(settings.header_timeout_s, settings.max_head_bytes, settings.max_header_fields)
+
+
+def _one_second() -> float:
+    return 1.0
+
+
+def protocol(
+    limits: HeadLimits, retry_after_s: Callable[[], float] = _one_second
+) -> Callable[..., DeadlineProtocol]:
+    """uvicorn's ``http`` protocol factory for one app: every connection it makes holds these
+    head limits, and past the connection limit answers with ``retry_after_s()`` (that app's
+    admitted backlog: connections free as that work finishes)."""
+    return functools.partial(DeadlineProtocol, limits=limits, retry_after_s=retry_after_s)
+
+
+class DeadlineProtocol(HttpToolsProtocol):
+    def __init__(
+        self,
+        *args: Any,
+        limits: HeadLimits,
+        retry_after_s: Callable[[], float] = _one_second,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.limits = limits
+        self.retry_after_s = retry_after_s
         self._head_deadline: TimerHandle | None = None
         #: Bytes of the current head fed to the parser; None while a body is being read.
         self._head_bytes: int | None = 0
@@ -92,19 +128,19 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser, at most ``max_head_bytes`` of any one head: a head not complete
+        """Feed the parser, at most ``limits.max_head_bytes`` of any one head: a head not complete
         by then is refused before httptools or uvicorn has joined more of it."""
         view = memoryview(data)  # once refused: dropped unread until the connection closes
         while view and not self._refused and not self.transport.is_closing():
             if self._head_bytes is None:  # a body: the parser takes it as it comes
                 super().data_received(view)  # type: ignore[arg-type]
                 return
-            room = self.max_head_bytes - self._head_bytes
+            room = self.limits.max_head_bytes - self._head_bytes
             piece, view = view[:room], view[room:]
             self._head_bytes += len(piece)
             super().data_received(piece)  # type: ignore[arg-type]
-            if self._head_bytes is not None and self._head_bytes >= self.max_head_bytes:
-                self._refuse(f"request line and headers over {self.max_head_bytes} bytes")
+            if self._head_bytes is not None and self._head_bytes >= self.limits.max_head_bytes:
+                self._refuse(f"request line and headers over {self.limits.max_head_bytes} bytes")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -114,8 +150,8 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_fields += 1
-        if self._header_fields > self.max_header_fields:
-            self._refuse(f"more than {self.max_header_fields} header fields")
+        if self._header_fields > self.limits.max_header_fields:
+            self._refuse(f"more than {self.limits.max_header_fields} header fields")
             raise _HeadRefused  # stops the parser: this request never starts
         super().on_header(name, value)
 
@@ -146,7 +182,7 @@ class DeadlineProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _arm(self) -> None:
-        self._head_deadline = self.loop.call_later(self.header_timeout_s, self._too_slow)
+        self._head_deadline = self.loop.call_later(self.limits.header_timeout_s, self._too_slow)
 
     def _disarm(self) -> None:
         if self._head_deadline is not None:
@@ -171,6 +207,35 @@ class DeadlineProtocol(HttpToolsProtocol):
             )
         )
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        # uvicorn picks its own 503 app past the connection limit: this connection's answers
+        # instead, with the Retry-After of the app it serves
+        if app is service_unavailable:
+            app = self._connection_limit
+        super()._start_asgi_task(cycle, app)
+
+    async def _connection_limit(self, scope: Any, receive: Any, send: Any) -> None:
+        """uvicorn's answer past its connection limit, as problem+json with a computed
+        Retry-After."""
+        wait = max(1, math.ceil(self.retry_after_s()))
+        body = json.dumps(
+            {
+                "type": "https://clip-gateway.dev/problems/overloaded",
+                "title": "Too many connections",
+                "status": 503,
+                "detail": f"this worker holds as many connections as it accepts; retry after "
+                f"{wait} s",
+            }
+        ).encode()
+        headers = [
+            (b"content-type", b"application/problem+json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(wait).encode()),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
     def _answer_and_close(self, answer: bytes) -> None:
         """Send ``answer``, then close once the client has read it: the rest of what it sends
         meanwhile is dropped unread for at most ``LINGER_S`` (closed with unread bytes, the
@@ -187,29 +252,3 @@ class DeadlineProtocol(HttpToolsProtocol):
             self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
-
-
-async def connection_limit(scope: Any, receive: Any, send: Any) -> None:
-    """uvicorn's answer past its connection limit, as problem+json with a computed Retry-After."""
-    wait = max(1, math.ceil(DeadlineProtocol.retry_after_s()))
-    body = json.dumps(
-        {
-            "type": "https://clip-gateway.dev/problems/overloaded",
-            "title": "Too many connections",
-            "status": 503,
-            "detail": f"this worker holds as many connections as it accepts; retry after {wait} s",
-        }
-    ).encode()
-    headers = [
-        (b"content-type", b"application/problem+json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"retry-after", str(wait).encode()),
-        (b"connection", b"close"),
-    ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-# uvicorn looks this name up in its module each time a request passes the limit (no setting
-# replaces it), so the module's binding is what changes which app answers.
-httptools_impl.service_unavailable = connection_limit  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from clip_gateway.http.schemas import BinaryDtype, EncodingFormat
 if TYPE_CHECKING:
     from clip_gateway.pipeline.service import Embeddings
 
+JSON_MEDIA_TYPE = "application/json"
 BINARY_MEDIA_TYPE = "application/octet-stream"
 
 

@@ -32,12 +32,8 @@ from clip_gateway.errors import (
     OtherModel,
     UnsupportedTask,
 )
-from clip_gateway.http import parsing
 from clip_gateway.http.auth import PUBLIC
-from clip_gateway.http.context import AppContext, app_context
-from clip_gateway.http.parsing import MAX_BYTES_PER_CHAR, decode_text, text_codec
-from clip_gateway.http.routes import (
-    JSON,
+from clip_gateway.http.body import (
     admitted,
     body_of,
     in_time,
@@ -45,6 +41,9 @@ from clip_gateway.http.routes import (
     refuse_oversized,
     unless_disconnected,
 )
+from clip_gateway.http.context import AppContext, app_context
+from clip_gateway.http.encoding import JSON_MEDIA_TYPE
+from clip_gateway.http.parsing import MAX_BYTES_PER_CHAR, decode_text, text_codec
 from clip_gateway.http.upstream import REQUEST_HEADERS, Upstream
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
@@ -99,20 +98,20 @@ async def serve(request: Request[Any, Any, Any], context: AppContext) -> Respons
     settings, pipeline = context.settings, context.pipeline
     # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
     # decode work their headers promise, each API key within its share
-    with admitted(request, context, immich=True) as reservation:
+    with admitted(request, context, variant="immich") as reservation:
         with context.telemetry.tracer.start_as_current_span("receive"):
             form = await read_form(request, settings, reservation)
         kind, item = check_form(form, settings)
         is_text = isinstance(item, TextItem)
         request.state.images, request.state.texts = int(not is_text), int(is_text)
         result = await unless_disconnected(
-            request, pipeline.embed(reservation, [item], immich=True)
+            request, pipeline.embed(reservation, [item], variant="immich")
         )
     body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
     if kind == "visual":
         image = result.image_facts[0]
         body["imageHeight"], body["imageWidth"] = image.height, image.width
-    return Response(msgspec.json.encode(body), media_type=JSON)
+    return Response(msgspec.json.encode(body), media_type=JSON_MEDIA_TYPE)
 
 
 @dataclass
@@ -188,12 +187,7 @@ async def forward(
 ) -> Response[bytes]:
     """The request to the upstream as it arrives (under the body limit and the upload pace,
     never parsed or re-encoded), and the upstream's status, headers and body back."""
-    settings = context.settings
-    body = parsing.body_chunks(
-        request.receive,
-        settings.max_body_bytes,
-        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
-    )
+    body = body_of(request, context.settings, None)
     headers = {name: request.headers[name] for name in REQUEST_HEADERS if name in request.headers}
     headers["accept-encoding"] = "identity"  # the answer's bytes as the upstream made them
     answer = await upstream.forward(headers, body)

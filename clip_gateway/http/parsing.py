@@ -7,18 +7,16 @@ or GIF without ``modality`` is refused as ambiguous rather than embedded as text
 the image-only API sent images that way). In multipart, ``text`` fields are texts and every
 other part that is not an option is an image.
 
-Bounded while reading, before objects are built: the body's bytes (read from the ASGI channel
-here, so a client that disconnects mid-upload is a ``ClientGone``, not a server error), the
-number of parts and each part's size (the multipart parser's own limits), and in JSON the
-number of items and each string's length (msgspec checks them while decoding). Each image part
-is reported as soon as it is complete (``on_item``, the request's ``Reservation.add``) so
-admission can stop reading a body whose cost no longer fits. Items come out typed: an
-``ImageItem`` (raw bytes, or the base64 text JSON carried) or a ``TextItem``.
+Bounded while reading, before objects are built (the body's bytes are bounded as they arrive,
+in http/body.py): the number of parts and each part's size (the multipart parser's own limits),
+and in JSON the number of items and each string's length (msgspec checks them while decoding).
+Each image part is reported as soon as it is complete (``on_item``, the request's
+``Reservation.add``) so admission can stop reading a body whose cost no longer fits. Items come
+out typed: an ``ImageItem`` (raw bytes, or the base64 text JSON carried) or a ``TextItem``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import re
 from collections.abc import AsyncIterator, Callable
@@ -31,8 +29,6 @@ import msgspec
 from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
 
 from clip_gateway.errors import (
-    BodyTooSlow,
-    ClientGone,
     InvalidFields,
     LimitExceeded,
     MalformedRequest,
@@ -67,67 +63,6 @@ class ParsedRequest:
     normalize: bool | None
     skip_invalid: bool | None = None
     dimensions: int | None = None
-
-
-@dataclass(frozen=True)
-class Pace:
-    """The slowest upload accepted: after ``grace_s``, ``min_bytes_per_s`` on average."""
-
-    min_bytes_per_s: int
-    grace_s: float
-
-    def deadline(self, started: float, received: int) -> float | None:
-        """When the next bytes must have arrived (event-loop time), or None: no minimum."""
-        if self.min_bytes_per_s <= 0:
-            return None
-        return started + self.grace_s + received / self.min_bytes_per_s
-
-
-async def body_chunks(
-    receive: Receive,
-    limit: int,
-    *,
-    pace: Pace | None = None,
-    on_bytes: Callable[[int], None] = lambda _: None,
-) -> AsyncIterator[bytes]:
-    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``.
-    ``on_bytes`` hears of every chunk as it arrives (admission counts bodies in flight by the
-    bytes received) and may refuse it; a body slower than ``pace`` is ``BodyTooSlow``."""
-    loop = asyncio.get_running_loop()
-    started, received = loop.time(), 0
-    while True:
-        deadline = pace.deadline(started, received) if pace else None
-        try:
-            async with asyncio.timeout_at(deadline):
-                message = await receive()
-        except TimeoutError as exc:
-            assert pace is not None
-            raise BodyTooSlow(
-                f"request body arriving at under {pace.min_bytes_per_s} bytes/s after the first "
-                f"{pace.grace_s:g} s ({received} bytes in {loop.time() - started:.1f} s)"
-            ) from exc
-        if message["type"] == "http.disconnect":
-            raise ClientGone("client disconnected while sending the request body")
-        chunk = message.get("body", b"")
-        received += len(chunk)
-        if received > limit:
-            raise LimitExceeded(f"request body over {limit} bytes", limit=limit)
-        if chunk:
-            on_bytes(len(chunk))
-            yield chunk
-        if not message.get("more_body", False):
-            yield b""
-            return
-
-
-async def read_all(chunks: AsyncIterator[bytes]) -> bytearray:
-    """The whole body in one buffer, grown as bytes arrive: never sized by a declared length
-    (a client that declares 64 MiB and sends one byte holds one byte). Large buffers are
-    mmapped (config/memory.py), so growing one remaps it rather than copying."""
-    body = bytearray()
-    async for chunk in chunks:
-        body += chunk
-    return body
 
 
 def _encoded_chars(max_bytes: int) -> int:
@@ -289,8 +224,8 @@ def _surrogate_item(text: str, max_items: int) -> int | None:
     return None
 
 
-def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -> ParsedRequest:
-    """The OpenAI embeddings request: ``max_images`` bounds the items (texts included), and
+def parse_json(body: bytes | bytearray, max_items: int, max_image_bytes: int) -> ParsedRequest:
+    """The OpenAI embeddings request: ``max_items`` bounds the items, and
     ``max_image_bytes`` the length of any string (texts have their own, smaller limit, checked
     where they are embedded so ``skip_invalid`` can report them one by one)."""
     max_chars = _encoded_chars(max_image_bytes)
@@ -299,23 +234,23 @@ def parse_json(body: bytes | bytearray, max_images: int, max_image_bytes: int) -
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise _undecodable(body, exc, max_images) from None
+        raise _undecodable(body, exc, max_items) from None
     except RecursionError as exc:  # msgspec's own guard against hostile nesting
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     raw: msgspec.Raw = request.input  # type: ignore[assignment]
     try:
-        _scan_input(raw, max_images, max_chars)
+        _scan_input(raw, max_items, max_chars)
         value = msgspec.json.decode(raw, type=_INPUT)
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except UnicodeDecodeError:  # msgspec's answer to invalid UTF-8 inside a string
-        raise _not_utf8(raw, max_images) from None
+        raise _not_utf8(raw, max_items) from None
     except msgspec.DecodeError as exc:  # the envelope passed it: not seen, but a 4xx if so
-        raise _undecodable(body, exc, max_images) from None
+        raise _undecodable(body, exc, max_items) from None
     except RecursionError as exc:
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     items = _items([value] if isinstance(value, str) else value, request.modality)
-    _check_count(len(items), max_images)
+    _check_count(len(items), max_items)
     return ParsedRequest(
         items,
         request.model,
@@ -460,7 +395,7 @@ async def parse_multipart(
     chunks: AsyncIterator[bytes],
     boundary: str,
     *,
-    max_images: int,
+    max_items: int,
     max_image_bytes: int,
     max_text_chars: int,
     on_item: Callable[[Item], None] = lambda _: None,
@@ -474,7 +409,7 @@ async def parse_multipart(
     buffer = bytearray()
     parser = PushMultipartParser(
         boundary,
-        max_segment_count=max_images + len(OPTION_FIELDS),
+        max_segment_count=max_items + len(OPTION_FIELDS),
         max_segment_size=max_image_bytes,
         max_header_count=16,
     )
@@ -505,13 +440,13 @@ async def parse_multipart(
         parser.close()
     except ParserLimitReached as exc:
         raise LimitExceeded(
-            f"multipart limit reached at part {len(items)}: {exc} (at most {max_images} items, "
+            f"multipart limit reached at part {len(items)}: {exc} (at most {max_items} items, "
             f"each part at most {max_image_bytes} bytes)",
             index=len(items),
         ) from exc
     except ParserError as exc:
         raise MalformedRequest(f"malformed multipart body: {exc}") from exc
-    _check_count(len(items), max_images)
+    _check_count(len(items), max_items)
     return ParsedRequest(
         items,
         options.get("model"),
@@ -521,12 +456,12 @@ async def parse_multipart(
     )
 
 
-def _check_count(count: int, max_images: int) -> None:
+def _check_count(count: int, max_items: int) -> None:
     if count == 0:
         raise MalformedRequest("no items (images or texts) in the request")
-    if count > max_images:
+    if count > max_items:
         raise LimitExceeded(
-            f"{count} items in one request; the limit is {max_images}", index=max_images
+            f"{count} items in one request; the limit is {max_items}", index=max_items
         )
 
 

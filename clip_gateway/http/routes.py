@@ -3,11 +3,8 @@ below go to the one error map (http/problems.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import httpx
 import msgspec
@@ -20,90 +17,29 @@ from opentelemetry.trace import Tracer
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import (
     BackendUnavailable,
-    BodyTooSlow,
-    ClientGone,
-    LimitExceeded,
     MalformedRequest,
     UnknownModel,
     UnsupportedFormat,
 )
 from clip_gateway.http import encoding, parsing, url_items
-from clip_gateway.http.auth import PUBLIC, key_of
-from clip_gateway.http.context import AppContext, app_context
+from clip_gateway.http.auth import PUBLIC
+from clip_gateway.http.body import admitted, body_of, in_time, read_all, unless_disconnected
+from clip_gateway.http.context import app_context
 from clip_gateway.http.docs import PROTECTED, EmbeddingsOperation
 from clip_gateway.http.schemas import (
     BinaryDtype,
     Health,
-    ImagePreprocessing,
     ImagingPath,
     ModelCard,
     ModelList,
+    PreprocessingCard,
     TextTokenizer,
 )
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, TextItem
 from clip_gateway.pipeline.service import Embeddings, EmbeddingService
 
-JSON = "application/json"
-T = TypeVar("T")
-
-
-def admitted(
-    request: Request[Any, Any, Any], context: AppContext, *, immich: bool = False
-) -> Reservation:
-    """The pipeline's admission before the first byte is read, for every route that takes a
-    body: a declared length over the limit is refused at once, and the declared size already
-    costs its cheapest decode, charged to the request's API key. ``immich``: its images will be
-    decoded Immich's way (every pixel), and priced so."""
-    refuse_oversized(request, context.settings.max_body_bytes)
-    return context.pipeline.admit(request.content_length, key_of(request), immich=immich)
-
-
-def refuse_oversized(request: Request[Any, Any, Any], limit: int) -> None:
-    """413 at once for a declared length over the body limit (nothing of it is read)."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise LimitExceeded(
-            f"request body of {declared} bytes; the limit is {limit}",
-            limit=limit,
-        )
-
-
-async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
-    """``reading`` (a body being received and parsed) within the body deadline, else 408."""
-    try:
-        async with asyncio.timeout(settings.body_timeout_s):
-            return await reading
-    except TimeoutError as exc:
-        raise BodyTooSlow(
-            f"request body not received within {settings.body_timeout_s:g} s"
-        ) from exc
-
-
-def refuse_encoded(request: Request[Any, Any, Any]) -> None:
-    """415 for a compressed body: never decompressed here (images are compressed already)."""
-    coding = request.headers.get("content-encoding", "").strip().lower()
-    if coding not in ("", "identity"):
-        raise UnsupportedFormat(
-            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
-            "are compressed already)"
-        )
-
-
-def body_of(
-    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
-) -> AsyncIterator[bytes]:
-    """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
-    its size, the minimum upload rate (408), and the bodies in flight, counted on the
-    reservation by the bytes as they arrive (429). Every route that reads a body reads it
-    through this."""
-    refuse_encoded(request)
-    return parsing.body_chunks(
-        request.receive,
-        settings.max_body_bytes,
-        pace=parsing.Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
-        on_bytes=reservation.received,
-    )
+JSON = encoding.JSON_MEDIA_TYPE
 
 
 async def read_request(
@@ -127,14 +63,14 @@ async def _parse(
         return await parsing.parse_multipart(
             chunks,
             options["boundary"],
-            max_images=settings.max_images_per_request,
+            max_items=settings.max_items_per_request,
             max_image_bytes=settings.max_image_bytes,
             max_text_chars=settings.max_text_chars,
             on_item=reservation.add,
         )
     if media_type == JSON:
-        body = await parsing.read_all(chunks)
-        parsed = parsing.parse_json(body, settings.max_images_per_request, settings.max_image_bytes)
+        body = await read_all(chunks)
+        parsed = parsing.parse_json(body, settings.max_items_per_request, settings.max_image_bytes)
         for item in parsed.items:
             if not (isinstance(item, ImageItem) and item.url):  # priced once fetched
                 reservation.add(item)
@@ -253,31 +189,6 @@ def _first(*values: bool | None) -> bool:
     return next(v for v in values if v is not None)
 
 
-async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
-    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task  # let it unwind: admission budget released, gRPC call cancelled
-    raise ClientGone("client disconnected; its pending work was cancelled")
-
-
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
-    # The body has been read: the next ASGI message is the disconnect (or never comes).
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 @get(
     "/healthz",
     tags=["health"],
@@ -333,7 +244,7 @@ async def list_models(state: State) -> ModelList:
         return ModelList("list", [card])
     model, text = capabilities.model, capabilities.text
     pre = model.image_preprocessing
-    preprocessing = ImagePreprocessing(
+    preprocessing = PreprocessingCard(
         size=pre.size,
         resize_mode=pre.resize_mode,
         interpolation=pre.interpolation,

@@ -105,8 +105,9 @@ class Problem(msgspec.Struct, omit_defaults=True):
     index: int | msgspec.UnsetType = msgspec.UNSET
 
 
-class ImagePreprocessing(msgspec.Struct, omit_defaults=True):
-    """What the gateway does to an image before the model (the model's own configuration)."""
+class PreprocessingCard(msgspec.Struct, omit_defaults=True):
+    """/v1/models' account of what the gateway does to an image before the model (the model's
+    own configuration, ``ModelPreprocessing``)."""
 
     size: int
     #: ``shortest`` (resize the short side, centre crop), ``longest`` (resize the long side,
@@ -170,7 +171,7 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     context_length: int | msgspec.UnsetType = msgspec.UNSET
     #: The text tokenizer, when texts are served.
     tokenizer: TextTokenizer | msgspec.UnsetType = msgspec.UNSET
-    preprocessing: ImagePreprocessing | msgspec.UnsetType = msgspec.UNSET
+    preprocessing: PreprocessingCard | msgspec.UnsetType = msgspec.UNSET
     #: Why texts cannot be embedded, when ``text`` is not among the modalities.
     text_unavailable: str | msgspec.UnsetType = msgspec.UNSET
     #: Per tower (``image``, ``text``): ``precision`` (``int8``; ``fp32`` with ``fallback``, why,

@@ -46,11 +46,18 @@ DECODER_OVERHEAD = work.DECODER_OVERHEAD
 
 ResizeMode = Literal["shortest", "longest", "squash"]
 Interpolation = Literal["bicubic", "bilinear"]
+#: Whose preprocessing an image gets: open_clip's (the model's own transform, from its config) or
+#: Immich's ML server's (its /predict, docs/IMMICH.md). The same values as text's ``Variant``
+#: (its cleaning) and the embedding cache's key: the pipeline passes one value to both.
+Variant = Literal["open_clip", "immich"]
 _RESAMPLING = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 
 
 @dataclass(frozen=True)
-class ImageOptions:
+class DecodeOptions:
+    """How ``preprocess`` makes an image's pixels: the served model's preprocessing (the
+    backend's ``ModelPreprocessing``, resolved), whose variant, and the decoder's limits."""
+
     size: int
     max_pixels: int
     max_bytes: int
@@ -63,11 +70,11 @@ class ImageOptions:
     #: Progressive JPEGs with more scans than this are refused (CPU bombs).
     max_scans: int = 256
     progressive_dc_only: bool = True
-    #: Immich's own ML server's transform instead of open_clip's (its /predict, docs/IMMICH.md):
-    #: the short side to S with the long side truncated, a centre crop at truncated offsets,
-    #: bicubic, no EXIF orientation (its previews are stored upright), whatever the model's
-    #: resize mode and interpolation say.
-    immich: bool = False
+    #: ``immich``: Immich's own ML server's transform instead of open_clip's (its /predict,
+    #: docs/IMMICH.md): the short side to S with the long side truncated, a centre crop at
+    #: truncated offsets, bicubic, no EXIF orientation (its previews are stored upright), whatever
+    #: the model's resize mode and interpolation say.
+    variant: Variant = "open_clip"
 
     @property
     def plan(self) -> work.Plan:
@@ -75,8 +82,8 @@ class ImageOptions:
         return work.Plan(
             size=self.size,
             resize_mode=self.resize_mode,
-            full_size=self.immich,
-            dc_only=self.progressive_dc_only and not self.immich,
+            full_size=self.variant == "immich",
+            dc_only=self.progressive_dc_only and self.variant != "immich",
             max_pixels=self.max_pixels,
             max_decode_bytes=self.max_decode_bytes,
             max_scans=self.max_scans,
@@ -113,7 +120,7 @@ def sniff(data: bytes) -> str:
     raise InvalidImage(f"not an image: no {ACCEPTED} signature in the first bytes")
 
 
-def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
+def preprocess(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
     """Decode ``data`` and write the model's input into ``out`` (``[S, S, 3]`` uint8)."""
     if not data:
         raise InvalidImage("empty image (0 bytes)")
@@ -129,7 +136,7 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
     else:
         image, turn, info = _pillow(data, kind, options)
         stored = image.size
-    if options.immich:
+    if options.variant == "immich":
         turn = 1  # Immich's decode_pil never reads EXIF orientation
     # the geometry of open_clip's transform on the full-size upright image...
     transposed = turn >= 5
@@ -146,8 +153,8 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
             source.image() if kind == "jpeg" else image,
             scaled,
             region,
-            "bicubic" if options.immich else options.interpolation,
-            reduce=not options.immich,
+            "bicubic" if options.variant == "immich" else options.interpolation,
+            reduce=options.variant != "immich",
         )
         pixels = _rgb(resized)
     elif kind == "jpeg":
@@ -167,12 +174,12 @@ def preprocess(data: bytes, out: np.ndarray, options: ImageOptions) -> Decoded:
 
 
 def _geometry(
-    width: int, height: int, options: ImageOptions
+    width: int, height: int, options: DecodeOptions
 ) -> tuple[orientation.Box, tuple[int, int]]:
     """The source box (on the full-size upright image) and the (width, height) it becomes, as
     open_clip's inference transform computes them, its rounding included."""
     size, full = options.size, (0.0, 0.0, float(width), float(height))
-    if options.immich:
+    if options.variant == "immich":
         return _immich_geometry(width, height, size), (size, size)
     new_w, new_h = resized_size(width, height, size, options.resize_mode)
     if options.resize_mode != "shortest":  # squash, or longest: padded after
@@ -216,7 +223,7 @@ def _rgb(image: Image.Image) -> np.ndarray:
     return np.frombuffer(image.tobytes("raw", "RGB"), np.uint8).reshape(height, width, 3)
 
 
-def _check_cost(width: int, height: int, peak_bytes: int, options: ImageOptions) -> None:
+def _check_cost(width: int, height: int, peak_bytes: int, options: DecodeOptions) -> None:
     """Refuse before decoding: too many pixels, or more decoder memory than the budget (the
     same check admission makes when it prices the header, imaging/work.py)."""
     work.check_budget(width, height, peak_bytes, options.plan)
@@ -260,10 +267,10 @@ class _Jpeg:
         return rgb[top:bottom, left:right]
 
 
-def _jpeg(data: bytes, options: ImageOptions) -> tuple[_Jpeg, int, Decoded]:
+def _jpeg(data: bytes, options: DecodeOptions) -> tuple[_Jpeg, int, Decoded]:
     # Immich's server decodes every pixel: so does its mode here, or its embeddings would not
     # be Immich's (a DCT-scaled decode moved pixels by up to 42/255, cosine 0.99991)
-    dc_only = options.progressive_dc_only and not options.immich
+    dc_only = options.progressive_dc_only and options.variant != "immich"
     try:
         layout = jpeg.walk(
             data,
@@ -277,8 +284,9 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[_Jpeg, int, Decoded]:
         raise InvalidImage(str(exc)) from exc
     width, height = layout.width, layout.height
     long_side = options.resize_mode == "longest"
-    divisor = 1 if options.immich else jpeg.scale_divisor(width, height, options.size,
-                                                          long_side=long_side)  # fmt: skip
+    full_size = options.variant == "immich"
+    divisor = 1 if full_size else jpeg.scale_divisor(width, height, options.size,
+                                                     long_side=long_side)  # fmt: skip
     scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
     # the coefficient buffer and the decoded RGBX array (Pillow maps it without a copy)
     _check_cost(width, height, layout.coefficient_bytes + scaled * 4 + DECODER_OVERHEAD, options)
@@ -296,13 +304,13 @@ def _jpeg(data: bytes, options: ImageOptions) -> tuple[_Jpeg, int, Decoded]:
     price = work.Work("jpeg", coding, work.jpeg_seconds(layout, coding, len(data), options.plan))
     info = Decoded("jpeg", layout.width, layout.height, scaled, len(data), price)
     size = (math.ceil(width / divisor), math.ceil(height / divisor))
-    return _Jpeg(data, layout, options.size, long_side, options.immich, size), turn, info
+    return _Jpeg(data, layout, options.size, long_side, full_size, size), turn, info
 
 
 _CONTAINERS = {"png": containers.png, "webp": containers.webp, "gif": containers.gif}
 
 
-def _pillow(data: bytes, kind: str, options: ImageOptions) -> tuple[Image.Image, int, Decoded]:
+def _pillow(data: bytes, kind: str, options: DecodeOptions) -> tuple[Image.Image, int, Decoded]:
     try:
         header = _CONTAINERS[kind](data)
     except containers.ContainerError as exc:

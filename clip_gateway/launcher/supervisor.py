@@ -58,9 +58,9 @@ from clip_gateway.launcher import (
     calibrate,
     cpu_auto,
     engines,
-    exports,
     int8_openvino,
     profiles,
+    served_export,
 )
 from clip_gateway.launcher.local import LocalTriton, TritonInstall, otel_trace_args, otlp_traces_url
 from clip_gateway.launcher.repository import default_templates, render, rendered_config
@@ -139,7 +139,7 @@ class Supervisor:
         the Triton environment installs); the exit code."""
         int8 = self.settings.repository.profile == "cpu-int8"
         try:
-            exports.find_or_export(self.settings.launch, self.progress, self.stop_requested,
+            served_export.find_or_export(self.settings.launch, self.progress, self.stop_requested,
                                    int8=int8)  # fmt: skip
         except Interrupted:
             return OK
@@ -166,7 +166,9 @@ class Supervisor:
         gpu = profiles.detect() if automatic else None
         # auto without a GPU makes cpu-int8's files too, in the background at the first start
         int8 = self.settings.repository.profile == "cpu-int8"
-        export_dir = exports.find_or_export(launch, self.progress, self.stop_requested, int8=int8)
+        export_dir = served_export.find_or_export(
+            launch, self.progress, self.stop_requested, int8=int8
+        )
         if self.settings.repository.profile == "cpu-int8":
             self.int8_fallback = self.int8_gate(export_dir)
         identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
@@ -438,7 +440,7 @@ class Supervisor:
             return export_dir, *self.provisional_cpu(export_dir)
         profile, reason = recorded
         if profile == "cpu-int8":  # a new cache volume, or the export made again
-            export_dir = exports.find_or_export(self.settings.launch, self.progress,
+            export_dir = served_export.find_or_export(self.settings.launch, self.progress,
                                                 self.stop_requested, int8=True)  # fmt: skip
         return export_dir, profile, reason
 
@@ -468,7 +470,7 @@ class Supervisor:
         deadline = time.monotonic() + launch.startup_timeout_s
         try:
             # cpu-int8's files, quantized now if the export has none yet (as at a fresh start)
-            exports.find_or_export(launch, self.progress, self.stop_requested, int8=True)
+            served_export.find_or_export(launch, self.progress, self.stop_requested, int8=True)
             profile, reason = self.measure_cpu(export_dir, identity, repository, deadline)
             if profile == "cpu-bf16":
                 profile, reason = self.bf16_gate(export_dir, reason, deadline)

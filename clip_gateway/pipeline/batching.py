@@ -15,7 +15,7 @@ import numpy as np
 from opentelemetry.trace import Span, Tracer
 
 from clip_gateway.errors import EmbeddingError, InvalidImage, Overspent
-from clip_gateway.imaging.preprocess import Decoded, ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import Decoded, DecodeOptions, preprocess
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import record_span
 from clip_gateway.pipeline.fair import FairExecutor, Flow
@@ -100,7 +100,7 @@ class BatchDecoder:
     async def decode(
         self,
         items: Sequence[ImageItem],
-        options: ImageOptions,
+        options: DecodeOptions,
         *,
         skip_invalid: bool,
         indices: Sequence[int] | None = None,
@@ -156,7 +156,7 @@ class BatchDecoder:
         self,
         items: Sequence[ImageItem],
         batch: np.ndarray,
-        options: ImageOptions,
+        options: DecodeOptions,
         meter: Meter | None = None,
     ) -> list[object]:
         """One pool task per image, but one wake-up of the event loop per batch: the last
@@ -286,7 +286,7 @@ def _detached(exc: EmbeddingError) -> EmbeddingError:
 
 
 def _decode_one(
-    item: ImageItem, out: np.ndarray, options: ImageOptions, meter: Meter | None = None
+    item: ImageItem, out: np.ndarray, options: DecodeOptions, meter: Meter | None = None
 ) -> _Timed:
     start, cpu = time.time_ns(), time.thread_time()
     try:

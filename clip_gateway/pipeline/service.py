@@ -31,7 +31,7 @@ from clip_gateway.backend.protocol import (
     ImageBatch,
     InferenceBackend,
     ModelInfo,
-    Preprocessing,
+    ModelPreprocessing,
     TextModel,
 )
 from clip_gateway.config import memory
@@ -43,7 +43,7 @@ from clip_gateway.errors import (
     EmbeddingError,
     ModalityUnavailable,
 )
-from clip_gateway.imaging.preprocess import Decoded, ImageOptions
+from clip_gateway.imaging.preprocess import Decoded, DecodeOptions, Variant
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline import cache as _cache
 from clip_gateway.pipeline.admission import METER_FLOOR_S, Admission, Reservation
@@ -165,7 +165,7 @@ class EmbeddingService:
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
         self._tokenizer = BatchTokenizer(pool, options.max_text_chars, self._metrics)
         #: The served model's preprocessing, once the backend has said (admission's plan).
-        self._preprocessing: Preprocessing | None = None
+        self._preprocessing: ModelPreprocessing | None = None
 
     def _decoded(self, samples: Sequence[DecodeSample], encoded: int, pixels: int) -> None:
         for sample in samples:
@@ -179,33 +179,33 @@ class EmbeddingService:
             self._trimmer.worked(encoded * 2 + pixels * 8)
 
     def admit(
-        self, declared_bytes: int | None, key: str | None = None, *, immich: bool = False
+        self, declared_bytes: int | None, key: str | None = None, *, variant: Variant = "open_clip"
     ) -> Reservation:
         """A request's reservation, before its body is read: refused at once when even its
         declared bytes could not be admitted (pipeline/admission.py). Its items are added to it
-        as they are read (``Reservation.add``, priced by the decode ``immich`` or not will
+        as they are read (``Reservation.add``, priced by the decode its ``variant`` will
         run), its body bytes as they arrive (``Reservation.received``); ``embed`` takes it.
         Release it (``with``) once answered."""
-        plan = self._image_options(self._preprocessing, immich).plan
+        plan = self._decode_options(self._preprocessing, variant).plan
         reservation = self.admission.reserve(declared_bytes, key, plan)
         if self._cache is not None and self._model is not None:
-            reservation.probe = self._probe(self._model, immich)
+            reservation.probe = self._probe(self._model, variant)
         return reservation
 
-    def _probe(self, model: ModelInfo, immich: bool) -> _Probe:
+    def _probe(self, model: ModelInfo, variant: Variant) -> _Probe:
         """The cache lookup for ``model`` and the preprocessing variant."""
         assert self._cache is not None
         identity = _cache.identity(
             model.name, model.embed_dim, model.image_preprocessing, model.quantization,
-            model.canary, model.text, "immich" if immich else "open_clip",
+            model.canary, model.text, variant,
         )  # fmt: skip
         return _Probe(self._cache, identity, self._metrics)
 
-    def _image_options(self, pre: Preprocessing | None, immich: bool) -> ImageOptions:
+    def _decode_options(self, pre: ModelPreprocessing | None, variant: Variant) -> DecodeOptions:
         """How images are decoded for the served model (``pre``; before the backend has said,
         a 224 px shortest-side resize) and the limits."""
         limits = self._options
-        return ImageOptions(
+        return DecodeOptions(
             size=pre.size if pre else 224,
             max_pixels=limits.max_image_pixels,
             max_bytes=limits.max_image_bytes,
@@ -214,7 +214,7 @@ class EmbeddingService:
             resize_mode=pre.resize_mode if pre else "shortest",
             interpolation=pre.interpolation if pre else "bicubic",
             fill_color=pre.fill_color if pre else (0, 0, 0),
-            immich=immich,
+            variant=variant,
         )
 
     async def capabilities(self) -> Capabilities:
@@ -242,18 +242,18 @@ class EmbeddingService:
         *,
         normalize: bool = True,
         skip_invalid: bool = False,
-        immich: bool = False,
+        variant: Variant = "open_clip",
     ) -> Embeddings:
         """Embed items admitted on ``reservation`` (each one added to it as it was read)
-        within the deadline. ``immich``: preprocess images and clean texts as Immich's own ML
-        server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
+        within the deadline. ``variant`` ``immich``: preprocess images and clean texts as Immich's
+        own ML server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
         batching are the same."""
         if reservation.admission is not self.admission or reservation.items < len(items):
             raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
         timeout = self._options.request_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await self._embed(items, normalize, skip_invalid, immich,
+                return await self._embed(items, normalize, skip_invalid, variant,
                                          reservation)  # fmt: skip
         except TimeoutError as exc:
             raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
@@ -263,13 +263,13 @@ class EmbeddingService:
         items: Sequence[Item],
         normalize: bool,
         skip_invalid: bool,
-        immich: bool,
+        variant: Variant,
         reservation: Reservation,
     ) -> Embeddings:
         deadline = time.monotonic() + self._options.request_timeout_s
         model = await self._backend.model_info()
         self._preprocessing, self._model = model.image_preprocessing, model
-        cached = self._cached(items, model, immich, reservation)
+        cached = self._cached(items, model, variant, reservation)
         images = [i for i, item in enumerate(items)
                   if not isinstance(item, TextItem) and i not in cached.indices]  # fmt: skip
         texts = [i for i, item in enumerate(items)
@@ -280,12 +280,12 @@ class EmbeddingService:
             # checked before any work is spent, on texts or images: they cost nothing to check
             good, refused = self._embeddable_texts(items, texts, model, skip_invalid)
             if good:
-                work.append(lambda: self._embed_texts(items, good, model, deadline, immich))
+                work.append(lambda: self._embed_texts(items, good, model, deadline, variant))
         if images:
             meter = self._meter(reservation)
             work.append(
                 lambda: self._embed_images(
-                    items, images, model, skip_invalid, deadline, immich, meter
+                    items, images, model, skip_invalid, deadline, variant, meter
                 )
             )
         parts = await _gather_or_cancel([make() for make in work])
@@ -323,7 +323,7 @@ class EmbeddingService:
         )
 
     def _cached(
-        self, items: Sequence[Item], model: ModelInfo, immich: bool, reservation: Reservation
+        self, items: Sequence[Item], model: ModelInfo, variant: Variant, reservation: Reservation
     ) -> _PartialEmbeddings:
         """The items the cache answers, as a part of their own (no decode, no model call). The
         items were probed as they were admitted; those that were not (the model was not known
@@ -331,7 +331,7 @@ class EmbeddingService:
         empty = _PartialEmbeddings("cached", np.empty((0, model.embed_dim), dtype=np.float32), ())
         if self._cache is None:
             return empty
-        probe = self._probe(model, immich)
+        probe = self._probe(model, variant)
         made = reservation.probe
         if not isinstance(made, _Probe) or made.identity != probe.identity:
             reservation.keys.clear()
@@ -404,11 +404,11 @@ class EmbeddingService:
         model: ModelInfo,
         skip_invalid: bool,
         deadline: float,
-        immich: bool = False,
+        variant: Variant = "open_clip",
         meter: Meter | None = None,
     ) -> _PartialEmbeddings:
         limits = self._options
-        options = self._image_options(model.image_preprocessing, immich)
+        options = self._decode_options(model.image_preprocessing, variant)
         images: list[ImageItem] = [items[i] for i in indices]  # type: ignore[misc]
         limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
         # decoded straight into the batch the backend sends from (a shared-memory region when
@@ -447,13 +447,13 @@ class EmbeddingService:
         indices: list[int],
         model: ModelInfo,
         deadline: float,
-        immich: bool = False,
+        variant: Variant = "open_clip",
     ) -> _PartialEmbeddings:
         assert model.text is not None
         texts: list[TextItem] = [items[i] for i in indices]  # type: ignore[misc]
         started = time.perf_counter()
         tokenizer = self._tokenizer.for_model(model)
-        batch = await self._tokenizer.tokenize(texts, indices, tokenizer, immich=immich)
+        batch = await self._tokenizer.tokenize(texts, indices, tokenizer, variant=variant)
         tokenized_at = time.perf_counter()
         vectors = await self._infer_in_chunks(self._run_texts, _Tokens(batch.tokens),
                                     model.text.max_batch_size, deadline, True,

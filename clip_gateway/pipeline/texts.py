@@ -18,7 +18,7 @@ from clip_gateway.backend.protocol import ModelInfo
 from clip_gateway.errors import EmbeddingError, InvalidText, LimitExceeded, ModalityUnavailable
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.items import TextItem
-from clip_gateway.text import Tokenizer, load_tokenizer
+from clip_gateway.text import Tokenizer, Variant, load_tokenizer
 
 # One request's texts are tokenised by one pool thread; the pool spreads requests over the cores,
 # so the tokenizer's own thread pool would only oversubscribe them.
@@ -105,16 +105,16 @@ class BatchTokenizer:
         indices: Sequence[int],
         tokenizer: Tokenizer,
         *,
-        immich: bool = False,
+        variant: Variant = "open_clip",
     ) -> TokenBatch:
         """Token rows for texts without a ``problem`` (``indices``: each one's index in the
-        request); one pool task for them all. ``immich``: the texts cleaned as Immich's server
-        cleans them (its /predict), not as open_clip does."""
+        request); one pool task for them all. ``variant`` ``immich``: the texts cleaned as
+        Immich's server cleans them (its /predict), not as open_clip does."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         rows, count = await loop.run_in_executor(
             self._pool,
-            functools.partial(tokenizer.tokenize_counted, immich=immich),
+            functools.partial(tokenizer.tokenize_counted, variant=variant),
             [item.text for item in texts],
         )
         self._metrics.tokenize_seconds.observe(time.perf_counter() - started)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
+
+#: Whose cleaning a text gets before its ids: open_clip's (the model's own, from its tokenizer
+#: options) or Immich's ML server's (its /predict, docs/IMMICH.md). The same values as imaging's
+#: ``Variant`` (its preprocessing): the pipeline passes one value to both.
+Variant = Literal["open_clip", "immich"]
 
 
 class Tokenizer(Protocol):
@@ -18,11 +23,11 @@ class Tokenizer(Protocol):
         ...
 
     def tokenize_counted(
-        self, texts: Sequence[str], *, immich: bool = False
+        self, texts: Sequence[str], *, variant: Variant = "open_clip"
     ) -> tuple[np.ndarray, int]:
         """``tokenize`` and the tokens the model reads (padding not counted), summed.
-        ``immich``: cleaned as Immich's server cleans a query (its /predict), not as open_clip
-        does; the tokenizer file's own normaliser and framing apply either way."""
+        ``variant`` ``immich``: cleaned as Immich's server cleans a query (its /predict), not as
+        open_clip does; the tokenizer file's own normaliser and framing apply either way."""
         ...
 
 

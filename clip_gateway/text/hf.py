@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import tokenizers
 
-from clip_gateway.text.tokenizer import CLEANERS, immich_clean_text
+from clip_gateway.text import Variant
+from clip_gateway.text.tokenizer import CLEANERS, clean_immich
 
 #: The tokenizer kind (``clip_text``'s ``tokenizer`` parameter, the manifest's ``kind``).
 HF_KIND = "hf"
@@ -69,15 +70,15 @@ class HfTokenizer:
         return self.tokenize_counted(texts)[0]
 
     def tokenize_counted(
-        self, texts: Sequence[str], *, immich: bool = False
+        self, texts: Sequence[str], *, variant: Variant = "open_clip"
     ) -> tuple[np.ndarray, int]:
         """``tokenize`` and the tokens the model reads (padding not counted), summed.
-        ``immich``: cleaned as Immich's server cleans a query, not as open_clip does."""
+        ``variant`` ``immich``: cleaned as Immich's server cleans a query, not as open_clip does."""
         rows = np.zeros((len(texts), self.context_length), dtype=np.int32)
         if not texts:
             return rows, 0
-        if immich:
-            cleaned = [immich_clean_text(text, self._immich_canonicalize) for text in texts]
+        if variant == "immich":
+            cleaned = [clean_immich(text, self._immich_canonicalize) for text in texts]
         else:
             cleaned = [self._clean(text) for text in texts]
         encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=True)

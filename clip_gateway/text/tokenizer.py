@@ -28,6 +28,8 @@ import ftfy
 import numpy as np
 import tokenizers
 
+from clip_gateway.text import Variant
+
 START_OF_TEXT = "<start_of_text>"
 END_OF_TEXT = "<end_of_text>"
 
@@ -75,7 +77,7 @@ CLEANERS: dict[str, Callable[[str], str]] = {
 }
 
 
-def immich_clean_text(text: str, canonicalize: bool = False) -> str:
+def clean_immich(text: str, canonicalize: bool = False) -> str:
     """Immich's ``clean_text``: whitespace runs to one space, trimmed; for models whose
     ``tokenizer_kwargs.clean`` is ``canonicalize`` (SigLIP's), then ASCII punctuation removed and
     lower case. Unlike open_clip's ``canonicalize_text``, ``_`` is removed, not made a space, and
@@ -84,12 +86,12 @@ def immich_clean_text(text: str, canonicalize: bool = False) -> str:
     return text.translate(_NO_PUNCTUATION).lower() if canonicalize else text
 
 
-def clean_immich(text: str) -> str:
+def _clean_immich_bpe(text: str) -> str:
     """What Immich's server does to a query before its ids, for OpenAI's CLIP BPE: its
     ``clean_text``, then the normaliser of the ``tokenizer.json`` it loads from the Hugging Face
     hub (NFC, lower case). No ftfy, no HTML unescaping: ``&amp;`` stays five characters, as
     Immich embeds it."""
-    return unicodedata.normalize("NFC", immich_clean_text(text)).lower()
+    return unicodedata.normalize("NFC", clean_immich(text)).lower()
 
 
 class ClipBpeTokenizer:
@@ -115,7 +117,7 @@ class ClipBpeTokenizer:
 
     def tokenize(self, texts: Sequence[str], cleaning: Callable[[str], str] = clean) -> np.ndarray:
         """Token ids for each text, one row each; empty or blank text is start + end only.
-        ``cleaning``: open_clip's (``clean``) or Immich's (``clean_immich``)."""
+        ``cleaning``: open_clip's (``clean``) or Immich's (``_clean_immich_bpe``)."""
         cleaned = [cleaning(text) for text in texts]
         plain = [i for i, text in enumerate(cleaned) if not self._has_special(text)]
         bodies: list[list[int]] = [[] for _ in cleaned]
@@ -136,12 +138,12 @@ class ClipBpeTokenizer:
         return rows
 
     def tokenize_counted(
-        self, texts: Sequence[str], *, immich: bool = False
+        self, texts: Sequence[str], *, variant: Variant = "open_clip"
     ) -> tuple[np.ndarray, int]:
         """``tokenize`` and the tokens the model reads (start and end included, padding
         not), summed: each row ends with the end token, truncated texts keep it last.
-        ``immich``: the texts cleaned as Immich's server cleans them (its /predict)."""
-        rows = self.tokenize(texts, clean_immich if immich else clean)
+        ``variant`` ``immich``: the texts cleaned as Immich's server cleans them (its /predict)."""
+        rows = self.tokenize(texts, _clean_immich_bpe if variant == "immich" else clean)
         return rows, int((np.argmax(rows == self.end_id, axis=1) + 1).sum())
 
     @staticmethod

@@ -21,7 +21,7 @@ def fake(clip_tokenizer_file: Path) -> FakeBackend:
 @pytest.fixture
 def settings() -> ServerSettings:
     return ServerSettings(
-        max_images_per_request=16,
+        max_items_per_request=16,
         max_body_bytes=2 << 20,
         max_image_bytes=1 << 20,
         max_image_pixels=30_000_000,

@@ -34,7 +34,7 @@ def test_a_class_priced_ten_times_too_low_is_stopped_at_the_multiple_and_learned
     monkeypatch.setitem(work.FACTORS, "jpeg-progressive", (per_block / 10, per_byte / 10))
     monkeypatch.setattr(work, "JPEG_OUTPUT_S_PER_PIXEL", work.JPEG_OUTPUT_S_PER_PIXEL / 10)
     data = strip()
-    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_images_per_request=16,
+    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_items_per_request=16,
                               admission_infer_s_per_image=0.01)  # fmt: skip
     with TestClient(create_app(settings, lambda *_: fake)) as client:
         admission = app_context(client.app.state).pipeline.admission
@@ -69,7 +69,7 @@ def test_a_class_priced_ten_times_too_low_is_stopped_at_the_multiple_and_learned
 
 
 def test_a_request_within_its_price_is_never_stopped(fake: FakeBackend) -> None:
-    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_images_per_request=16,
+    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_items_per_request=16,
                               admission_infer_s_per_image=0.01)  # fmt: skip
     with TestClient(create_app(settings, lambda *_: fake)) as client:
         answer = client.post("/v1/embeddings", files=files(*[strip()] * 8))
@@ -79,7 +79,7 @@ def test_a_request_within_its_price_is_never_stopped(fake: FakeBackend) -> None:
 def test_a_rate_learned_below_the_factors_does_not_tighten_the_meter(fake: FakeBackend) -> None:
     """A machine that decoded faster than the factors learns a rate under 1 (down to a quarter);
     the same images decoding at the factors' speed (a loaded machine) are not overspent."""
-    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_images_per_request=16,
+    settings = ServerSettings(canary_interval_s=0, decode_threads=2, max_items_per_request=16,
                               admission_infer_s_per_image=0.01)  # fmt: skip
     with TestClient(create_app(settings, lambda *_: fake)) as client:
         admission = app_context(client.app.state).pipeline.admission

@@ -237,7 +237,7 @@ def test_aliases_parse_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_predict_reads_its_body_under_the_same_limits_as_embeddings(immich: TestClient) -> None:
-    """/predict reads through routes.body_of: a compressed body is refused unread (415), as on
+    """/predict reads through body.body_of: a compressed body is refused unread (415), as on
     /v1/embeddings, and the bodies-in-flight account is back to zero after each request."""
     files = [("entries", (None, json.dumps(VISUAL))), ("image", ("blob", samples.compact(0)))]
     refused = immich.post("/predict", files=files, headers={"Content-Encoding": "gzip"})

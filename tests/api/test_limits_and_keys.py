@@ -34,7 +34,7 @@ def make_client(fake: FakeBackend, **overrides: object) -> TestClient:
             # admission made countable: each image costs ~0.1 s, at most 8 of them in flight
             "admission_infer_s_per_image": 0.1,
             "admission_horizon_s": 0.85,
-            "max_images_per_request": 8,
+            "max_items_per_request": 8,
             **overrides,
         }
     )
@@ -44,7 +44,7 @@ def make_client(fake: FakeBackend, **overrides: object) -> TestClient:
 def test_admission_is_counted_in_work_and_fails_fast(fake: FakeBackend) -> None:
     fake.hold()
     results: dict[str, object] = {}
-    with make_client(fake, max_images_per_request=8) as client:
+    with make_client(fake, max_items_per_request=8) as client:
         before = client.get("/metrics").text
 
         def post(name: str, count: int, seed: int) -> None:
@@ -234,7 +234,7 @@ def test_overload_refuses_with_429_and_loses_nothing(fake: FakeBackend) -> None:
     """A full budget refuses every newcomer with 429; under concurrency every answer is either
     the request's own embedding or a clean 429, never someone else's."""
     images = [samples.compact(i) for i in range(6)]
-    with make_client(fake, max_images_per_request=2, admission_horizon_s=0.45) as client:
+    with make_client(fake, max_items_per_request=2, admission_horizon_s=0.45) as client:
         expected = [
             client.post("/v1/embeddings", files=files(x)).json()["data"][0]["embedding"]
             for x in images

@@ -17,7 +17,7 @@ from tests.controlled import Control, render_control_repository
 def gateway(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
     env = {
-        "GATEWAY_MAX_IMAGES_PER_REQUEST": "64",
+        "GATEWAY_MAX_ITEMS_PER_REQUEST": "64",
         "GATEWAY_MAX_BODY_BYTES": str(48 << 20),
         "GATEWAY_MAX_IMAGE_PIXELS": "30000000",
         "GATEWAY_DECODE_THREADS": "2",

@@ -130,7 +130,7 @@ class Counting(httpcore.AsyncNetworkBackend):
 
 def settings(**changes: Any) -> ServerSettings:
     base: dict[str, Any] = {
-        "max_images_per_request": 64,
+        "max_items_per_request": 64,
         "max_body_bytes": 8 << 20,
         "max_image_bytes": 1 << 20,
         "decode_threads": 2,

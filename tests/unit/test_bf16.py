@@ -126,7 +126,7 @@ def test_cpu_bf16_renders_the_fp32_files_on_openvino_with_the_gates_figures(
 
 
 def test_cpu_bf16_refused_renders_the_cpu_profile_saying_why(tmp_path: Path) -> None:
-    from clip_gateway.backend.triton import parse_model_config, parse_text_config
+    from clip_gateway.backend.model_config import parse_model_config, parse_text_config
 
     why = "BF16 refused by the quality gate: text tower cosine vs FP32 min 0.98000 < 0.99"
     section = bf16.section("2026.4.1", FIGURES, Thresholds(), why)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
+from clip_gateway.imaging.preprocess import Variant
 from clip_gateway.pipeline.cache import MemoryCache, SqliteCache, identity, key
 from clip_gateway.pipeline.items import ImageItem
 from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
@@ -55,21 +57,31 @@ def test_immich_preprocessing_never_gets_the_open_clip_vector() -> None:
     options = PipelineOptions(request_timeout_s=10.0, decode_threads=2, horizon_s=5.0)
     image = ImageItem(samples.compact(7))
 
-    async def run(pipeline: EmbeddingService, immich: bool) -> np.ndarray:
-        with pipeline.admit(None, immich=immich) as reservation:
+    async def run(pipeline: EmbeddingService, variant: Variant) -> np.ndarray:
+        with pipeline.admit(None, variant=variant) as reservation:
             reservation.add(image)
             reservation.body_read()
-            result = await pipeline.embed(reservation, [image], immich=immich, normalize=False)
+            result = await pipeline.embed(reservation, [image], variant=variant, normalize=False)
         return result.vectors[0]
 
     async def scenario() -> None:
         with ThreadPoolExecutor(2) as pool:
             pipeline = EmbeddingService(fake, pool, options, cache=MemoryCache(1 << 20))
-            open_clip = await run(pipeline, False)
+            open_clip = await run(pipeline, "open_clip")
             batches = fake.batches
-            assert np.array_equal(await run(pipeline, False), open_clip)
+            assert np.array_equal(await run(pipeline, "open_clip"), open_clip)
             assert fake.batches == batches  # the second open_clip request: a hit
-            await run(pipeline, True)
+            await run(pipeline, "immich")
             assert fake.batches == batches + 1  # Immich's variant: decoded and run
 
     asyncio.run(scenario())
+
+
+def test_images_and_texts_take_one_variant_value() -> None:
+    """The pipeline passes one variant to imaging (preprocessing) and text (cleaning), and the
+    cache keys embeddings by it: the two layers, which may not import each other, name the same
+    values."""
+    from clip_gateway import text
+    from clip_gateway.imaging import preprocess
+
+    assert get_args(preprocess.Variant) == get_args(text.Variant) == ("open_clip", "immich")

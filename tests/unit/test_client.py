@@ -19,7 +19,7 @@ from PIL import Image
 
 from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.client import AsyncClient, Client, ClientError, CompactOptions, compact
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from tests import samples
 
 BIG = jpeg(photo(*CAMERA_SIZES[8], seed=3))
@@ -55,7 +55,7 @@ def test_the_gateway_only_crops_or_pads_a_compact_upload(
     pixels = simplejpeg.decode_jpeg(upload, colorspace="RGB")
     height, width = pixels.shape[:2]
     out = np.empty((224, 224, 3), np.uint8)
-    preprocess(upload, out, ImageOptions(size=224, max_pixels=1 << 30, max_bytes=1 << 30,
+    preprocess(upload, out, DecodeOptions(size=224, max_pixels=1 << 30, max_bytes=1 << 30,
                                          resize_mode=mode))  # fmt: skip
     if mode == "shortest":
         assert min(width, height) == 224

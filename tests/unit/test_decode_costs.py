@@ -33,12 +33,12 @@ SCANS, DC_SCANS = 10, 2  # libjpeg's default progressive script for YCbCr
 OVERHEAD = MiB
 
 
-def options(mode: images.ResizeMode = "shortest", **kw: int) -> images.ImageOptions:
+def options(mode: images.ResizeMode = "shortest", **kw: int) -> images.DecodeOptions:
     base = {"size": 224, "max_pixels": 50_000_000, "max_bytes": 64 * MiB}
-    return images.ImageOptions(resize_mode=mode, **{**base, **kw})  # type: ignore[arg-type]
+    return images.DecodeOptions(resize_mode=mode, **{**base, **kw})  # type: ignore[arg-type]
 
 
-def run(data: bytes, opts: images.ImageOptions) -> images.Decoded:
+def run(data: bytes, opts: images.DecodeOptions) -> images.Decoded:
     return images.preprocess(data, np.empty((opts.size, opts.size, 3), np.uint8), opts)
 
 

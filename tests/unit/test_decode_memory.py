@@ -28,12 +28,12 @@ W, H = 3000, 2000  # 6 MP: large enough that the decoder's buffers dwarf its fix
 CHILD = r"""
 import sys
 import numpy as np
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from clip_gateway.config import memory
 
 memory.tune()
 data = open(sys.argv[1], "rb").read()
-options = ImageOptions(size=224, max_pixels=10**9, max_bytes=1 << 30, max_decode_bytes=1 << 40,
+options = DecodeOptions(size=224, max_pixels=10**9, max_bytes=1 << 30, max_decode_bytes=1 << 40,
                        progressive_dc_only=False)
 out = np.empty((224, 224, 3), np.uint8)
 preprocess(data, out, options)  # the first call: imports, tables, pools
@@ -78,7 +78,7 @@ def estimate(data: bytes) -> int:
     step, low, high = 1 << 16, 0, (1 << 30) >> 16
     while low < high:
         mid = (low + high) // 2
-        options = images.ImageOptions(
+        options = images.DecodeOptions(
             size=224, max_pixels=10**9, max_bytes=1 << 30, max_decode_bytes=mid * step
         )
         try:

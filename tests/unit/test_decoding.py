@@ -17,14 +17,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from clip_gateway.errors import EmbeddingError, InvalidImage, LimitExceeded, UnsupportedFormat
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.batching import BatchDecoder, DecodedBatch
 from clip_gateway.pipeline.items import ImageItem, item_bytes
 from tests import samples
 
 T = TypeVar("T")
-OPTIONS = ImageOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
+OPTIONS = DecodeOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
 JPEG, PNG = samples.compact(0), samples.png(1)
 
 
@@ -33,7 +33,7 @@ def image(value: bytes | str) -> ImageItem:
     return ImageItem(value) if isinstance(value, bytes) else ImageItem.from_base64(value)
 
 
-def expected(data: bytes, options: ImageOptions = OPTIONS) -> tuple[np.ndarray, object]:
+def expected(data: bytes, options: DecodeOptions = OPTIONS) -> tuple[np.ndarray, object]:
     out = np.zeros((options.size, options.size, 3), np.uint8)
     return out, preprocess(data, out, options)
 
@@ -64,7 +64,7 @@ class Harness:
         items: Sequence[bytes | str | ImageItem],
         *,
         skip: bool,
-        options: ImageOptions = OPTIONS,
+        options: DecodeOptions = OPTIONS,
     ) -> DecodedBatch:
         typed = [i if isinstance(i, ImageItem) else image(i) for i in items]
         return asyncio.run(self.decoder.decode(typed, options, skip_invalid=skip))  # fmt: skip
@@ -156,7 +156,7 @@ def test_every_item_lands_in_its_row(harness: Harness) -> None:
 
 
 def test_the_batch_has_the_requested_size(harness: Harness) -> None:
-    options = ImageOptions(size=64, max_pixels=40_000_000, max_bytes=16 << 20)
+    options = DecodeOptions(size=64, max_pixels=40_000_000, max_bytes=16 << 20)
     batch = harness.decode([JPEG, PNG], skip=False, options=options)
     assert batch.pixels.shape == (2, 64, 64, 3)
     assert np.array_equal(batch.pixels[1], expected(PNG, options)[0])
@@ -179,7 +179,7 @@ def test_each_error_keeps_its_own_type(harness: Harness) -> None:
 
 
 def test_skip_invalid_keeps_the_good_rows_and_reports_the_bad_ones(harness: Harness) -> None:
-    oversized = ImageOptions(size=224, max_pixels=40_000_000, max_bytes=len(JPEG) + 10)
+    oversized = DecodeOptions(size=224, max_pixels=40_000_000, max_bytes=len(JPEG) + 10)
     items: list[bytes | str] = [b"", JPEG, "@@@", PNG, samples.png(2)]
     batch = harness.decode(items, skip=True, options=oversized)
     assert batch.indices == (1,)
@@ -305,7 +305,7 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
 
     started, proceed = threading.Event(), threading.Event()
 
-    def slow(data: bytes, out: np.ndarray, options: ImageOptions) -> object:
+    def slow(data: bytes, out: np.ndarray, options: DecodeOptions) -> object:
         started.set()
         proceed.wait(30)
         out[...] = 7

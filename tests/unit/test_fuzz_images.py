@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from bench.harness.photos import jpeg, photo
 from clip_gateway.errors import EmbeddingError
 from clip_gateway.http.problems import problem_of
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from tests import samples
 
-OPTIONS = ImageOptions(size=224, max_pixels=20_000_000, max_bytes=8 << 20)
+OPTIONS = DecodeOptions(size=224, max_pixels=20_000_000, max_bytes=8 << 20)
 SEEDS = {
     "jpeg": samples.compact(3),
     "jpeg-progressive": jpeg(photo(640, 480, seed=4), progressive=True),

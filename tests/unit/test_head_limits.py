@@ -6,15 +6,17 @@ pipelining, large bodies) is served as before. The gateway process: tests/integr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import uvicorn
 
-from clip_gateway.http.connections import DeadlineProtocol
+from clip_gateway.http.connections import DeadlineProtocol, HeadLimits, protocol
 
 HEAD_BYTES, FIELDS = 4096, 12
 
@@ -33,23 +35,30 @@ async def echo(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-@pytest.fixture(scope="module")
-def address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    limits = DeadlineProtocol.max_head_bytes, DeadlineProtocol.max_header_fields
-    DeadlineProtocol.max_head_bytes, DeadlineProtocol.max_header_fields = HEAD_BYTES, FIELDS
+@contextlib.contextmanager
+def serving(http: Callable[..., DeadlineProtocol], **config: Any) -> Iterator[tuple[str, int]]:
+    """The echo app on a real uvicorn server in a thread of this process, on a free port."""
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(
-        uvicorn.Config(echo, http=DeadlineProtocol, log_level="error", lifespan="off")
+        uvicorn.Config(echo, http=http, log_level="error", lifespan="off", **config)  # type: ignore[arg-type]
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
     thread.start()
     while not server.started:
         threading.Event().wait(0.01)
-    yield sock.getsockname()[:2]
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
-    DeadlineProtocol.max_head_bytes, DeadlineProtocol.max_header_fields = limits
+    try:
+        yield sock.getsockname()[:2]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def address() -> Iterator[tuple[str, int]]:
+    limits = HeadLimits(max_head_bytes=HEAD_BYTES, max_header_fields=FIELDS)
+    with serving(protocol(limits)) as address:
+        yield address
 
 
 def exchange(
@@ -137,3 +146,44 @@ def test_bodies_keep_alive_and_pipelining_are_not_heads(address: tuple[str, int]
     )
     assert answer.count(b"HTTP/1.1 200 ") == 2, answer[:300]
     assert body in answer
+
+
+def test_two_servers_in_one_process_answer_the_connection_limit_each_with_its_own_retry_after() -> (
+    None
+):
+    """Each app's connections carry its own limits and Retry-After (passed to the protocol, no
+    class state): with a limit of one connection every request is past it, and each server
+    answers 503 with the seconds its own source gives."""
+    limits = HeadLimits(max_head_bytes=HEAD_BYTES, max_header_fields=FIELDS)
+    with (
+        serving(protocol(limits, lambda: 6.2), limit_concurrency=1) as first,
+        serving(protocol(HeadLimits(), lambda: 42.0), limit_concurrency=1) as second,
+    ):
+        for address, wait in ((first, 7), (second, 42)):
+            answer = exchange(address, get(b"Connection: close\r\n"))
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 ")
+            assert f"retry-after: {wait}".encode() in head.lower()
+            assert json.loads(body)["detail"].endswith(f"retry after {wait} s")
+
+
+def test_each_worker_app_gets_a_protocol_bound_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's uvicorn config (http/app.py ServerConfig): loading it builds the app and a
+    protocol factory with that app's head limits and Retry-After source; two loaded in one
+    process keep their own."""
+    from litestar import Litestar
+
+    from clip_gateway.http.app import ServerConfig
+
+    made = []
+    for fields in ("20", "30"):
+        monkeypatch.setenv("GATEWAY_MAX_HEADER_FIELDS", fields)
+        config = ServerConfig("clip_gateway.http.app:create_app", factory=True, lifespan="off")
+        config.load()
+        made.append(config.http_protocol_class)
+    limits = [factory.keywords["limits"] for factory in made]  # type: ignore[attr-defined]
+    assert [limit.max_header_fields for limit in limits] == [20, 30]
+    sources = [factory.keywords["retry_after_s"] for factory in made]  # type: ignore[attr-defined]
+    apps = [source.args[0] for source in sources]
+    assert all(isinstance(app, Litestar) for app in apps) and apps[0] is not apps[1]
+    assert [source() for source in sources] == [1.0, 1.0]  # before a lifespan built a pipeline

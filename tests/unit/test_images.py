@@ -16,10 +16,10 @@ from clip_gateway.imaging import jpeg, orientation
 from clip_gateway.imaging import preprocess as images
 from tests import samples
 
-OPTIONS = images.ImageOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
+OPTIONS = images.DecodeOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
 
 
-def run(data: bytes, options: images.ImageOptions = OPTIONS) -> np.ndarray:
+def run(data: bytes, options: images.DecodeOptions = OPTIONS) -> np.ndarray:
     out = np.zeros((224, 224, 3), np.uint8)
     images.preprocess(data, out, options)
     return out
@@ -123,7 +123,7 @@ def test_header_pixel_limit_comes_before_decoding() -> None:
 
 def test_byte_limit() -> None:
     with pytest.raises(LimitExceeded):
-        run(samples.compact(0), images.ImageOptions(224, 10**8, max_bytes=1000))
+        run(samples.compact(0), images.DecodeOptions(224, 10**8, max_bytes=1000))
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_lookalike_containers_are_not_images(data: bytes) -> None:
     )
 
 
-def preprocess(data: bytes, options: images.ImageOptions = OPTIONS) -> images.Decoded:
+def preprocess(data: bytes, options: images.DecodeOptions = OPTIONS) -> images.Decoded:
     return images.preprocess(data, np.zeros((options.size, options.size, 3), np.uint8), options)
 
 
@@ -215,9 +215,9 @@ def test_empty_image_message() -> None:
 
 def test_byte_limit_is_inclusive_and_reported() -> None:
     data = samples.compact(0)
-    run(data, images.ImageOptions(224, 10**8, max_bytes=len(data)))
+    run(data, images.DecodeOptions(224, 10**8, max_bytes=len(data)))
     with pytest.raises(LimitExceeded) as raised:
-        run(data, images.ImageOptions(224, 10**8, max_bytes=len(data) - 1))
+        run(data, images.DecodeOptions(224, 10**8, max_bytes=len(data) - 1))
     assert raised.value.reason == f"image is {len(data)} bytes; the limit is {len(data) - 1}"
     assert raised.value.extra == {"limit": len(data) - 1}
 
@@ -227,9 +227,9 @@ def test_byte_limit_is_inclusive_and_reported() -> None:
 )
 def test_pixel_limit_is_inclusive_and_reported(data: bytes, size: tuple[int, int]) -> None:
     pixels = size[0] * size[1]
-    run(data, images.ImageOptions(224, max_pixels=pixels, max_bytes=1 << 30))
+    run(data, images.DecodeOptions(224, max_pixels=pixels, max_bytes=1 << 30))
     with pytest.raises(ImageTooLarge) as raised:
-        run(data, images.ImageOptions(224, max_pixels=pixels - 1, max_bytes=1 << 30))
+        run(data, images.DecodeOptions(224, max_pixels=pixels - 1, max_bytes=1 << 30))
     assert raised.value.reason == (
         f"image is {size[0]}x{size[1]} ({pixels} pixels); the limit is {pixels - 1} pixels"
     )
@@ -262,7 +262,7 @@ def test_broken_image_messages(data: bytes, detail: str) -> None:
 
 def test_scan_limit_applies_to_progressive_jpegs() -> None:
     data = samples.progressive_jpeg(5, (640, 480))
-    options = images.ImageOptions(224, 10**8, 1 << 30, max_scans=3)
+    options = images.DecodeOptions(224, 10**8, 1 << 30, max_scans=3)
     with pytest.raises(InvalidImage) as raised:
         run(data, options)
     assert raised.value.reason == "JPEG has more than 3 scans"
@@ -274,7 +274,7 @@ def test_dc_only_option_decides_how_a_progressive_jpeg_is_decoded() -> None:
     progressive, baseline = jpeg_bytes(photo, progressive=True), jpeg_bytes(photo)
 
     def at_56(data: bytes, dc_only: bool) -> np.ndarray:
-        options = images.ImageOptions(56, 10**8, 1 << 30, progressive_dc_only=dc_only)
+        options = images.DecodeOptions(56, 10**8, 1 << 30, progressive_dc_only=dc_only)
         out = np.zeros((56, 56, 3), np.uint8)
         images.preprocess(data, out, options)
         return out
@@ -392,7 +392,7 @@ def test_a_jpeg_already_the_resized_size_is_only_cropped(
     decoded image (a lossless PNG of it), in every EXIF orientation and resize mode."""
     data = jpeg_bytes(photo(*stored, seed=turn), 85, orientation=turn)
     decoded = jpeg.decode(data, jpeg.walk(data, max_scans=8, dc_only_for=None), 224)
-    options = images.ImageOptions(size=224, max_pixels=1 << 26, max_bytes=1 << 26,
+    options = images.DecodeOptions(size=224, max_pixels=1 << 26, max_bytes=1 << 26,
                                   resize_mode=mode)  # fmt: skip
     expected = run(_png(decoded, turn), options)
 

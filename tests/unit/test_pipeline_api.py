@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clip_gateway.errors import InvalidText
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from clip_gateway.pipeline.items import ImageItem, TextItem
 from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
 from tests import samples
@@ -45,7 +45,7 @@ def test_embed_takes_the_items_admitted_on_its_reservation(
             result = await pipeline.embed(reservation, items, normalize=False)
         assert result.indices == (0, 1) and (result.images, result.texts) == (1, 1)
         pixels = np.empty((1, 224, 224, 3), np.uint8)
-        options = ImageOptions(
+        options = DecodeOptions(
             size=224,
             max_pixels=OPTIONS.max_image_pixels,
             max_bytes=OPTIONS.max_image_bytes,

@@ -6,7 +6,7 @@ What is read as a reference, and what it must resolve to:
 
 - a **path** that starts at a top-level folder of the repository (``TOP``: ``clip_gateway/``,
   ``docs/``, ``bench/``, ...), or at a subpackage of ``clip_gateway`` and ends in ``.py`` or
-  ``/`` (``launcher/exports.py``, ``http/``): that file or folder; ``a.{json,md}`` is each, a
+  ``/`` (``launcher/served_export.py``, ``http/``): that file or folder; ``a.{json,md}`` is each, a
   ``*`` must match something. A bare file name (``serve.py``) is not read: its folder is the
   context's;
 - ``python -m MODULE`` for a module of this repository: its file or its package's

@@ -310,9 +310,9 @@ def test_render_places_the_tokenizer_beside_clip_text_and_names_it(
 
 def test_render_passes_a_hf_tokenizers_framing_to_the_gateway(tmp_path: Path) -> None:
     """SigLIP's: open_clip's cleaning, the separator strip and the graph's pooling, read back by
-    the gateway's parser (backend/triton.py) into the text model it tokenises for."""
+    the gateway's parser (backend/model_config.py) into the text model it tokenises for."""
+    from clip_gateway.backend.model_config import parse_text_config
     from clip_gateway.backend.protocol import ModelInfo
-    from clip_gateway.backend.triton import parse_text_config
 
     tokenizer = {"kind": "hf", "available": True, "file": "tokenizer.json",
                  "clean": "canonicalize", "strip_sep_id": 2, "pooling": "last",
@@ -445,7 +445,7 @@ def as_triton_json(config: mc.ModelConfig) -> dict[str, object]:
 def test_the_gateway_reads_each_towers_quantization_from_the_rendered_configs(
     tmp_path: Path,
 ) -> None:
-    from clip_gateway.backend.triton import parse_model_config, parse_text_config
+    from clip_gateway.backend.model_config import parse_model_config, parse_text_config
 
     repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
                   tmp_path / "repo")  # fmt: skip
@@ -461,7 +461,7 @@ def test_the_gateway_reads_each_towers_quantization_from_the_rendered_configs(
 
 
 def test_an_unreadable_quantization_parameter_is_a_backend_failure(tmp_path: Path) -> None:
-    from clip_gateway.backend.triton import parse_model_config
+    from clip_gateway.backend.model_config import parse_model_config
     from clip_gateway.errors import BackendFailed
 
     repo = render(RepositorySettings(profile="cpu-int8"), int8_export(tmp_path / "e"),
@@ -508,7 +508,7 @@ def test_the_gateway_reads_how_many_instances_serve_each_tower(
     tmp_path: Path, count: int, instances: int
 ) -> None:
     """What the service splits a request by: the rendered instance count (0 renders 1)."""
-    from clip_gateway.backend.triton import parse_model_config, parse_text_config
+    from clip_gateway.backend.model_config import parse_model_config, parse_text_config
 
     settings = RepositorySettings(profile="cpu", instance_count=count)
     repo = render(settings, int8_export(tmp_path / "export"), tmp_path / "repo")

@@ -16,7 +16,7 @@ import pytest
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image, ImageOps
 
-from clip_gateway.imaging.preprocess import ImageOptions, Interpolation, ResizeMode, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, Interpolation, ResizeMode, preprocess
 from tests import samples
 from tests.reference import unit
 
@@ -39,7 +39,7 @@ def gateway(
     data: bytes, size: int, mode: ResizeMode, interpolation: Interpolation, fill: int = 0
 ) -> np.ndarray:
     out = np.empty((size, size, 3), np.uint8)
-    options = ImageOptions(size=size, max_pixels=1 << 30, max_bytes=1 << 30, resize_mode=mode,
+    options = DecodeOptions(size=size, max_pixels=1 << 30, max_bytes=1 << 30, resize_mode=mode,
                            interpolation=interpolation, fill_color=(fill,) * 3)  # fmt: skip
     preprocess(data, out, options)
     return out.astype(np.float64)

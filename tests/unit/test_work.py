@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from clip_gateway.imaging import jpeg, work
-from clip_gateway.imaging.preprocess import ImageOptions, preprocess
+from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from clip_gateway.pipeline.items import ImageItem, price
 from tests import hostile, samples
 
@@ -88,7 +88,7 @@ def test_immichs_full_size_decode_is_priced_as_it_runs() -> None:
     assert immich.seconds >= (work.JPEG_OUTPUT_S_PER_PIXEL + work.RESIZE_S_PER_PIXEL) * 7900**2
 
 
-def measured_cpu_s(data: bytes, options: ImageOptions) -> float:
+def measured_cpu_s(data: bytes, options: DecodeOptions) -> float:
     """The best of three decodes' thread CPU time: what the gateway's meter counts."""
     out = np.empty((options.size, options.size, 3), np.uint8)
     best = math.inf
@@ -99,7 +99,7 @@ def measured_cpu_s(data: bytes, options: ImageOptions) -> float:
     return best
 
 
-OPTIONS = ImageOptions(size=224, max_pixels=100_000_000, max_bytes=64 << 20)
+OPTIONS = DecodeOptions(size=224, max_pixels=100_000_000, max_bytes=64 << 20)
 
 
 @pytest.mark.parametrize(

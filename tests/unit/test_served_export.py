@@ -1,5 +1,6 @@
-"""The baked export (GATEWAY_MODEL_DIR, clip_gateway/launcher/exports.py): one the launcher's user
-cannot read is a start-up error naming the path, its mode and owner, not a PermissionError."""
+"""The baked export (GATEWAY_MODEL_DIR, clip_gateway/launcher/served_export.py): one the
+launcher's user cannot read is a start-up error naming the path, its mode and owner, not a
+PermissionError."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from clip_gateway.config.processes import LaunchError
 from clip_gateway.config.settings import LaunchSettings
-from clip_gateway.launcher import exports
+from clip_gateway.launcher import served_export
 from tests.unprivileged import as_unprivileged, open_directory
 
 
@@ -31,7 +32,7 @@ def baked(parent: Path, mode: int) -> Path:
 def find(directory: Path) -> str:
     launch = LaunchSettings(model_dir=directory)
     try:
-        return str(exports.find_or_export(launch, lambda line: None, threading.Event()))
+        return str(served_export.find_or_export(launch, lambda line: None, threading.Event()))
     except LaunchError as exc:
         return f"LaunchError: {exc}"
 

@@ -4,6 +4,7 @@ torch never enters the launcher or the servers; a stop request terminates the ex
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from clip_gateway.config.processes import Interrupted, LaunchError, die_with_parent
+from clip_gateway.config.processes import Interrupted, LaunchError, stop_with_parent
 from clip_gateway.config.settings import LaunchSettings
 
 
@@ -108,8 +109,9 @@ def _export(launch: LaunchSettings, cache: Path, stop: threading.Event, int8: bo
     # the exporter's chatter (hundreds of lines) goes to a file, never to the terminal
     with tempfile.TemporaryFile() as output:
         # a launcher killed outright (SIGKILL, OOM) takes the exporter with it
+        with_parent = functools.partial(stop_with_parent, os.getpid())
         child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT,
-                                 preexec_fn=die_with_parent())  # fmt: skip
+                                 preexec_fn=with_parent)  # fmt: skip
         while child.poll() is None:
             if stop.wait(0.2):
                 child.terminate()

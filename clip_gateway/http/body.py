@@ -1,0 +1,170 @@
+"""A request body at the edge, the one place its limits are enforced, for every route that takes
+one: admitted before its first byte, read from the ASGI channel under its limits (encoding,
+declared and received size, upload pace, deadline), and the client's leaving after it. Read here,
+not by Litestar, so a client that disconnects mid-upload is a ``ClientGone``, not a server error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from litestar import Request
+
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.errors import BodyTooSlow, ClientGone, LimitExceeded, UnsupportedFormat
+from clip_gateway.http.auth import key_of
+from clip_gateway.http.context import AppContext
+from clip_gateway.imaging.preprocess import Variant
+from clip_gateway.pipeline.admission import Reservation
+
+T = TypeVar("T")
+Receive = Callable[[], Any]
+
+
+def admitted(
+    request: Request[Any, Any, Any], context: AppContext, *, variant: Variant = "open_clip"
+) -> Reservation:
+    """The pipeline's admission before the first byte is read, for every route that takes a
+    body: a declared length over the limit is refused at once, and the declared size already
+    costs its cheapest decode, charged to the request's API key. ``variant`` ``immich``: its
+    images will be decoded Immich's way (every pixel), and priced so."""
+    refuse_oversized(request, context.settings.max_body_bytes)
+    return context.pipeline.admit(request.content_length, key_of(request), variant=variant)
+
+
+def refuse_oversized(request: Request[Any, Any, Any], limit: int) -> None:
+    """413 at once for a declared length over the body limit (nothing of it is read)."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise LimitExceeded(
+            f"request body of {declared} bytes; the limit is {limit}",
+            limit=limit,
+        )
+
+
+async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
+    """``reading`` (a body being received and parsed) within the body deadline, else 408."""
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            return await reading
+    except TimeoutError as exc:
+        raise BodyTooSlow(
+            f"request body not received within {settings.body_timeout_s:g} s"
+        ) from exc
+
+
+def refuse_encoded(request: Request[Any, Any, Any]) -> None:
+    """415 for a compressed body: never decompressed here (images are compressed already)."""
+    coding = request.headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedFormat(
+            f"Content-Encoding {coding!r} is not accepted; send the body uncompressed (images "
+            "are compressed already)"
+        )
+
+
+def body_of(
+    request: Request[Any, Any, Any],
+    settings: ServerSettings,
+    reservation: Reservation | None,
+) -> AsyncIterator[bytes]:
+    """The body's chunks under every limit: no ``Content-Encoding`` (415, never decompressed),
+    its size, the minimum upload rate (408), and the bodies in flight, counted on the
+    reservation by the bytes as they arrive (429; None: a body passed on unparsed, outside
+    admission). Every route that reads a body reads it through this."""
+    refuse_encoded(request)
+    return read_chunks(
+        request.receive,
+        settings.max_body_bytes,
+        pace=Pace(settings.min_upload_bytes_per_s, settings.upload_grace_s),
+        on_bytes=reservation.received if reservation is not None else lambda _: None,
+    )
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The slowest upload accepted: after ``grace_s``, ``min_bytes_per_s`` on average."""
+
+    min_bytes_per_s: int
+    grace_s: float
+
+    def deadline(self, started: float, received: int) -> float | None:
+        """When the next bytes must have arrived (event-loop time), or None: no minimum."""
+        if self.min_bytes_per_s <= 0:
+            return None
+        return started + self.grace_s + received / self.min_bytes_per_s
+
+
+async def read_chunks(
+    receive: Receive,
+    limit: int,
+    *,
+    pace: Pace | None = None,
+    on_bytes: Callable[[int], None] = lambda _: None,
+) -> AsyncIterator[bytes]:
+    """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``.
+    ``on_bytes`` hears of every chunk as it arrives (admission counts bodies in flight by the
+    bytes received) and may refuse it; a body slower than ``pace`` is ``BodyTooSlow``."""
+    loop = asyncio.get_running_loop()
+    started, received = loop.time(), 0
+    while True:
+        deadline = pace.deadline(started, received) if pace else None
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError as exc:
+            assert pace is not None
+            raise BodyTooSlow(
+                f"request body arriving at under {pace.min_bytes_per_s} bytes/s after the first "
+                f"{pace.grace_s:g} s ({received} bytes in {loop.time() - started:.1f} s)"
+            ) from exc
+        if message["type"] == "http.disconnect":
+            raise ClientGone("client disconnected while sending the request body")
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if received > limit:
+            raise LimitExceeded(f"request body over {limit} bytes", limit=limit)
+        if chunk:
+            on_bytes(len(chunk))
+            yield chunk
+        if not message.get("more_body", False):
+            yield b""
+            return
+
+
+async def read_all(chunks: AsyncIterator[bytes]) -> bytearray:
+    """The whole body in one buffer, grown as bytes arrive: never sized by a declared length
+    (a client that declares 64 MiB and sends one byte holds one byte). Large buffers are
+    mmapped (config/memory.py), so growing one remaps it rather than copying."""
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+    return body
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # let it unwind: admission budget released, gRPC call cancelled
+    raise ClientGone("client disconnected; its pending work was cancelled")
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    # The body has been read: the next ASGI message is the disconnect (or never comes).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
