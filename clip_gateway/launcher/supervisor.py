@@ -501,6 +501,7 @@ class Supervisor:
                 if not (staged / name).is_dir():
                     continue
                 replaced = self.scratch / f"replaced-{name}"
+                _point_at(staged / name, live / name)
                 (live / name).rename(replaced)
                 (staged / name).rename(live / name)
                 try:
@@ -739,6 +740,13 @@ class Supervisor:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
+
+
+def _point_at(staged: Path, live: Path) -> None:
+    """A staged model's config names files beside it by absolute path (the tokenizer the
+    gateway loads): make those the paths it will have once moved to ``live``."""
+    config = staged / "config.pbtxt"
+    config.write_text(config.read_text().replace(f"{staged.absolute()}/", f"{live.absolute()}/"))
 
 
 def main() -> int:

@@ -235,6 +235,10 @@ class Reloading:
         assert timeout > 0
         if model in self.refuse:
             raise ProcessStartError(f"Triton did not load {model} again: refused here")
+        config = read(self.repository, model)
+        for parameter in config.parameters.values():  # every file it names is there
+            if parameter.string_value.startswith("/"):
+                assert Path(parameter.string_value).is_file(), parameter.string_value
         self.loaded.append((model, precision(self.repository, model)))
 
 
@@ -312,7 +316,7 @@ def test_the_background_measurement_switches_to_the_fastest_and_keeps_the_choice
         exported.append(int8)  # the fresh start's export has no INT8 files: made now
         return export
 
-    monkeypatch.setattr(module.exports, "find_or_export", find_or_export)
+    monkeypatch.setattr(module.served_export, "find_or_export", find_or_export)
     repository = supervisor.settings.repository
     supervisor.measure_and_switch(export, "model-identity", repository, "cpu-int8")
     assert exported == [True]
@@ -338,7 +342,7 @@ def test_a_failed_background_measurement_leaves_what_serves(
         raise OSError("disk full")
 
     monkeypatch.setattr(supervisor, "cpu_candidates", broken)
-    monkeypatch.setattr(module.exports, "find_or_export", lambda *args, **kwargs: export)
+    monkeypatch.setattr(module.served_export, "find_or_export", lambda *args, **kwargs: export)
     repository = supervisor.settings.repository
     supervisor.measure_and_switch(export, "model-identity", repository, "cpu-int8")
     assert triton.loaded == []
