@@ -31,10 +31,9 @@ from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
 MiB = 1 << 20
 #: Triton execution profiles (triton/profiles/*.pbtxt); ``cpu-int8`` is the ``cpu`` profile
 #: serving the export's INT8 files (``python -m clip_gateway.export --int8``); ``cpu-bf16`` the
-#: export's FP32
-#: files on OpenVINO at BF16 inference precision (CPUs with AVX-512 BF16 or AMX, launcher/bf16.py);
-#: ``cpu-int8-openvino`` OpenVINO's own INT8 of the FP32 files, built by NNCF at the first start
-#: (launcher/int8_openvino.py).
+#: export's FP32 files on OpenVINO at BF16 inference precision (CPUs with AVX-512 BF16 or AMX,
+#: launcher/bf16.py); ``cpu-int8-openvino`` OpenVINO's own INT8 of the FP32 files, built by NNCF
+#: at the first start (launcher/int8_openvino.py).
 Profile = Literal["cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cuda", "tensorrt"]
 PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cuda",
                                  "tensorrt")  # fmt: skip
@@ -346,11 +345,10 @@ class RepositorySettings(BaseSettings):
     #: the export's INT8 files, held to the quality gate), ``cpu-bf16`` (the FP32 files on
     #: OpenVINO at BF16 inference precision, held to the same gate; CPUs with BF16 units only),
     #: ``cpu-int8-openvino`` (OpenVINO INT8 quantized by NNCF at the first start, held to the
-    #: same gate),
-    #: ``cuda`` (ORT CUDA EP), ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``: chosen by the
-    #: launcher for the GPU it finds
-    #: (clip_gateway/launcher/profiles.py); without a GPU by timing the gated CPU profiles on
-    #: this machine (clip_gateway/launcher/cpu_auto.py). Rendering needs a concrete one.
+    #: same gate), ``cuda`` (ORT CUDA EP), ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``:
+    #: chosen by the launcher for the GPU it finds (clip_gateway/launcher/profiles.py); without a
+    #: GPU by timing the gated CPU profiles on this machine (clip_gateway/launcher/cpu_auto.py).
+    #: Rendering needs a concrete one.
     profile: Profile | Literal["auto"] = "auto"
     #: Largest batch Triton accepts; the gateway splits bigger requests to fit.
     max_batch_size: int = Field(32, ge=1, le=1024)
@@ -434,10 +432,9 @@ class LaunchSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", frozen=True, extra="ignore")
 
-    #: An export directory (``python -m clip_gateway.export``: model.onnx, manifest.json), e.g. the
-    #: one baked
-    #: into the container image. Unset: ``model`` + ``weights`` from the export cache, exported
-    #: in a child process on first use.
+    #: An export directory (``python -m clip_gateway.export``: model.onnx, manifest.json), e.g.
+    #: the one baked into the container image. Unset: ``model`` + ``weights`` from the export
+    #: cache, exported in a child process on first use.
     model_dir: Path | None = None
     #: open_clip model name, when exporting.
     model: str = "ViT-B-32"

@@ -141,10 +141,9 @@ def _export_into(
     text = _export_text(directory, model_name, loaded, fp16, text_side, tokenizer_dir)
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir())}
     # what would keep TensorRT from building one engine of a whole graph
-    # (clip_gateway/export/graph.py);
-    # recorded rather than fatal: the cpu and cuda profiles serve such a graph fine
-    # only the FP32 graphs: the tensorrt profile builds its FP16 engines from them; the FP16
-    # files are the CUDA EP's, with ONNX Runtime's fused contrib ops
+    # (clip_gateway/export/graph.py), recorded rather than fatal: the cpu and cuda profiles serve
+    # such a graph fine. Only the FP32 graphs: the tensorrt profile builds its FP16 engines from
+    # them; the FP16 files are the CUDA EP's, with ONNX Runtime's fused contrib ops
     # (clip_gateway/export/onnx_export.py)
     blockers = {
         p.name: tensorrt_blockers(onnx.load(str(p), load_external_data=False))

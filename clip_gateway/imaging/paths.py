@@ -2,9 +2,9 @@
 
 pillow-simd and Pillow are two distributions of the same ``PIL`` package, so ``import PIL``
 cannot tell them apart; the distribution whose files hold the imported ``PIL`` can. Reported in
-the ready line and ``/v1/models``, and checked by ``make install``
-(``clip-gateway imaging --require-simd``): on the same compact JPEGs stock Pillow
-preprocesses at under half of pillow-simd's images/s per core (docs/PERFORMANCE.md).
+the ready line and ``/v1/models``, and checked by ``make install`` (``clip-gateway imaging
+--require-simd``): on the same compact JPEGs stock Pillow preprocesses at under half of
+pillow-simd's images/s per core (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations

@@ -161,10 +161,9 @@ def choose(
     return table_choice, table_reason
 
 
-#: When an automatically chosen profile does not load (an engine build failing, an unsupported
-#: op): what to try next, within the same start-up budget. The CUDA EP runs any graph ONNX
-#: Runtime can; an operator's explicit choice never falls back.
-#: ``cpu-bf16`` or ``cpu-int8`` chosen by ``auto`` that does not load (it loaded when timed; a
-#: changed machine, memory): ``cpu``.
+#: When an automatically chosen profile does not load (an engine build failing, an unsupported op):
+#: what to try next, within the same start-up budget. The CUDA EP runs any graph ONNX Runtime can;
+#: an operator's explicit choice never falls back. ``cpu-bf16`` or ``cpu-int8`` chosen by ``auto``
+#: that does not load (it loaded when timed; a changed machine, memory): ``cpu``.
 FALLBACK: dict[Profile, Profile] = {"tensorrt": "cuda", "cpu-bf16": "cpu", "cpu-int8": "cpu",
                                     "cpu-int8-openvino": "cpu"}  # fmt: skip

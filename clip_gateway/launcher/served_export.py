@@ -93,9 +93,8 @@ def _unreadable(directory: Path) -> str | None:
 
 
 #: ``python -m clip_gateway.export``'s exit code when the FP32 export is fine and only INT8 was
-#: refused by
-#: the gate (clip_gateway/export/__main__.py): the launcher checks the figures itself, against its
-#: settings.
+#: refused by the gate (clip_gateway/export/__main__.py): the launcher checks the figures
+#: itself, against its settings.
 INT8_REFUSED = 3
 
 

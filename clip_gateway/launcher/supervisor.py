@@ -1,8 +1,8 @@
 """The one launch path: ``make serve``, ``clip-gateway serve`` and the container entrypoint.
 
-1. the model: a baked export directory, or the export cache (built by ``python -m
-clip_gateway.export`` in a
-   child process on first use: torch never enters this process or the server's);
+1. the model: a baked export directory, or the export cache (built by
+   ``python -m clip_gateway.export`` in a child process on first use: torch never enters this
+   process or the server's);
 2. the Triton profile: named, or chosen for the GPU found (launcher/profiles.py); ``auto``
    without a GPU, the choice recorded for this machine, else at the first start the export's
    gated INT8 files (FP32 where refused) serve at once while the CPU profiles are built, gated
