@@ -25,6 +25,7 @@ def find_or_export(
     stop: threading.Event,
     *,
     int8: bool = False,
+    say_found: bool = True,
 ) -> Path:
     """The export to serve: the configured directory, or the cache entry for model +
     weights, exported first if missing (in a child process: it imports torch); with ``int8``
@@ -56,7 +57,8 @@ def find_or_export(
         and json.loads(manifest.read_text()).get("int8", {}).get("code_version")
         != int8_code_version()
     ):
-        progress(f"model {launch.model} ({weights.describe()}) from {entry}")
+        if say_found:
+            progress(f"model {launch.model} ({weights.describe()}) from {entry}")
         return entry
     what = "quantizing to INT8" if manifest.is_file() else "exporting to ONNX"
     progress(f"{what}: {launch.model} ({weights.describe()}), once...")

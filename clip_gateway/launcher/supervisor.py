@@ -139,8 +139,10 @@ class Supervisor:
         the Triton environment installs); the exit code."""
         int8 = self.settings.repository.profile == "cpu-int8"
         try:
-            served_export.find_or_export(self.settings.launch, self.progress, self.stop_requested,
-                                   int8=int8)  # fmt: skip
+            # found, the serve that follows says so
+            served_export.find_or_export(self.settings.launch, self.progress,
+                                         self.stop_requested, int8=int8,
+                                         say_found=False)  # fmt: skip
         except Interrupted:
             return OK
         except LaunchError as exc:
