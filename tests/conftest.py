@@ -32,12 +32,15 @@ if TESTS.parent.name == "mutants":  # `make mutation` runs the suite from its co
     torch.set_num_threads(1)
 
 
-#: Unit and API modules that import torch or open_clip when imported (the exporter, or open_clip's
-#: own pipeline as the reference): `make test-fast` does not collect them, `make test` marks
-#: their tests ``torch``. A test that needs torch in a module not listed here carries
+#: Unit and API modules that import the export extra when imported (torch or open_clip: the
+#: exporter, or open_clip's own pipeline as the reference; onnx or onnxruntime: graphs built and
+#: run in the test): `make test-fast` does not collect them, `make test` marks their tests
+#: ``torch``. A test that needs the export extra in a module not listed here carries
 #: ``@pytest.mark.torch`` itself.
 TORCH_MODULES = {
     "unit/test_calibration_set.py",
+    "unit/test_peers.py",
+    "unit/test_tensorrt_graph.py",
     "unit/test_hf_tokenizer.py",
     "unit/test_model_family.py",
     "unit/test_resize_modes.py",
@@ -45,8 +48,10 @@ TORCH_MODULES = {
     "api/test_texts.py",
 }
 #: What the fast tier makes unimportable, so that a test needing them fails there instead of
-#: passing only because the full install happens to have them.
-WITHOUT = ("torch", "torchvision", "open_clip")
+#: passing only because the full install happens to have them: the export extra's packages,
+#: which a venv with the server, dev and bench extras lacks.
+WITHOUT = ("torch", "torchvision", "open_clip", "onnx", "onnxruntime", "onnxscript",
+           "transformers")  # fmt: skip
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,7 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--fast",
         action="store_true",
         help="the fast tier (make test-fast): leave out TORCH_MODULES (tests/conftest.py) and "
-        "make torch, torchvision and open_clip unimportable; pair with -m 'not torch'",
+        "make the export extra (torch, open_clip, onnx, onnxruntime, ...) unimportable; pair "
+        "with -m 'not torch'",
     )
 
 
