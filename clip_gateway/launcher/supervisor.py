@@ -398,6 +398,12 @@ class Supervisor:
                  json.dumps(record.get("figures")))  # fmt: skip
         return int8_openvino.refusal(record, self.thresholds())
 
+    def int8_refusal(self, int8: dict[str, Any]) -> str | None:
+        """Why the export's INT8 files (its manifest's ``int8`` section) may not serve, or None."""
+        if not int8.get("files"):
+            return "the export has no INT8 files"
+        return gate.refusal(int8.get("figures") or {}, self.thresholds())
+
     def thresholds(self) -> gate.Thresholds:
         launch = self.settings.launch
         return gate.Thresholds(launch.int8_min_mean_cosine, launch.int8_min_cosine)
@@ -451,11 +457,7 @@ class Supervisor:
         built and timed, the export's INT8 files if it has them and they pass the gate, else
         FP32."""
         int8 = json.loads((export_dir / "manifest.json").read_text()).get("int8") or {}
-        refused = (
-            gate.refusal(int8.get("figures") or {}, self.thresholds())
-            if int8.get("files")
-            else "the export has no INT8 files"
-        )
+        refused = self.int8_refusal(int8)
         later = "while the CPU profiles are built and timed in the background"
         if refused is None:
             return "cpu-int8", f"auto, first start here: the export's INT8 files serve {later}"
@@ -578,13 +580,8 @@ class Supervisor:
     ) -> dict[Profile, str | None]:
         """Each CPU profile ``auto`` may serve here, with why it may not (None: it may)."""
         manifest = json.loads((export_dir / "manifest.json").read_text())
-        int8 = manifest.get("int8") or {}
         found: dict[Profile, str | None] = dict.fromkeys(cpu_auto.CANDIDATES)
-        found["cpu-int8"] = (
-            gate.refusal(int8.get("figures") or {}, self.thresholds())
-            if int8.get("files")
-            else "the export has no INT8 files"
-        )
+        found["cpu-int8"] = self.int8_refusal(manifest.get("int8") or {})
         if bf16.auto_unit(cpu_backend, flags) is None:
             found["cpu-bf16"] = (
                 "OpenVINO runs in the Python backend only" if bf16.bf16_flag(flags)
