@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from clip_gateway.errors import LimitExceeded, Overloaded
 from clip_gateway.imaging import work
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
-from clip_gateway.pipeline.admission import MAX_STEP, RATE_BOUNDS, Admission
+from clip_gateway.pipeline.admission import CACHE_HIT_S, MAX_STEP, RATE_BOUNDS, Admission
+from clip_gateway.pipeline.items import ImageItem, Item, TextItem, price
+from tests import samples
 
 #: An image whose decode costs nothing beyond the per-item overhead.
 FREE = Work("jpeg", "jpeg-baseline", 0.0)
@@ -463,3 +466,203 @@ def test_a_header_over_the_pixel_or_memory_budget_is_priced_at_nothing() -> None
     assert work.estimate(png) == work.REFUSED
     allowed = work.estimate(png, plan=work.Plan(max_pixels=10**10, max_decode_bytes=1 << 40))
     assert allowed.coding == "png-16bit" and allowed.seconds > 10  # what it cost before
+
+
+def test_admissions_defaults_are_the_pipelines() -> None:
+    """Admission built with no limits of its own has the pipeline's (one default per knob)."""
+    from clip_gateway.pipeline.service import PipelineOptions
+
+    options = PipelineOptions(request_timeout_s=2.0, decode_threads=1, horizon_s=1.0)
+    a = Admission(1.0, 1, Metrics())
+    assert (a.body_timeout_s, a.key_share, a.overspend, a.max_body_bytes_in_flight) == (
+        options.body_timeout_s,
+        options.key_share,
+        options.decode_overspend,
+        options.max_body_bytes_in_flight,
+    )
+    assert a.plan is work.DEFAULT_PLAN
+    assert a.reserve(0).plan is a.plan
+
+
+def test_a_body_retry_after_is_never_under_a_second(clock: Clock) -> None:
+    a = Admission(10.0, 1, Metrics(), max_body_bytes_in_flight=10)
+    assert a.body_retry_after() == 1.0  # no body being received: nothing to wait for
+    slow = a.reserve(None)
+    slow.received(10)
+    assert a.body_retry_after() == 30  # the default body deadline, all of it ahead
+    clock.now += 29.5
+    with pytest.raises(Overloaded) as refused:
+        a.reserve(None).received(1)
+    assert refused.value.retry_after == 1.0  # half a second left: rounded up to one
+    clock.now += 60.0  # past its deadline (the reader cuts it): still a second, not less
+    assert a.body_retry_after() == 1.0
+
+
+def test_one_keys_share_may_be_filled_exactly_and_its_refusals_say_by_how_much() -> None:
+    a = Admission(10.0, 1, Metrics(), key_share=0.5)  # a 5 s share of the 10 s horizon
+    a.check(5.0, key="k")  # a request of exactly the share, alone
+    with pytest.raises(LimitExceeded) as too_large:
+        a.check(0.1, request_total=5.12345, key="k")
+    assert str(too_large.value) == (
+        "this request is about 5.1 s of work, more than the 5 s one API key may hold at once; "
+        "split it"
+    )
+    assert too_large.value.extra == {"cost_s": 5.123, "key_share_s": 5.0}
+    a.by_key["k"] = a.backlog_s = 4.5
+    a.check(0.5, key="k")  # on top of the key's backlog, exactly its share
+    a.by_key["k"] = a.backlog_s = 4.51234
+    with pytest.raises(Overloaded) as refused:
+        a.check(4.0, key="k")
+    assert refused.value.reason == (
+        "this API key has 4.5 s of work in flight; 4.0 s more would pass its share of 5 s"
+    )
+    assert refused.value.retry_after == 4  # 4.51 + 4 - 5 s must drain from the key's backlog
+    assert refused.value.extra == {"key_backlog_s": 4.512, "key_share_s": 5.0}
+
+
+def test_with_the_whole_horizon_for_each_key_a_keys_refusal_is_the_backlogs() -> None:
+    a = Admission(1.0, 1, Metrics())  # key_share 1: no share of its own to check
+    a.by_key["k"] = a.backlog_s = 0.75
+    with pytest.raises(Overloaded) as refused:
+        a.check(0.5, key="k")
+    assert refused.value.extra == {"backlog_s": 0.75, "horizon_s": 1.0}
+
+
+def test_a_declared_body_is_refused_at_the_door_by_its_keys_share_too() -> None:
+    a = Admission(1.0, 1, Metrics(), key_share=0.5)
+    declared = int(0.75 / 4e-9)  # 0.75 s at the cheapest byte price: within the horizon
+    a.reserve(declared).release()  # no key: the whole horizon
+    with pytest.raises(LimitExceeded, match="one API key may hold at once"):
+        a.reserve(declared, "k")
+
+
+def test_a_body_of_unknown_length_is_priced_nothing_before_its_items_arrive() -> None:
+    a = admission(horizon=1.0)
+    a.backlog_s = 1.0  # the horizon exactly full
+    with pytest.raises(Overloaded):
+        a.reserve(1)  # one declared byte does not fit
+    a.reserve(None).release()  # no Content-Length: nothing to price until items are read
+
+
+def test_the_meter_holds_a_decode_to_its_price_never_below_the_measured_factors() -> None:
+    a = admission()
+    png, webp = priced(0.2, "png"), priced(0.2, "webp-lossy")
+    assert a.meter_cost(png) == pytest.approx(3e-4 + 0.2)
+    a.observe_decode("png", cpu_seconds=0.22 + 3e-4, priced_s=0.2, items=1)  # rate 1.03
+    assert a.decode_cost(png) == pytest.approx(3e-4 + 1.03 * 0.2)
+    assert a.meter_cost(png) == pytest.approx(3e-4 + 1.03 * 0.2)  # a dearer rate: more budget
+    a.observe_decode("webp-lossy", cpu_seconds=0.2 + 3e-4, priced_s=1000.0, items=1)  # 0.75
+    assert a.decode_cost(webp) == pytest.approx(3e-4 + 0.75 * 0.2)
+    assert a.meter_cost(webp) == pytest.approx(3e-4 + 0.2)  # not below the factors
+    # an image the decoder refuses from its header: the per-item overhead, no rate of its own
+    assert a.decode_cost(work.REFUSED) == a.meter_cost(work.REFUSED) == 3e-4
+
+
+def test_a_sample_of_several_images_is_net_of_each_ones_overhead() -> None:
+    a = admission()
+    a.observe_decode("png", cpu_seconds=0.22 + 4 * 3e-4, priced_s=0.2, items=4)
+    assert a.decode_rate["png"] == pytest.approx(1 + 0.3 * (1.1 - 1))
+
+
+def test_a_reservation_prices_its_images_by_its_plan_and_sums_their_decodes() -> None:
+    a = admission(horizon=10.0)
+    full = work.Plan(full_size=True)  # Immich's full-size decode: no DCT scaling
+    photo = ImageItem(data=samples.encode(samples.small_photo(), "JPEG"))
+    assert price(photo, full) != price(photo)  # the plan matters to this image
+    with a.reserve(0, plan=full) as request:
+        assert request.plan is full
+        assert (request.decode_s, request.meter_s) == (0.0, 0.0)
+        request.add(photo)
+        request.add(photo)
+        priced_at = price(photo, full)
+        assert request.decode_s == pytest.approx(2 * a.decode_cost(priced_at))
+        assert request.meter_s == pytest.approx(2 * a.meter_cost(priced_at))
+        assert request.pending == pytest.approx(2 * a.image_cost(priced_at))
+
+
+def test_an_item_the_cache_answers_costs_a_lookup_and_its_key_and_vector_are_kept() -> None:
+    a = admission(horizon=1.0, infer=0.1, threads=1)
+    hit = ImageItem(data=samples.encode(samples.small_photo(), "JPEG"))
+    miss, uncacheable = TextItem("a cat"), TextItem("a dog")
+    vector = np.ones(4, np.float32)
+    answers: dict[int, tuple[bytes, np.ndarray | None]] = {
+        id(hit): (b"hit", vector),
+        id(miss): (b"miss", None),
+    }
+    asked: list[Item] = []
+
+    def probe(item: Item) -> tuple[bytes, np.ndarray | None] | None:
+        asked.append(item)
+        return answers.get(id(item))
+
+    with a.reserve(0) as request:
+        request.probe = probe
+        request.add(hit)
+        assert request.pending == CACHE_HIT_S
+        assert request.decode_s == 0.0  # answered: nothing to decode
+        request.add(miss)  # cacheable, not cached: priced as a text
+        request.add(uncacheable)
+        assert asked == [hit, miss, uncacheable]
+        assert request.pending == pytest.approx(CACHE_HIT_S + 2 * a.text_cost(5))
+        assert request.keys == {id(hit): b"hit", id(miss): b"miss"}
+        assert list(request.hits) == [id(hit)] and request.hits[id(hit)] is vector
+        assert request.items == 3
+
+
+def test_items_added_after_the_body_is_complete_are_held_at_once_and_released_in_full() -> None:
+    a = admission(horizon=1.0, infer=0.3, threads=1)
+    cost = a.image_cost(FREE)  # ~0.3 s: three fit the horizon, four do not
+    with a.reserve(0) as request:
+        request.body_read()  # no items yet: nothing held
+        for added in (1, 2, 3):
+            request.add_image(FREE)
+            assert (a.items_in_flight, request.items) == (added, added)
+            assert request.cost == pytest.approx(added * cost) == a.backlog_s
+        with pytest.raises(LimitExceeded, match="split it"):  # the request's own total
+            request.add_image(FREE)
+    assert (a.backlog_s, a.items_in_flight) == (0.0, 0)
+    assert (request.cost, request.pending, request.items) == (0.0, 0.0, 0)
+
+
+def test_a_request_released_while_its_body_arrives_holds_nothing_after() -> None:
+    a = admission(horizon=1.0, infer=0.1)
+    request = a.reserve(10)
+    request.received(10)
+    request.add_image(FREE)
+    request.release()  # refused or gone mid-body
+    assert (request.pending, request.items) == (0.0, 0)  # nothing left to admit or embed
+    request.body_read()  # the reader's own completion, after
+    assert (a.backlog_s, a.items_in_flight, a.body_bytes_in_flight) == (0.0, 0, 0)
+
+
+def test_releasing_one_request_of_a_key_leaves_its_others_counted() -> None:
+    a = Admission(10.0, 1, Metrics(), infer_s_per_image=0.2, key_share=0.5)
+    first, second = a.reserve(None, "k"), a.reserve(None, "k")
+    first.add_image(FREE)
+    first.body_read()
+    second.add_image(FREE)
+    second.add_image(FREE)
+    second.body_read()
+    cost = a.image_cost(FREE)
+    assert a.by_key == {"k": pytest.approx(3 * cost)}
+    first.release()
+    assert a.by_key == {"k": pytest.approx(2 * cost)}
+    second.release()
+    assert a.by_key == {}
+
+
+def test_a_keys_body_completed_after_its_share_filled_is_refused_by_the_share() -> None:
+    """The trickler of issue 31, per key: checked again once complete, against its key's
+    backlog then (the horizon itself still has room)."""
+    a = Admission(10.0, 1, Metrics(), infer_s_per_image=2.0, key_share=0.5)
+    trickler = a.reserve(None, "k")
+    trickler.add_image(FREE)  # ~2 s, its body still arriving
+    with a.reserve(None, "k") as other:
+        other.add_image(FREE)
+        other.add_image(FREE)
+        other.body_read()  # ~4 s of the key's 5 s share held
+        with pytest.raises(Overloaded) as refused:
+            trickler.body_read()
+        assert refused.value.extra["key_share_s"] == 5.0
+    trickler.release()
+    assert (a.backlog_s, a.by_key) == (0.0, {})
