@@ -350,7 +350,7 @@ def _resize_box(
     box: orientation.Box,
     interpolation: Interpolation,
     *,
-    reduce: bool = True,
+    reduce: bool,
 ) -> Image.Image:
     """Antialiased resize of ``box`` to ``size``, as a resize of the whole image followed by a
     crop would compute it (Pillow's box maps coordinates; its filters read past the box). A box

@@ -12,9 +12,9 @@ from PIL import Image, ImageOps
 from bench.harness.photos import jpeg as jpeg_bytes
 from bench.harness.photos import photo
 from clip_gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
-from clip_gateway.imaging import jpeg, orientation
+from clip_gateway.imaging import jpeg, orientation, work
 from clip_gateway.imaging import preprocess as images
-from tests import samples
+from tests import hostile, immich_reference, samples
 
 OPTIONS = images.DecodeOptions(size=224, max_pixels=40_000_000, max_bytes=16 << 20)
 
@@ -416,3 +416,134 @@ def test_a_jpeg_that_needs_resampling_still_goes_through_pillow() -> None:
         patch.setattr(images._Jpeg, "image", spy)
         run(data)
     assert called == [True]
+
+
+def immich(
+    data: bytes,
+    interpolation: images.Interpolation = "bicubic",
+    resize_mode: images.ResizeMode = "shortest",
+) -> tuple[np.ndarray, images.Decoded]:
+    options = images.DecodeOptions(224, 1 << 30, 1 << 30, resize_mode, interpolation,
+                                   variant="immich")  # fmt: skip
+    out = np.zeros((224, 224, 3), np.uint8)
+    return out, images.preprocess(data, out, options)
+
+
+@pytest.mark.parametrize(
+    ("size", "fmt"),
+    [((299, 224), "PNG"), ((224, 303), "PNG"), ((641, 300), "JPEG"), ((300, 641), "PNG"),
+     ((1500, 1400), "PNG"), ((1500, 1400), "JPEG"), ((500, 500), "PNG")],
+)  # fmt: skip
+def test_immich_variant_makes_immichs_own_pixels(size: tuple[int, int], fmt: str) -> None:
+    """Immich's transform (tests/immich_reference.py): truncated long side and crop offsets
+    (299 wide: left 37, where open_clip's rounding says 38), one bicubic resize of every pixel
+    (1500x1400: no DCT scaling, no pre-reduction). Only Pillow's rounding of a box may differ."""
+    data = samples.encode(photo(*size, seed=1), fmt)
+    out, decoded = immich(data)
+    difference = np.abs(out.astype(int) - immich_reference.pixels(data, 224))
+    assert difference.max() <= 1 and difference.mean() < 0.001
+    assert decoded.decoded_pixels == size[0] * size[1]
+
+
+def test_immich_variant_ignores_the_models_interpolation_mode_and_exif_orientation() -> None:
+    for turn in (1, 3, 6):
+        data = jpeg_bytes(photo(641, 300, seed=turn), orientation=turn)
+        expected = immich_reference.pixels(data, 224)  # Pillow never turns it
+        for mode in ("shortest", "longest", "squash"):
+            out, _ = immich(data, interpolation="bilinear", resize_mode=mode)
+            assert np.abs(out.astype(int) - expected).max() <= 1
+
+
+def test_immich_variant_decodes_every_scan_of_a_progressive_jpeg() -> None:
+    """2400x1800 at 224 would be decoded at 1/8 from its DC scans: Immich decodes it all."""
+    data = samples.progressive_jpeg(2)
+    out, decoded = immich(data)
+    assert np.abs(out.astype(int) - immich_reference.pixels(data, 224)).max() <= 1
+    assert decoded.decoded_pixels == 2400 * 1800
+
+
+@pytest.mark.parametrize(
+    ("size", "reduced"),
+    [((2000, 300), False), ((300, 2000), False), ((1600, 672), False), ((1600, 700), True),
+     ((700, 1600), True)],
+)  # fmt: skip
+def test_a_source_over_three_times_the_target_is_pre_reduced(
+    size: tuple[int, int], reduced: bool
+) -> None:
+    """Pillow's ``reducing_gap=3.0`` (a box average, then the filter) when the short side of
+    what is read is over 3x the target's, else one exact resize: squashed, every pixel read."""
+    source = photo(*size, seed=3)
+    options = images.DecodeOptions(224, 1 << 30, 1 << 30, resize_mode="squash")
+    gap = 3.0 if reduced else None
+    expected = source.resize((224, 224), Image.Resampling.BICUBIC, reducing_gap=gap)
+    assert np.array_equal(run(samples.encode(source, "PNG"), options), np.asarray(expected))
+
+
+def test_a_large_jpeg_fitted_by_its_long_side_is_decoded_at_the_long_sides_scale() -> None:
+    """2400x1200 at 224, ``longest``: 1/8 keeps the long side (300x150); the short side's
+    scale would be 1/4. The result is the resize of the whole image, padded top and bottom."""
+    source = photo(2400, 1200, seed=4)
+    options = images.DecodeOptions(224, 1 << 30, 1 << 30, resize_mode="longest")
+    out = np.zeros((224, 224, 3), np.uint8)
+    decoded = images.preprocess(jpeg_bytes(source), out, options)
+    assert decoded.decoded_pixels == 300 * 150
+    expected = np.zeros((224, 224, 3), np.uint8)
+    expected[56:168] = np.asarray(source.resize((224, 112), Image.Resampling.BICUBIC))
+    assert np.all(out[:56] == 0) and np.all(out[168:] == 0)
+    assert mean_abs(out, expected) < 2.5
+
+
+#: coding -> an image of it (the name's first word is its format)
+PRICED = {
+    "png": samples.png(0),
+    "webp-lossy": samples.webp(0),
+    "gif": samples.gif(0),
+    "jpeg-baseline": samples.compact(0),
+    "jpeg-progressive": samples.progressive_jpeg(5, (640, 480)),
+    "jpeg-arithmetic": hostile.jpeg_arithmetic(),  # 100 MP: open_clip's 1/8 scale only
+}
+
+
+@pytest.mark.parametrize(
+    ("coding", "variant"),
+    [(coding, variant) for coding in PRICED for variant in ("open_clip", "immich")
+     if (coding, variant) != ("jpeg-arithmetic", "immich")],
+)  # fmt: skip
+def test_the_reported_price_is_admissions_estimate_of_the_same_bytes(
+    coding: str, variant: images.Variant
+) -> None:
+    """What admission learns against (imaging/work.py): the same price it charged."""
+    options = images.DecodeOptions(224, 10**8, 1 << 30, variant=variant)
+    priced = preprocess(PRICED[coding], options).work
+    assert priced == work.estimate(PRICED[coding], plan=options.plan)
+    assert (priced.format, priced.coding) == (coding.split("-")[0], coding)
+
+
+def test_a_gif_whose_first_frame_outgrows_its_screen_is_refused() -> None:
+    """The budget was computed for the logical screen; Pillow's canvas grows to the frame."""
+    gif = bytearray(samples.encode(photo(300, 240, seed=0).convert("P"), "GIF"))
+    gif[6:10] = (250).to_bytes(2, "little") + (200).to_bytes(2, "little")
+    with pytest.raises(InvalidImage) as raised:
+        run(bytes(gif))
+    assert raised.value.reason == "gif header says 250x200 but the image is 300x240"
+
+
+def test_a_png_chunk_longer_than_the_file_is_an_unreadable_header() -> None:
+    png = samples.png(0)
+    idat = png.index(b"IDAT") - 4
+    cut = png[:idat] + (10_000_000).to_bytes(4, "big") + b"abCd" + b"x" * 100 + png[idat:]
+    with pytest.raises(InvalidImage) as raised:
+        run(cut)
+    assert raised.value.reason == "cannot read png header: Truncated File Read"
+
+
+def test_a_jpeg_decoded_to_another_size_than_its_header_gives_is_refused() -> None:
+    """libjpeg scales as the header says; were it not to, the crop would read the wrong box."""
+    data = samples.compact(0)  # 341x256
+    layout = jpeg.walk(data, max_scans=8)
+    claimed = images._Jpeg(data, layout, 224, False, False, (340, 255))
+    with pytest.raises(InvalidImage) as raised:
+        claimed.crop((0, 0, 224, 224))
+    assert raised.value.reason == (
+        "JPEG decoded to 341x256, not the 340x255 its header gives at this scale"
+    )
