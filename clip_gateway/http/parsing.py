@@ -231,23 +231,17 @@ def parse_json(body: bytes | bytearray, max_items: int, max_image_bytes: int) ->
     max_chars = _encoded_chars(max_image_bytes)
     try:
         request = msgspec.json.decode(body, type=_envelope())
+        raw: msgspec.Raw = request.input  # type: ignore[assignment]
+        try:
+            _scan_input(raw, max_items, max_chars)
+            value = msgspec.json.decode(raw, type=_INPUT)
+        except UnicodeDecodeError:  # msgspec's answer to invalid UTF-8 inside a string
+            raise _not_utf8(raw, max_items) from None
     except msgspec.ValidationError as exc:
         raise InvalidFields(f"invalid embeddings request: {exc}") from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise _undecodable(body, exc, max_items) from None
     except RecursionError as exc:  # msgspec's own guard against hostile nesting
-        raise MalformedRequest("malformed JSON: nested too deep") from exc
-    raw: msgspec.Raw = request.input  # type: ignore[assignment]
-    try:
-        _scan_input(raw, max_items, max_chars)
-        value = msgspec.json.decode(raw, type=_INPUT)
-    except msgspec.ValidationError as exc:
-        raise InvalidFields(f"invalid embeddings request: {exc}") from exc
-    except UnicodeDecodeError:  # msgspec's answer to invalid UTF-8 inside a string
-        raise _not_utf8(raw, max_items) from None
-    except msgspec.DecodeError as exc:  # the envelope passed it: not seen, but a 4xx if so
-        raise _undecodable(body, exc, max_items) from None
-    except RecursionError as exc:
         raise MalformedRequest("malformed JSON: nested too deep") from exc
     items = _items([value] if isinstance(value, str) else value, request.modality)
     _check_count(len(items), max_items)

@@ -13,6 +13,7 @@ from clip_gateway.errors import (
     InvalidFields,
     LimitExceeded,
     MalformedRequest,
+    UnsupportedFormat,
 )
 from clip_gateway.http import parsing
 from clip_gateway.pipeline.items import ImageItem, TextItem
@@ -443,3 +444,254 @@ def test_an_item_that_is_neither_a_string_nor_an_object_is_a_schema_error() -> N
     for nested in ('["a", ["b", "LONG"]]', "[[[]" + ",1" * 22 + "]]"):
         with pytest.raises(InvalidFields, match=re.escape("Expected `str | object`, got `array`")):
             parsing.parse_json(f'{{"input": {nested.replace("LONG", long)}}}'.encode(), 4, 100)
+
+
+# Client bytes (issue 31): every byte sequence and charset a client chooses is a 4xx naming the
+# item, with the byte where it went wrong. tests/api/test_client_bytes.py holds the same over
+# HTTP; these pin the messages and indexes at the parser, where they are made.
+
+UTF8 = "JSON text must be UTF-8 (RFC 8259)"
+LONE = (
+    "has a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair): not a Unicode "
+    "character; send valid UTF-8 or a surrogate pair"
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"plain ascii and caf\xc3\xa9", None),
+        (b"", None),
+        (b"\xff at the start", (0, 1)),
+        (b"abc\xc3", (3, 4)),  # a sequence cut short by the end of the body
+        (b"ab\xe2\x82(", (2, 4)),  # cut short by another character
+        (b"a" * (1 << 20) + b"\xc3\xa9" * 3 + b"\xff", ((1 << 20) + 6, (1 << 20) + 7)),
+        (b"a" * ((1 << 20) - 1) + b"\xc3\xa9" + b"b" * (1 << 21) + b"\xc0\xaf",
+         ((1 << 21) + (1 << 20) + 1, (1 << 21) + (1 << 20) + 2)),  # a character across steps
+        (b"a" * (3 << 20) + b"\xc3\xa9", None),
+    ],
+)  # fmt: skip
+def test_the_first_invalid_utf8_sequence_is_found_in_any_step(
+    data: bytes, expected: tuple[int, int] | None
+) -> None:
+    assert parsing._invalid_utf8(data) == expected
+    assert parsing._invalid_utf8(bytearray(data)) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message", "index"),
+    [
+        (b'{"input": "a \xff"}', f"input[0] is not valid UTF-8 (byte 3 of input): {UTF8}", 0),
+        (b'{"input": ["fine", "a \xff"]}',
+         f"input[1] is not valid UTF-8 (byte 12 of input): {UTF8}", 1),
+        (b'{"input": ["a", "\xff", "a"]}', f"input[1] is not valid UTF-8 (byte 7 of input): {UTF8}",
+         1),  # the same item after it is not the one at fault
+        (b'{"input":  [ "ok" ,  {"text": "caf\xc3\xa9"}, {"image": "x\xc3"} ] , "model": "m"}',
+         f"input[2] is not valid UTF-8 (byte 41 of input): {UTF8}", 2),
+        (b'{"input": ["\xed\xa0\x80"]}', f"input[0] is not valid UTF-8 (byte 2 of input): {UTF8}",
+         0),  # a surrogate encoded as UTF-8 (CESU-8)
+        (b'{"input": [{"text": "a", "\xff": 1}]}',
+         f"input[0] is not valid UTF-8 (byte 16 of input): {UTF8}", 0),  # in a key
+        (b'{"model": "\xff", "input": ["a"]}',
+         f"the request body is not valid UTF-8 (byte 11): {UTF8}", None),
+        (b'{"input": ["a"], "user": "ok", "model": "\xc3("}',
+         f"the request body is not valid UTF-8 (byte 41): {UTF8}", None),
+    ],
+)  # fmt: skip
+def test_invalid_utf8_names_the_item_and_the_byte(
+    raw: bytes, message: str, index: int | None
+) -> None:
+    with pytest.raises(MalformedRequest) as raised:
+        parsing.parse_json(raw, 8, 1000)
+    assert (raised.value.reason, raised.value.index) == (message, index)
+
+
+@pytest.mark.parametrize(
+    ("raw", "index"),
+    [
+        (b'{"input": "\\ud800"}', 0),
+        (b'{"input": ["\\udc00"]}', 0),  # a low one: msgspec says "surrogate"
+        (b'{"input": ["a", "b", "\\ud800"]}', 2),  # a high one: msgspec says "truncated"
+        (b'{"input": ["caf\\u00e9", "\\udfff"]}', 1),  # not ASCII is not a surrogate
+        (b'{"input": ["' + b"\\ud83d\\ude00" * 20 + b'", "x\\ud800"]}', 1),  # pairs first
+        (b'{"input": ["\\\\ud800 is text", {"image": "\\udfff"}]}', 1),  # an escaped backslash
+        (b'{"input": [{"text": "a"}, {"text": "b"}, "\\ud800"]}', 2),
+        (b'{"input": ["a", {"text": "b"}, {"image": "\\ud800"}]}', 2),
+        (b'{"modality": "text", "input": [1, 2, "\\ud800\\ud800"]}', 2),
+        (b'{"input": [{"text": "a", "n": 1, "o": {"p": [1, 2]}}, true, "\\ud800"]}', 2),
+    ],
+)
+def test_a_lone_surrogate_escape_names_its_item(raw: bytes, index: int) -> None:
+    with pytest.raises(MalformedRequest) as raised:
+        parsing.parse_json(raw, 8, 1000)
+    assert (raised.value.reason, raised.value.index) == (f"input[{index}] {LONE}", index)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"input": ["a"], "model": "\\ud800"}', "Input data was truncated"),  # not in input
+        (b'{"input": "a", "model": "\\udc00"}',
+         "JSON is malformed: invalid utf-16 surrogate pair (byte 31)"),
+        (b'{"input": ["a" "\\ud800"]}', "JSON is malformed: expected ',' or ']' (byte 15)"),
+        (b'{"input": ', "Input data was truncated"),
+        (b'{"model": "\\ud800"}', "Input data was truncated"),  # no input at all
+    ],
+)  # fmt: skip
+def test_other_malformed_json_is_not_blamed_on_an_item(raw: bytes, message: str) -> None:
+    with pytest.raises(MalformedRequest) as raised:
+        parsing.parse_json(raw, 8, 1000)
+    assert (raised.value.reason, raised.value.index) == (f"malformed JSON: {message}", None)
+
+
+@pytest.mark.parametrize(
+    ("text", "index"),
+    [
+        ('{"input": ["a\tb", "\\ud800"]}', 1),  # a raw control character is read, not refused
+        ('{"input": [' + "1," * 23 + '"\\ud800"]}', 23),  # the 48th token: within the budget
+        ('{"input": [' + "1," * 24 + '"\\ud800"]}', None),  # the 50th: past it
+        ('{"input": [{"a": {"b": 1}}, "\\ud800"]}', 1),
+        ('{"input": [{"a": {"b": 1}}, {"c": "\\ud800"}]}', 1),
+        ('{"input": ["a", ["b"], "c"], "x": ["\\ud800"]}', None),
+        ('{"input": ["a", "b"', None),
+    ],
+)
+def test_the_surrogate_search_walks_a_bounded_number_of_tokens(
+    text: str, index: int | None
+) -> None:
+    """Sixteen tokens per item allowed (and two more), whatever the body: ``max_items`` 1."""
+    assert parsing._surrogate_item(text, 1) == index
+
+
+def test_an_object_item_may_hold_a_string_as_long_as_the_limit() -> None:
+    longest = 4 * -(-100 // 3) + 256
+    for key in ("text", "image"):
+        raw = f'{{"input": ["b", {{"{key}": "{"a" * longest}"}}]}}'
+        assert len(parsing.parse_json(raw.encode(), 4, 100).items) == 2
+        with pytest.raises(LimitExceeded) as raised:
+            parsing.parse_json(raw.replace('"}', 'a"}').encode(), 4, 100)
+        assert (raised.value.reason, raised.value.index) == (f"item over {longest} characters", 1)
+
+
+def test_a_long_item_that_is_not_an_object_does_not_hide_a_later_long_string() -> None:
+    long = "a" * 2000
+    with pytest.raises(LimitExceeded) as raised:
+        parsing.parse_json(f'{{"input": [["{long}"], "{long}"]}}'.encode(), 4, 100)
+    assert raised.value.index == 1
+
+
+def test_url_and_typed_image_parts() -> None:
+    url = "https://example.com/a.jpg"
+    found = items_of(
+        f'["a", {{"image": "{url}"}}, {{"type": "image_url", "image_url": {{"url": "{url}"}}}},'
+        ' {"type": "text", "text": "b"}]'
+    )
+    assert found == [TextItem("a"), ImageItem(url=url), ImageItem(url=url), TextItem("b")]
+    for part in (f'{{"image_url": {{"url": "{url}"}}}}', '{"type": "image_url"}'):
+        with pytest.raises(InvalidFields) as raised:
+            items_of(f'["a", {part}]')
+        assert (raised.value.reason, raised.value.index) == (
+            'input[1]: a typed part is {"type": "image_url", "image_url": {"url": ...}} '
+            'or {"type": "text", "text": ...}',
+            1,
+        )
+
+
+def form_part(name: str, data: bytes, content_type: str | None = None) -> bytes:
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n'
+    if content_type:
+        head += f"Content-Type: {content_type}\r\n"
+    return head.encode() + b"\r\n" + data + b"\r\n"
+
+
+def parse_form(*parts: bytes, max_text_chars: int = 10) -> parsing.ParsedRequest:
+    raw = b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+    return asyncio.run(
+        parsing.parse_multipart(
+            chunked(raw, 5),
+            BOUNDARY,
+            max_items=8,
+            max_image_bytes=10_000,
+            max_text_chars=max_text_chars,
+        )
+    )
+
+
+ACCEPTED = "accepted: utf-8, us-ascii, iso-8859-1, windows-1252 (or no charset: UTF-8)"
+
+
+@pytest.mark.parametrize(
+    ("charset", "shown"),
+    [("utf-7", "'utf-7'"), ("punycode", "'punycode'"), ("x" * 50, repr("x" * 40))],
+)
+def test_a_part_in_a_charset_not_taken_is_refused_naming_it(charset: str, shown: str) -> None:
+    declared = f"text/plain; charset={charset}"
+    with pytest.raises(UnsupportedFormat) as raised:
+        parse_form(form_part("text", b"a cat"), form_part("text", b"+2AA-", declared))
+    assert (raised.value.reason, raised.value.index) == (
+        f"input[1] (form field 'text') declares charset {shown}; {ACCEPTED}",
+        1,
+    )
+    with pytest.raises(UnsupportedFormat) as option:
+        parse_form(form_part("text", b"a cat"), form_part("model", b"m", declared))
+    assert (option.value.reason, option.value.index) == (
+        f"form field 'model' declares charset {shown}; {ACCEPTED}",
+        None,
+    )
+    assert parsing.text_codec(None, "part") == "utf-8"
+    assert parsing.text_codec(" Windows-1252 ", "part") == "cp1252"
+
+
+def test_text_and_option_parts_are_read_in_their_declared_charset() -> None:
+    latin = "text/plain; charset=ISO-8859-1"
+    parsed = parse_form(
+        form_part("text", "café".encode("latin-1"), latin),
+        form_part("model", " modèle ".encode("latin-1"), latin),
+    )
+    assert (parsed.items, parsed.model) == ([TextItem("café")], "modèle")
+
+
+@pytest.mark.parametrize(
+    ("part", "message", "index"),
+    [
+        (form_part("text", b"caf\xe9", "text/plain; charset=us-ascii"),
+         "input[1] (form field 'text') is not valid ascii (ordinal not in range(128) at byte 3)",
+         1),
+        (form_part("text", b"caf\xed\xa0\x80"),
+         "input[1] (form field 'text') is not valid utf-8 (invalid continuation byte at byte 3)",
+         1),
+        (form_part("model", b"\xffm"),
+         "form field 'model' is not valid utf-8 (invalid start byte at byte 0)", None),
+        (form_part("normalize", b"\x81", "text/plain; charset=windows-1252"),
+         "form field 'normalize' is not valid cp1252 (character maps to <undefined> at byte 0)",
+         None),
+    ],
+)  # fmt: skip
+def test_bytes_that_are_not_the_declared_charset_name_the_part_and_the_byte(
+    part: bytes, message: str, index: int | None
+) -> None:
+    with pytest.raises(MalformedRequest) as raised:
+        parse_form(form_part("text", b"ok"), part)
+    assert (raised.value.reason, raised.value.index) == (message, index)
+
+
+def test_text_and_option_parts_are_bounded_as_they_stream_in() -> None:
+    """A text part may take four bytes per character (UTF-8), an option 4096 bytes; one byte
+    more is refused before the part is decoded."""
+    assert parse_form(form_part("text", b"a" * 40), max_text_chars=10).items == [TextItem("a" * 40)]
+    with pytest.raises(LimitExceeded) as text:
+        parse_form(form_part("image", b"x"), form_part("text", b"a" * 41), max_text_chars=10)
+    assert (text.value.reason, text.value.index, text.value.extra) == (
+        "input[1] (form field 'text') is over 40 bytes (longer than the text limit in any charset)",
+        1,
+        {"limit": 40},
+    )
+    longest = parse_form(form_part("text", b"a"), form_part("model", b"m" * 4096))
+    assert longest.model == "m" * 4096
+    with pytest.raises(LimitExceeded) as option:
+        parse_form(form_part("text", b"a"), form_part("model", b"m" * 4097))
+    assert (option.value.reason, option.value.index, option.value.extra) == (
+        "form field 'model' is over 4096 bytes",
+        None,
+        {"limit": 4096},
+    )
