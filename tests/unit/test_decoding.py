@@ -413,7 +413,7 @@ def test_a_request_over_its_budget_decodes_nothing_more_and_is_told_where_it_sto
 ) -> None:
     """The error names the first item not decoded (in request numbering) and the figures a
     client reads, in CPU seconds: three decimals in the text, four in the problem's fields."""
-    meter = Meter(priced_s=0.0123456, budget_s=0.0000123456)
+    meter = Meter(priced_s=0.0345678, budget_s=0.0123456)
     meter.spend(0.1)
     meter.spend(0.0434567)
     out = np.zeros((3, 224, 224, 3), np.uint8)
@@ -422,10 +422,10 @@ def test_a_request_over_its_budget_decodes_nothing_more_and_is_told_where_it_sto
     error = raised.value
     assert error.index == 3
     assert error.reason == (
-        "decoding stopped at item 3: this request's images were priced at 0.012 CPU-s and had "
-        "spent 0.143, over 0.000 (the gateway has learned from it: a retry is priced higher)"
+        "decoding stopped at item 3: this request's images were priced at 0.035 CPU-s and had "
+        "spent 0.143, over 0.012 (the gateway has learned from it: a retry is priced higher)"
     )
-    assert error.extra == {"priced_s": 0.0123, "spent_s": 0.1435, "budget_s": 0.0}
+    assert error.extra == {"priced_s": 0.0346, "spent_s": 0.1435, "budget_s": 0.0123}
     assert meter.spent_s == 0.1 + 0.0434567  # nothing was decoded, so nothing more spent
     assert not out.any() and harness.pool.tasks == 3  # each task gave its thread straight back
     assert set(harness.spans()) == {"preprocess"}
