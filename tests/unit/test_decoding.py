@@ -16,10 +16,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from clip_gateway.errors import EmbeddingError, InvalidImage, LimitExceeded, UnsupportedFormat
-from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
+from clip_gateway.errors import (
+    EmbeddingError,
+    InvalidImage,
+    LimitExceeded,
+    Overspent,
+    UnsupportedFormat,
+)
+from clip_gateway.imaging.preprocess import Decoded, DecodeOptions, preprocess
 from clip_gateway.observability.metrics import Metrics
-from clip_gateway.pipeline.batching import BatchDecoder, DecodedBatch
+from clip_gateway.pipeline import batching
+from clip_gateway.pipeline.batching import BatchDecoder, DecodedBatch, DecodeSample, Meter
+from clip_gateway.pipeline.fair import FairExecutor, Flow
 from clip_gateway.pipeline.items import ImageItem, item_bytes
 from tests import samples
 
@@ -33,7 +41,7 @@ def image(value: bytes | str) -> ImageItem:
     return ImageItem(value) if isinstance(value, bytes) else ImageItem.from_base64(value)
 
 
-def expected(data: bytes, options: DecodeOptions = OPTIONS) -> tuple[np.ndarray, object]:
+def expected(data: bytes, options: DecodeOptions = OPTIONS) -> tuple[np.ndarray, Decoded]:
     out = np.zeros((options.size, options.size, 3), np.uint8)
     return out, preprocess(data, out, options)
 
@@ -219,6 +227,7 @@ def test_a_failure_outside_the_image_errors_is_still_the_images_fault(harness: H
     # kept without its traceback and cause: their frames held the image and the decoder's
     # buffers until a full garbage collection
     assert error.__cause__ is None and error.__traceback__ is None
+    assert error.__context__ is None and error.__suppress_context__  # as `raise ... from None`
 
 
 def test_spans_describe_the_decoded_images(harness: Harness) -> None:
@@ -301,8 +310,6 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
     a thread still writes to it."""
     import threading
 
-    from clip_gateway.pipeline import batching
-
     started, proceed = threading.Event(), threading.Event()
 
     def slow(data: bytes, out: np.ndarray, options: DecodeOptions) -> object:
@@ -366,3 +373,172 @@ def test_each_batch_tells_admission_what_its_decodes_cost() -> None:
         assert told == [((), 0, -1)]  # ...nothing to learn from, a trim asked for
     finally:
         h.pool.shutdown()
+
+
+# --- the decode meter ------------------------------------------------------------------------
+
+
+def decode_metered(
+    decoder: BatchDecoder,
+    items: Sequence[bytes],
+    meter: Meter | None,
+    *,
+    indices: Sequence[int] | None = None,
+    out: np.ndarray | None = None,
+) -> DecodedBatch:
+    """A decode bounded in time: a decode that never reports back fails the test, not hangs it."""
+
+    async def bounded() -> DecodedBatch:
+        async with asyncio.timeout(60):
+            typed = [image(data) for data in items]
+            return await decoder.decode(
+                typed, OPTIONS, skip_invalid=False, indices=indices, out=out, meter=meter
+            )
+
+    return asyncio.run(bounded())
+
+
+def test_a_meter_adds_up_what_was_spent_and_is_over_only_past_its_budget() -> None:
+    meter = Meter(priced_s=0.2, budget_s=0.5)
+    assert (meter.priced_s, meter.budget_s, meter.spent_s, meter.over) == (0.2, 0.5, 0.0, False)
+    meter.spend(0.25)
+    meter.spend(0.25)
+    assert meter.spent_s == 0.5 and not meter.over  # spending all of the budget is allowed
+    meter.spend(0.125)
+    assert meter.spent_s == 0.625 and meter.over
+
+
+def test_a_request_over_its_budget_decodes_nothing_more_and_is_told_where_it_stopped(
+    harness: Harness,
+) -> None:
+    """The error names the first item not decoded (in request numbering) and the figures a
+    client reads, in CPU seconds: three decimals in the text, four in the problem's fields."""
+    meter = Meter(priced_s=0.0345678, budget_s=0.0123456)
+    meter.spend(0.1)
+    meter.spend(0.0434567)
+    out = np.zeros((3, 224, 224, 3), np.uint8)
+    with pytest.raises(Overspent) as raised:
+        decode_metered(harness.decoder, [JPEG, PNG, JPEG], meter, indices=[3, 5, 8], out=out)
+    error = raised.value
+    assert error.index == 3
+    assert error.reason == (
+        "decoding stopped at item 3: this request's images were priced at 0.035 CPU-s and had "
+        "spent 0.143, over 0.012 (the gateway has learned from it: a retry is priced higher)"
+    )
+    assert error.extra == {"priced_s": 0.0346, "spent_s": 0.1435, "budget_s": 0.0123}
+    assert meter.spent_s == 0.1 + 0.0434567  # nothing was decoded, so nothing more spent
+    assert not out.any() and harness.pool.tasks == 3  # each task gave its thread straight back
+    assert set(harness.spans()) == {"preprocess"}
+    assert harness.sample("gateway_images_total", format="jpeg") is None
+
+
+def test_a_request_that_spends_its_budget_mid_batch_stops_there_and_still_teaches(
+    serial: Harness,
+) -> None:
+    """One worker: the first image decodes and spends (thread CPU time, over a zero budget),
+    the next ones are not started; what the first did spend is observed all the same."""
+    told: list[tuple[Sequence[DecodeSample], int, int]] = []
+    serial.decoder = BatchDecoder(serial.pool, serial.decoder._tracer, serial.metrics,
+                                  on_decoded=lambda *a: told.append(a))  # fmt: skip
+    meter = Meter(priced_s=0.5, budget_s=0.0)
+    out = np.zeros((3, 224, 224, 3), np.uint8)
+    with pytest.raises(Overspent) as raised:
+        decode_metered(serial.decoder, [JPEG, PNG, JPEG], meter, indices=[2, 4, 6], out=out)
+    assert raised.value.index == 4
+    assert raised.value.reason.startswith("decoding stopped at item 4: ")
+    assert meter.spent_s > 0
+    assert raised.value.extra["spent_s"] == round(meter.spent_s, 4)
+    pixels, decoded = expected(JPEG)
+    np.testing.assert_array_equal(out[0], pixels)
+    assert not out[1:].any()
+    ((samples_, encoded, decoded_pixels),) = told
+    (sample,) = samples_
+    assert (sample.coding, sample.priced_s, sample.items) == (
+        decoded.work.coding,
+        decoded.work.seconds,
+        1,
+    )
+    assert sample.cpu_seconds == meter.spent_s  # the one decode is all the meter counted
+    assert (encoded, decoded_pixels) == (len(JPEG), decoded.decoded_pixels)
+    assert set(serial.spans()) == {"preprocess", "pool.wait", "decode"}
+    assert serial.sample("gateway_images_total", format="jpeg") == 1
+    assert serial.sample("gateway_images_total", format="png") is None
+
+
+def test_request_indices_name_the_rows_and_the_errors(harness: Harness) -> None:
+    """A decode of some of a request's items (the others are texts, or cached) numbers each
+    row and error as the request does."""
+    batch = asyncio.run(
+        harness.decoder.decode(
+            [image(JPEG), image(b""), image(PNG)], OPTIONS, skip_invalid=True, indices=[10, 11, 12]
+        )
+    )
+    assert (batch.indices, batch.rows) == ((10, 12), (0, 2))
+    assert [e.index for e in batch.errors] == [11]
+
+
+def test_a_bug_or_memory_error_in_a_decode_fails_the_request_even_in_skip_mode(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the image errors are reported per item; anything else is not the image's answer."""
+
+    def short_of_memory(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
+        if data == PNG:
+            raise MemoryError("decoder buffer")
+        return preprocess(data, out, options)
+
+    monkeypatch.setattr(batching, "preprocess", short_of_memory)
+    with pytest.raises(MemoryError, match=r"^decoder buffer$"):
+        harness.decode([JPEG, PNG, b"not an image"], skip=True)
+
+
+class RecordingFairExecutor(FairExecutor):
+    """The gateway's fair pool, noting the flow and price each task was queued with."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__(threads)
+        self.queued_as: list[tuple[Flow, float]] = []
+
+    def submit_to(
+        self, flow: Flow, cost: float, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> Future[T]:
+        self.queued_as.append((flow, cost))
+        return super().submit_to(flow, cost, fn, *args, **kwargs)
+
+
+def test_on_the_fair_pool_a_request_is_one_flow_each_image_its_share_of_the_price() -> None:
+    """Each request its own flow; each image costs the request's price over its images (a
+    millisecond when unpriced), so another client's photo is not queued behind all of them."""
+    pool = RecordingFairExecutor(2)
+    decoder = BatchDecoder(pool, TracerProvider().get_tracer("test"), Metrics())
+    try:
+        batch = decode_metered(decoder, [JPEG, PNG, JPEG], Meter(priced_s=0.75, budget_s=10.0))
+        assert batch.indices == (0, 1, 2)
+        for row, data in enumerate([JPEG, PNG, JPEG]):
+            np.testing.assert_array_equal(batch.pixels[row], expected(data)[0])
+        priced, pool.queued_as = pool.queued_as, []
+        unpriced = decode_metered(decoder, [PNG, JPEG], None)
+        np.testing.assert_array_equal(unpriced.pixels[1], expected(JPEG)[0])
+    finally:
+        pool.shutdown()
+    assert [cost for _, cost in priced] == [0.25, 0.25, 0.25]
+    assert [cost for _, cost in pool.queued_as] == [1e-3, 1e-3]
+    flows = {id(flow) for flow, _ in priced + pool.queued_as}
+    assert len({id(flow) for flow, _ in priced}) == 1 and len(flows) == 2
+    assert all(type(flow) is Flow for flow, _ in priced + pool.queued_as)
+
+
+def test_decode_samples_sum_cpu_price_and_count_per_coding() -> None:
+    """What admission learns from: per coding, the CPU seconds and header prices summed over
+    the batch's images of that coding, and how many there were."""
+    jpeg = expected(JPEG)[1]
+    png_a, png_b = expected(PNG)[1], expected(samples.png(2))[1]
+    timed = [
+        batching._Timed(png_a, 0, 1, cpu_s=0.25),
+        batching._Timed(jpeg, 0, 1, cpu_s=0.125),
+        batching._Timed(png_b, 0, 1, cpu_s=0.5),
+    ]
+    assert batching._samples(timed) == [
+        DecodeSample("png", 0.75, png_a.work.seconds + png_b.work.seconds, 2),
+        DecodeSample(jpeg.work.coding, 0.125, jpeg.work.seconds, 1),
+    ]
