@@ -117,20 +117,15 @@ class JpegFrame:
 
 
 def frame(data: bytes) -> JpegFrame:
-    """The frame header alone (walking the segments before it, bounded as ``walk`` is): what
-    admission prices a JPEG by. Raises ``JpegError`` (a ValueError) when there is none."""
-    if not data.startswith(_SOI):
-        raise JpegError("not a JPEG: no start-of-image marker")
-    walker = _Walk(data, 1, None)
-    walker.stop_at_frame = True
-    walker.run()
-    assert walker.frame is not None  # run() raises without one
-    width, height, _sampling, progressive = walker.frame
-    return JpegFrame(width, height, progressive, walker.arithmetic)
+    """The frame header's size and coding (``frame_layout``'s): what admission prices a JPEG by.
+    Raises ``JpegError`` (a ValueError) when there is none."""
+    layout = frame_layout(data)
+    return JpegFrame(layout.width, layout.height, layout.progressive, layout.arithmetic)
 
 
 def frame_layout(data: bytes) -> JpegLayout:
-    """The layout up to the frame header (no scans counted), walked as ``frame`` walks."""
+    """The layout up to the frame header (no scans counted), walking the segments before it
+    bounded as ``walk`` is."""
     if not data.startswith(_SOI):
         raise JpegError("not a JPEG: no start-of-image marker")
     walker = _Walk(data, 1, None)
@@ -143,7 +138,7 @@ def scale_divisor(width: int, height: int, target: int, *, long_side: bool = Fal
     resize that fits the whole image into the target) at or above ``target``."""
     side = max(width, height) if long_side else min(width, height)
     for divisor in (8, 4, 2):
-        if side // divisor >= target:
+        if side >= divisor * target:
             return divisor
     return 1
 
@@ -291,8 +286,8 @@ def _frame(
         raise UnsupportedJpeg("lossless and hierarchical JPEGs are not supported")
     if end < pos + 10 or data[pos + 4] != 8:
         raise UnsupportedJpeg(f"{data[pos + 4]}-bit JPEG samples are not supported (only 8)")
-    height = int.from_bytes(data[pos + 5 : pos + 7], "big")
-    width = int.from_bytes(data[pos + 7 : pos + 9], "big")
+    height = int.from_bytes(data[pos + 5 : pos + 7])  # big-endian, the default
+    width = int.from_bytes(data[pos + 7 : pos + 9])
     count = data[pos + 9]
     if not width or not height:
         raise JpegError("JPEG frame header declares an empty image")
@@ -363,7 +358,7 @@ def decode_scaled(
     return decode(data, layout, target, long_side=long_side)
 
 
-def _decode(data: bytes, min_height: int, min_width: int, colorspace: str = "RGB") -> np.ndarray:
+def _decode(data: bytes, min_height: int, min_width: int, colorspace: str) -> np.ndarray:
     return simplejpeg.decode_jpeg(  # type: ignore[no-any-return]
         data, colorspace=colorspace, min_height=min_height, min_width=min_width
     )

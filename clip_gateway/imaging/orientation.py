@@ -44,7 +44,7 @@ def from_tiff(data: bytes, start: int = 0, end: int | None = None) -> int:
             if kind != _SHORT or count != 1:
                 return 1
             value = int(struct.unpack_from(order + "H", data, at + 8)[0])
-            return value if 1 <= value <= 8 else 1
+            return value if value in _UPRIGHT else 1  # 2-8; 1 and out-of-range values: upright
     return 1
 
 

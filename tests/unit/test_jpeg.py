@@ -187,6 +187,7 @@ def test_sequential_scans_per_component_count_and_buffer() -> None:
     scans = b"".join(segment(0xDA, bytes([1, c, 0x00, 0, 63, 0])) + b"\x12" for c in (1, 2, 3))
     layout = jpeg.walk(SOI + sof + scans + EOI, max_scans=8)
     assert (layout.progressive, layout.scans, layout.multi_scan) == (False, 3, True)
+    assert layout.dc_scans == 3  # each starts at spectral 0 (and ends at 63)
     # 32x16 at 4:2:0: 4x2 luma blocks + 2x1 for each chroma plane, 128 bytes each
     assert (layout.blocks, layout.coefficient_bytes) == (12, 12 * 128)
     with pytest.raises(jpeg.JpegError, match="more than 2 scans"):
@@ -285,3 +286,158 @@ def test_corrupt_stream_message() -> None:
     data = samples.truncated_jpeg()
     with pytest.raises(jpeg.JpegError, match=r"^corrupt or truncated JPEG: "):
         jpeg.decode_scaled(data, jpeg.read_header(data), 224, max_scans=256, dc_only=True)
+
+
+# --- the frame header alone: what admission prices a JPEG by ------------------------------------
+
+
+def sof(marker: int, count: int, components: bytes, height: int = 16, width: int = 16) -> bytes:
+    """A frame header: 8-bit samples, ``height`` x ``width``, ``count`` declared components."""
+    size = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return segment(marker, b"\x08" + size + bytes([count]) + components)
+
+
+Y = b"\x01\x11\x00"  # one component: id 1, 1x1 sampling, table 0
+SOF9 = sof(0xC9, 1, Y)  # arithmetic-coded sequential
+
+
+@pytest.mark.parametrize(
+    ("stream", "expected"),
+    [
+        (SOI + COMMENT + SOF0 + sos(0) + EOI, jpeg.JpegFrame(16, 16, False, False)),
+        (SOI + SOF2 + DC_SCAN + AC_SCAN + EOI, jpeg.JpegFrame(16, 16, True, False)),
+        (SOI + SOF9 + sos(0) + EOI, jpeg.JpegFrame(16, 16, False, True)),
+        # 0x0201 high byte first: 513 tall, 258 wide
+        (SOI + sof(0xC0, 1, Y, 0x0201, 0x0102) + EOI, jpeg.JpegFrame(258, 513, False, False)),
+    ],
+    ids=["baseline", "progressive", "arithmetic", "big-endian-size"],
+)  # fmt: skip
+def test_frame_reads_size_and_coding(stream: bytes, expected: jpeg.JpegFrame) -> None:
+    assert jpeg.frame(stream) == expected
+
+
+def test_frame_of_a_real_photo() -> None:
+    assert jpeg.frame(PROGRESSIVE) == jpeg.JpegFrame(640, 480, True, False)
+    assert jpeg.frame(samples.compact(0)) == jpeg.JpegFrame(341, 256, False, False)
+
+
+def test_frame_and_frame_layout_stop_at_the_frame_header() -> None:
+    """Nothing after the frame header is read: its scans count against no limit (the walk with
+    ``max_scans=1`` would refuse this file) and a broken segment after it goes unseen."""
+    stream = SOI + SOF2 + DC_SCAN + AC_SCAN + b"\xff\xfe\x00\x01" + EOI
+    with pytest.raises(jpeg.JpegError, match="more than 1 scans"):
+        jpeg.walk(stream, max_scans=1)
+    assert jpeg.frame(stream) == jpeg.JpegFrame(16, 16, True, False)
+    layout = jpeg.frame_layout(stream)
+    assert (layout.width, layout.height, layout.progressive) == (16, 16, True)
+    assert (layout.scans, layout.dc_scans, layout.multi_scan, layout.dc_only) == (0, 0, False, None)
+
+
+@pytest.mark.parametrize(
+    "reader", [jpeg.frame, jpeg.frame_layout, lambda d: jpeg.walk(d, max_scans=8)]
+)
+def test_not_a_jpeg_message(reader) -> None:
+    with pytest.raises(jpeg.JpegError, match=r"^not a JPEG: no start-of-image marker$"):
+        reader(b"\x89PNG\r\n\x1a\n not a jpeg")
+
+
+EMPTY, SAMPLING = "declares an empty image", "with impossible sampling factors"
+
+
+@pytest.mark.parametrize(
+    ("stream", "message"),
+    [
+        (SOI + sof(0xC0, 0, b""), r"^JPEG frame header with 0 components$"),  # ends at pos + 10
+        (SOI + sof(0xC0, 2, b"\x01\x11\x00\x02\x11\x00"), r"^JPEG frame header with 2 components$"),
+        (SOI + sof(0xC0, 3, Y) + EOI, r"^JPEG frame header with 3 components$"),
+        (SOI + sof(0xC0, 1, Y, height=0) + EOI, f"^JPEG frame header {EMPTY}$"),
+        (SOI + sof(0xC0, 1, Y, width=0) + EOI, f"^JPEG frame header {EMPTY}$"),
+        (SOI + sof(0xC0, 1, b"\x01\x15\x00") + EOI, f"^JPEG frame header {SAMPLING}$"),
+        (SOI + sof(0xC0, 1, b"\x01\x51\x00") + EOI, f"^JPEG frame header {SAMPLING}$"),
+        (SOI + sof(0xC0, 1, b"\x01\x01\x00") + EOI, f"^JPEG frame header {SAMPLING}$"),
+        (SOI + SOF0 + SOF0 + EOI, r"^JPEG with more than one frame \(hierarchical\)$"),
+        (SOI + sof(0xC3, 1, Y) + EOI, r"^lossless and hierarchical JPEGs are not supported$"),
+        (SOI + sos(0) + EOI, r"^JPEG scan before its frame header$"),
+        (SOI + b"\xff\xfe\x00\x01" + SOF0, r"^JPEG segment with an impossible length$"),
+    ],
+    ids=["no-components", "two-components", "components-cut", "height-0", "width-0", "v-5",
+         "h-5", "h-0", "two-frames", "lossless", "scan-first", "short-length"],
+)  # fmt: skip
+def test_frame_header_errors_name_the_fault(stream: bytes, message: str) -> None:
+    with pytest.raises(jpeg.JpegError, match=message):
+        jpeg.walk(stream, max_scans=8)
+
+
+def test_sampling_factors_up_to_four_are_accepted() -> None:
+    three = b"\x01\x44\x00\x02\x41\x00\x03\x14\x00"
+    layout = jpeg.frame_layout(SOI + sof(0xC0, 3, three) + EOI)
+    assert layout.sampling == ((4, 4), (4, 1), (1, 4))
+
+
+def test_a_frame_header_too_short_for_its_fields_is_refused_as_unsupported() -> None:
+    short = segment(0xC0, b"\x08\x00\x10\x00\x10")  # no component count: ends at pos + 9
+    with pytest.raises(jpeg.UnsupportedJpeg):
+        jpeg.walk(SOI + short + EOI, max_scans=8)
+
+
+def test_a_scan_header_shorter_than_its_components_is_malformed() -> None:
+    three = sof(0xC0, 3, b"\x01\x11\x00\x02\x11\x00\x03\x11\x00")
+    # Ns=3 but room for two component specs only (10 bytes: 2 short of pos + 8 + 2 * 3)
+    scan = segment(0xDA, bytes([3, 1, 0x00, 2, 0x11, 0, 63, 0])) + b"\x12"
+    with pytest.raises(jpeg.JpegError, match=r"^malformed JPEG scan header$"):
+        jpeg.walk(SOI + three + scan + EOI, max_scans=8)
+
+
+def test_a_segment_length_cut_by_the_end_ends_the_walk() -> None:
+    layout = jpeg.walk(SOI + SOF0 + b"\xff\xfe\x00", max_scans=8)  # one length byte left
+    assert (layout.width, layout.scans) == (16, 0)
+
+
+def test_the_first_exif_app1_wins() -> None:
+    first, second = b"Exif\x00\x00first", b"Exif\x00\x00second"
+    xmp = segment(0xE1, b"http://ns.adobe.com/xap/1.0/\x00<x/>")
+    stream = SOI + segment(0xE1, first) + xmp + segment(0xE1, second) + SOF0 + sos(0)
+    start, end = jpeg.exif_segment(stream) or (0, 0)
+    assert stream[start:end] == first
+
+
+# --- the scale the decode runs at ----------------------------------------------------------------
+
+#: 640x480, progressive: a target of 61 is 1/8 by the long side (80) but only 1/4 by the short
+#: side (480 / 8 = 60 < 61), so the two modes decode differently.
+LONG_ONLY = 61
+
+
+def test_walk_cuts_by_the_short_side_unless_told_the_long_side() -> None:
+    assert jpeg.walk(PROGRESSIVE, max_scans=256, dc_only_for=LONG_ONLY).dc_only is None
+    layout = jpeg.walk(PROGRESSIVE, max_scans=256, dc_only_for=LONG_ONLY, long_side=True)
+    assert layout.dc_only is not None
+
+
+def test_decode_scales_by_the_short_side_unless_told_the_long_side() -> None:
+    layout = jpeg.walk(PROGRESSIVE, max_scans=256)
+    assert jpeg.decode(PROGRESSIVE, layout, LONG_ONLY).shape == (120, 160, 3)
+    assert jpeg.decode(PROGRESSIVE, layout, LONG_ONLY, long_side=True).shape == (60, 80, 3)
+    assert jpeg.decode(PROGRESSIVE, layout, LONG_ONLY, full_size=True).shape == (480, 640, 3)
+    assert jpeg.decode(PROGRESSIVE, layout, LONG_ONLY, rgbx=True).shape == (120, 160, 4)
+
+
+def test_decode_scaled_by_the_long_side_uses_the_dc_only_cut() -> None:
+    header = jpeg.read_header(PROGRESSIVE)
+    cut = jpeg.walk(PROGRESSIVE, max_scans=256, dc_only_for=LONG_ONLY, long_side=True).dc_only
+    assert cut is not None
+    out = jpeg.decode_scaled(
+        PROGRESSIVE, header, LONG_ONLY, max_scans=256, dc_only=True, long_side=True
+    )
+    assert np.array_equal(out, decode_at(cut, 60, 80))  # the cut, not the full stream at 1/8
+    assert not np.array_equal(out, decode_at(PROGRESSIVE, 60, 80))
+
+
+@pytest.mark.parametrize(("size", "shape"), [((4, 5), (2, 1, 3)), ((5, 4), (1, 2, 3))])
+def test_decode_asks_libjpeg_for_the_rounded_up_size(
+    size: tuple[int, int], shape: tuple[int, int, int]
+) -> None:
+    """4x5 for a target of 1 is 1/4 (4 // 4 = 1): 1x2, the odd side rounded up; a size rounded
+    down would let libjpeg pick 1/8 (1x1)."""
+    data = encode_jpeg(samples.small_photo(0).crop((0, 0, *size)))
+    assert jpeg.decode(data, jpeg.walk(data, max_scans=8), 1).shape == shape
