@@ -29,7 +29,10 @@ from clip_gateway.imaging.paths import current as imaging_path
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import create_telemetry
 from clip_gateway.pipeline.admission import MIN_DECODE_S_PER_BYTE
+from clip_gateway.pipeline.cache import open_cache
+from clip_gateway.pipeline.items import ImageItem
 from clip_gateway.pipeline.service import EmbeddingService
+from tests import samples
 from tests.fakes import FakeBackend
 
 
@@ -173,7 +176,8 @@ def test_the_too_slow_message_says_how_long_the_body_took() -> None:
 
 def context_of(settings: ServerSettings, pool: ThreadPoolExecutor) -> AppContext:
     """The app's context as the lifespan builds it (http/app.py), on the fake backend."""
-    pipeline = EmbeddingService(FakeBackend(), pool, pipeline_options(settings, 1))
+    pipeline = EmbeddingService(FakeBackend(), pool, pipeline_options(settings, 1),
+                                cache=open_cache(settings.cache_mib << 20, None))  # fmt: skip
     return AppContext(
         settings=settings,
         pipeline=pipeline,
@@ -258,6 +262,24 @@ def test_admission_prices_the_declared_length_charges_the_key_and_decodes_by_the
     immich = body.admitted(request_to(context, unsized), context, variant="immich")
     with immich as reservation:
         assert reservation.plan.full_size  # Immich's: every pixel decoded
+
+
+def test_a_request_admitted_without_a_variant_finds_what_open_clip_embeddings_cached(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings(cache_mib=1))
+    pipeline, item = context.pipeline, ImageItem(samples.compact(0))
+
+    async def scenario() -> None:
+        with pipeline.admit(None, variant="open_clip") as first:
+            first.add(item)
+            first.body_read()
+            await pipeline.embed(first, [item], variant="open_clip")
+        with body.admitted(request_to(context), context) as again:
+            again.add(item)
+            assert id(item) in again.hits
+
+    asyncio.run(scenario())
 
 
 def test_a_compressed_body_is_refused_naming_its_encoding(
