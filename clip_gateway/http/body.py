@@ -130,7 +130,7 @@ async def read_chunks(
         if chunk:
             on_bytes(len(chunk))
             yield chunk
-        if not message.get("more_body", False):
+        if not message.get("more_body"):
             yield b""
             return
 

@@ -4,12 +4,36 @@ admission's count of the bytes as they arrive."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import hashlib
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import httpx
 import pytest
+from litestar import Litestar, Request
 
-from clip_gateway.errors import BodyTooSlow, ClientGone, LimitExceeded, Overloaded
+from clip_gateway.config.settings import ServerSettings, load_api_keys
+from clip_gateway.errors import (
+    BodyTooSlow,
+    ClientGone,
+    LimitExceeded,
+    Overloaded,
+    UnsupportedFormat,
+)
 from clip_gateway.http import body
+from clip_gateway.http.app import pipeline_options
+from clip_gateway.http.context import KEY, AppContext
+from clip_gateway.imaging.paths import current as imaging_path
+from clip_gateway.observability.metrics import Metrics
+from clip_gateway.observability.tracing import create_telemetry
+from clip_gateway.pipeline.admission import MIN_DECODE_S_PER_BYTE
+from clip_gateway.pipeline.cache import open_cache
+from clip_gateway.pipeline.items import ImageItem
+from clip_gateway.pipeline.service import EmbeddingService
+from tests import samples
+from tests.fakes import FakeBackend
 
 
 async def chunked(data: bytes, size: int) -> AsyncIterator[bytes]:
@@ -123,3 +147,281 @@ def test_a_body_at_the_minimum_rate_is_read_whole() -> None:
         b"cd",
         b"",
     ]
+
+
+def test_a_minimum_of_one_byte_per_second_is_a_minimum() -> None:
+    assert body.Pace(min_bytes_per_s=1, grace_s=2.0).deadline(10.0, 3) == 15.0
+
+
+def test_the_too_slow_message_says_how_long_the_body_took() -> None:
+    pace = body.Pace(min_bytes_per_s=1000, grace_s=0.05)
+    receive = stalled_after({"type": "http.request", "body": b"x" * 20, "more_body": True})
+
+    async def scenario() -> tuple[BodyTooSlow, float]:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(BodyTooSlow) as slow:
+            await collect(body.read_chunks(receive, 100, pace=pace))
+        return slow.value, loop.time() - started
+
+    slow, elapsed = asyncio.run(scenario())
+    took = re.fullmatch(r".*\(20 bytes in (\d+\.\d) s\)", slow.reason)
+    assert took is not None, slow.reason
+    # the time since the body began: never more than the whole read took (rounded to 0.1 s)
+    assert 0.0 <= float(took.group(1)) <= elapsed + 0.05
+
+
+# --- at the edge: a real Request (ASGI scope) of a Litestar app holding a real AppContext ---
+
+
+def context_of(settings: ServerSettings, pool: ThreadPoolExecutor) -> AppContext:
+    """The app's context as the lifespan builds it (http/app.py), on the fake backend."""
+    pipeline = EmbeddingService(FakeBackend(), pool, pipeline_options(settings, 1),
+                                cache=open_cache(settings.cache_mib << 20, None))  # fmt: skip
+    return AppContext(
+        settings=settings,
+        pipeline=pipeline,
+        canary=pipeline.canary(0, 0.9, timeout_s=30.0),
+        telemetry=create_telemetry("off"),
+        metrics=Metrics(),
+        api_keys=load_api_keys(settings),
+        http=httpx.AsyncClient(),
+        imaging=imaging_path(),
+    )
+
+
+@pytest.fixture
+def edge() -> Iterator[Callable[[ServerSettings], AppContext]]:
+    """Contexts for the settings a test gives, each on an app of its own, closed after."""
+    made: list[AppContext] = []
+    with ThreadPoolExecutor(1) as pool:
+
+        def make(settings: ServerSettings) -> AppContext:
+            made.append(context_of(settings, pool))
+            return made[-1]
+
+        yield make
+        for context in made:
+            asyncio.run(context.http.aclose())
+
+
+def request_to(
+    context: AppContext,
+    headers: dict[str, str] | None = None,
+    receive: body.Receive | None = None,
+) -> Request[Any, Any, Any]:
+    """A POST as Litestar hands it to a route: its app (whose state holds ``context``), its
+    headers, its ASGI receive channel."""
+    app = Litestar()
+    app.state[KEY] = context
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/embeddings",
+        "raw_path": b"/v1/embeddings",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000),
+        "state": {},
+        "path_params": {},
+        "litestar_app": app,
+    }
+    return Request(scope, receive or channel())  # type: ignore[arg-type]
+
+
+def test_a_declared_length_over_the_body_limit_is_refused_before_admission(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings(max_body_bytes=2048))
+    with pytest.raises(LimitExceeded) as raised:
+        body.admitted(request_to(context, {"Content-Length": "2049"}), context)
+    assert raised.value.reason == "request body of 2049 bytes; the limit is 2048"
+    assert raised.value.extra == {"limit": 2048}
+    for declared in ({"Content-Length": "2048"}, {}):  # exactly the limit; none declared
+        with body.admitted(request_to(context, declared), context) as reservation:
+            assert reservation.admission is context.pipeline.admission
+
+
+def test_admission_prices_the_declared_length_charges_the_key_and_decodes_by_the_variant(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    # 32 MiB at the cheapest decode per byte is ~0.13 s on one decode thread: over 0.1 s
+    context = edge(ServerSettings(admission_horizon_s=0.1, api_keys=("alpha", "beta")))
+    declared = {"Content-Length": str(32 << 20), "Authorization": "Bearer beta"}
+    with pytest.raises(LimitExceeded) as raised:
+        body.admitted(request_to(context, declared), context)
+    assert raised.value.extra["cost_s"] == round((32 << 20) * MIN_DECODE_S_PER_BYTE, 3)
+    unsized = {"Authorization": "Bearer beta"}
+    with body.admitted(request_to(context, unsized), context) as reservation:
+        assert reservation.key == hashlib.sha256(b"beta").hexdigest()[:16]
+        assert not reservation.plan.full_size  # open_clip's: scaled decodes
+    immich = body.admitted(request_to(context, unsized), context, variant="immich")
+    with immich as reservation:
+        assert reservation.plan.full_size  # Immich's: every pixel decoded
+
+
+def test_a_request_admitted_without_a_variant_finds_what_open_clip_embeddings_cached(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings(cache_mib=1))
+    pipeline, item = context.pipeline, ImageItem(samples.compact(0))
+
+    async def scenario() -> None:
+        with pipeline.admit(None, variant="open_clip") as first:
+            first.add(item)
+            first.body_read()
+            await pipeline.embed(first, [item], variant="open_clip")
+        with body.admitted(request_to(context), context) as again:
+            again.add(item)
+            assert id(item) in again.hits
+
+    asyncio.run(scenario())
+
+
+def test_a_compressed_body_is_refused_naming_its_encoding(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings())
+    request = request_to(context, {"Content-Encoding": " GZip "})
+    with pytest.raises(UnsupportedFormat) as raised:
+        body.body_of(request, context.settings, None)
+    assert raised.value.reason == (
+        "Content-Encoding 'gzip' is not accepted; send the body uncompressed (images are "
+        "compressed already)"
+    )
+    for plain in ({"Content-Encoding": "Identity"}, {"Content-Encoding": ""}, {}):
+        body.refuse_encoded(request_to(context, plain))
+
+
+def test_a_body_is_read_under_the_settings_limits_counted_on_its_reservation(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings(max_body_bytes=1024))
+    settings, admission = context.settings, context.pipeline.admission
+
+    def sending(*sizes: int) -> body.Receive:
+        *first, last = sizes
+        return channel(
+            *({"type": "http.request", "body": b"x" * n, "more_body": True} for n in first),
+            {"type": "http.request", "body": b"x" * last},
+        )
+
+    async def scenario() -> None:
+        with admission.reserve(None) as reservation:
+            chunks = body.body_of(request_to(context, receive=sending(1000, 24)), settings,
+                                  reservation)  # fmt: skip
+            assert await body.read_all(chunks) == b"x" * 1024
+            assert reservation.body_bytes == admission.body_bytes_in_flight == 1024
+        unparsed = body.body_of(request_to(context, receive=sending(3)), settings, None)
+        assert await body.read_all(unparsed) == b"xxx"
+        assert admission.body_bytes_in_flight == 0  # a body outside admission is not counted
+        over = body.body_of(request_to(context, receive=sending(1000, 25)), settings, None)
+        with pytest.raises(LimitExceeded, match=r"^request body over 1024 bytes$"):
+            await body.read_all(over)
+
+    asyncio.run(scenario())
+
+
+def test_a_body_under_the_settings_minimum_rate_is_too_slow_before_its_deadline(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    settings = ServerSettings(min_upload_bytes_per_s=1000, upload_grace_s=0.05, body_timeout_s=10)
+    context = edge(settings)
+    receive = stalled_after({"type": "http.request", "body": b"x" * 20, "more_body": True})
+    reading = body.read_all(body.body_of(request_to(context, receive=receive), settings, None))
+    with pytest.raises(BodyTooSlow) as slow:
+        asyncio.run(body.in_time(settings, reading))
+    assert slow.value.reason.startswith(
+        "request body arriving at under 1000 bytes/s after the first 0.05 s (20 bytes in "
+    )
+
+
+def test_a_body_not_in_by_the_deadline_is_too_slow() -> None:
+    settings = ServerSettings(body_timeout_s=0.01)
+
+    async def scenario() -> None:
+        assert await body.in_time(settings, asyncio.sleep(0, "parsed")) == "parsed"
+        async with asyncio.timeout(10):  # a guard: without a deadline this would never end
+            with pytest.raises(BodyTooSlow) as slow:
+                await body.in_time(settings, asyncio.Event().wait())
+        assert slow.value.reason == "request body not received within 0.01 s"
+
+    asyncio.run(scenario())
+
+
+def client(*messages: dict[str, object]) -> Callable[[], Awaitable[dict[str, object]]]:
+    """An ASGI channel after the body: ``messages``, then (as servers do) nothing more, or, once
+    a disconnect was sent, that disconnect again, each a loop turn later."""
+    queue = list(messages)
+
+    async def receive() -> dict[str, object]:
+        await asyncio.sleep(0)
+        if not queue:
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+        if queue[0]["type"] == "http.disconnect":
+            return queue[0]  # the last: said again to every later receive
+        return queue.pop(0)
+
+    return receive
+
+
+class Work:
+    """Pending work (queued decodes, a gRPC call) that finishes after ``turns`` loop turns
+    once ``start`` is set, and says whether it was cancelled and let unwind."""
+
+    def __init__(self, turns: int = 20) -> None:
+        self.start = asyncio.Event()
+        self.turns = turns
+        self.cancelled = False
+
+    async def run(self) -> str:
+        try:
+            await self.start.wait()
+            for _ in range(self.turns):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return "embedded"
+
+
+def test_work_finished_while_the_client_stays_is_its_answer(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings())
+
+    async def scenario() -> None:
+        work = Work()
+        work.start.set()
+        request = request_to(context, receive=client({"type": "http.request", "body": b""}))
+        assert await body.unless_disconnected(request, work.run()) == "embedded"
+        assert not work.cancelled
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_leaves_first_cancels_its_pending_work(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings())
+
+    async def scenario() -> None:
+        work = Work()
+        leaving = client({"type": "http.disconnect"})
+
+        async def receive() -> dict[str, object]:
+            work.start.set()  # the work would finish some turns after the client left
+            return await leaving()
+
+        request = request_to(context, receive=receive)
+        with pytest.raises(ClientGone) as gone:
+            await body.unless_disconnected(request, work.run())
+        assert gone.value.reason == "client disconnected; its pending work was cancelled"
+        assert work.cancelled
+
+    asyncio.run(scenario())

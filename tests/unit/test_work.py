@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from clip_gateway.errors import InvalidImage
 from clip_gateway.imaging import jpeg, work
 from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
-from clip_gateway.pipeline.items import ImageItem, price
+from clip_gateway.pipeline.items import ImageItem, item_bytes, price
 from tests import hostile, samples
 
 
@@ -174,3 +175,65 @@ def test_a_base64_jpeg_whose_frame_is_beyond_the_prefix_is_priced_at_the_worst()
     assert priced.coding == "jpeg-progressive"
     assert priced.seconds >= work.JPEG_OUTPUT_S_PER_PIXEL * work.WORST_PIXELS / 64
     assert work.estimate(padded).coding == "jpeg-baseline"  # the whole bytes: its real price
+
+
+IMMICH = work.Plan(full_size=True, dc_only=False)
+
+
+def wrapped(encoded: str, width: int) -> str:
+    """``encoded`` with a line break after every ``width`` characters."""
+    return "\n".join(encoded[i : i + width] for i in range(0, len(encoded), width))
+
+
+def test_an_item_is_priced_under_the_plan_given_raw_or_base64() -> None:
+    data = samples.encode(flat((2000, 1500)), "JPEG")
+    encoded = base64.b64encode(data).decode()
+    assert work.estimate(data, plan=IMMICH).seconds > work.estimate(data).seconds
+    assert price(ImageItem(data), IMMICH) == work.estimate(data, plan=IMMICH)
+    assert price(ImageItem.from_base64(encoded), IMMICH) == work.estimate(
+        data, len(encoded) * 3 // 4, IMMICH
+    )
+
+
+@pytest.mark.parametrize("width", [76, 3], ids=["mime-76", "every-3"])
+def test_line_breaks_anywhere_in_a_base64_item_leave_its_header_price(width: int) -> None:
+    """A large item: its header read from the first mebibyte however its lines are broken;
+    its length (line breaks included) still counts at the per-byte factor."""
+    data = samples.encode(flat((640, 480)), "JPEG") + b"\x00" * (2 << 20)
+    text = wrapped(base64.b64encode(data).decode(), width)
+    assert price(ImageItem.from_base64(text)) == work.estimate(data, len(text) * 3 // 4)
+
+
+def test_a_trailing_line_break_does_not_change_the_price() -> None:
+    encoded = base64.b64encode(samples.encode(flat((640, 480)), "PNG")).decode()
+    assert price(ImageItem.from_base64(encoded + "\n")) == price(ImageItem.from_base64(encoded))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "data:image/png;base64,QUJD," + base64.b64encode(samples.png(0)).decode(),
+        "!!!!" + base64.b64encode(samples.png(0)).decode(),
+    ],
+    ids=["comma-in-payload", "outside-the-alphabet"],
+)
+def test_base64_the_decoder_refuses_is_priced_as_refused(text: str) -> None:
+    with pytest.raises(InvalidImage):
+        item_bytes(ImageItem.from_base64(text))
+    assert price(ImageItem.from_base64(text)) == work.REFUSED
+
+
+@pytest.mark.parametrize("width", [None, 16], ids=["one-line", "a-break-every-16"])
+def test_a_frame_beyond_the_prefix_is_priced_at_the_worst_under_the_plan_given(
+    width: int | None,
+) -> None:
+    """Line breaks are allowed for: up to one in every 17 characters still leaves a whole
+    mebibyte of header to read before the worst price applies."""
+    jpeg = samples.encode(flat((64, 64)), "JPEG")
+    comment = b"\xff\xfe\xff\xf0" + b"x" * 0xFFEE  # a 64 KiB COM segment
+    padded = jpeg[:2] + comment * 20 + jpeg[2:]
+    encoded = base64.b64encode(padded).decode()
+    text = encoded if width is None else wrapped(encoded, width)
+    worst = work.worst(padded, len(text) * 3 // 4, IMMICH)
+    assert worst != work.worst(padded, len(text) * 3 // 4)
+    assert price(ImageItem.from_base64(text), IMMICH) == worst
