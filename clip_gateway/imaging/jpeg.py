@@ -226,7 +226,12 @@ class _Walk:
             eighth = target and scale_divisor(width, height, target, long_side=self.long_side) == 8
             if not (progressive and eighth):
                 self.kept = None
-        elif marker == _APP1 and self.exif is None and data[pos + 4 : pos + 10] == b"Exif\x00\x00":
+        elif (
+            marker == _APP1
+            and self.exif is None
+            and not self.scans  # Pillow reads Exif before the first scan only; so must we
+            and data[pos + 4 : pos + 10] == b"Exif\x00\x00"
+        ):
             self.exif = (pos + 4, segment_end)
         if self.kept is not None:
             self.kept.append(data[pos:segment_end])
@@ -284,7 +289,9 @@ def _frame(
 ) -> tuple[int, int, tuple[tuple[int, int], ...], bool]:
     if marker in _LOSSLESS_OR_HIERARCHICAL:
         raise UnsupportedJpeg("lossless and hierarchical JPEGs are not supported")
-    if end < pos + 10 or data[pos + 4] != 8:
+    if end < pos + 10:
+        raise JpegError(f"JPEG frame header cut short ({end - pos - 4} bytes; it needs 6)")
+    if data[pos + 4] != 8:
         raise UnsupportedJpeg(f"{data[pos + 4]}-bit JPEG samples are not supported (only 8)")
     height = int.from_bytes(data[pos + 5 : pos + 7])  # big-endian, the default
     width = int.from_bytes(data[pos + 7 : pos + 9])
@@ -306,7 +313,7 @@ def exif_segment(data: bytes) -> tuple[int, int] | None:
     walk reaches one before the first scan, whatever is wrong with the rest of the file."""
     if not data.startswith(_SOI):
         return None
-    walker = _Walk(data, 1 << 16, None)
+    walker = _Walk(data, 0, None)  # the first scan ends the walk: Exif after it is not read
     with contextlib.suppress(JpegError):
         walker.run()
     return walker.exif

@@ -374,10 +374,21 @@ def test_sampling_factors_up_to_four_are_accepted() -> None:
     assert layout.sampling == ((4, 4), (4, 1), (1, 4))
 
 
-def test_a_frame_header_too_short_for_its_fields_is_refused_as_unsupported() -> None:
-    short = segment(0xC0, b"\x08\x00\x10\x00\x10")  # no component count: ends at pos + 9
-    with pytest.raises(jpeg.UnsupportedJpeg):
-        jpeg.walk(SOI + short + EOI, max_scans=8)
+@pytest.mark.parametrize("fields", [b"", b"\x08", b"\x08\x00\x10\x00\x10"])
+def test_a_frame_header_too_short_for_its_fields_is_malformed_not_unsupported(
+    fields: bytes,
+) -> None:
+    """Cut short (no component count; nothing at all, the last bytes of the file): malformed,
+    a 422 naming it, not a claim about its sample precision read from the next segment's bytes
+    (or an IndexError past the end)."""
+    for data in (SOI + segment(0xC0, fields) + EOI, SOI + segment(0xC0, fields)):
+        for read in (lambda d: jpeg.walk(d, max_scans=8), jpeg.frame, jpeg.frame_layout):
+            with pytest.raises(jpeg.JpegError) as refused:
+                read(data)
+            assert type(refused.value) is jpeg.JpegError
+            assert refused.value.args == (
+                f"JPEG frame header cut short ({len(fields)} bytes; it needs 6)",
+            )
 
 
 def test_a_scan_header_shorter_than_its_components_is_malformed() -> None:

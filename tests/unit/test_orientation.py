@@ -123,3 +123,28 @@ def test_an_entry_count_over_32767_is_a_large_count_not_a_negative_one() -> None
     block = tiff(6)
     many = block[:8] + struct.pack("<H", 0x8001) + block[10:]  # capped by what the block holds
     assert orientation.from_tiff(many) == 6
+
+
+def test_exif_after_the_first_scan_is_not_read_as_pillow_does_not() -> None:
+    """A progressive JPEG with an Exif APP1 between its scans: Pillow reads the segments before
+    the first scan only, so its reference transform does not turn the image; neither does the
+    gateway, whichever walk reads the Exif (``orientation.of``, or the decode's own walk)."""
+    from clip_gateway.imaging import jpeg
+
+    plain = samples.encode(Image.new("RGB", (64, 48), (10, 120, 200)), "JPEG", progressive=True)
+    exif = Image.Exif()
+    exif[orientation.TAG] = 6
+    app1 = exif.tobytes()  # "Exif\0\0" and the TIFF block
+    segment = b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1
+    first_scan = plain.index(b"\xff\xda")
+    second_scan = plain.index(b"\xff\xda", first_scan + 2)
+    between = plain[:second_scan] + segment + plain[second_scan:]
+    before = plain[:first_scan] + segment + plain[first_scan:]
+
+    assert Image.open(BytesIO(between)).getexif().get(orientation.TAG) is None
+    assert orientation.of(between) == 1
+    assert jpeg.walk(between, max_scans=64).exif is None
+    # the same segment before the first scan is read, by Pillow and by both walks
+    assert Image.open(BytesIO(before)).getexif()[orientation.TAG] == 6
+    assert orientation.of(before) == 6
+    assert jpeg.walk(before, max_scans=64).exif == (first_scan + 4, first_scan + len(segment))
