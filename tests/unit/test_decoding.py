@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -542,3 +543,23 @@ def test_decode_samples_sum_cpu_price_and_count_per_coding() -> None:
         DecodeSample("png", 0.75, png_a.work.seconds + png_b.work.seconds, 2),
         DecodeSample(jpeg.work.coding, 0.125, jpeg.work.seconds, 1),
     ]
+
+
+def test_a_decode_is_charged_its_own_cpu_time_not_what_its_thread_spent_before() -> None:
+    """Pool threads live long: the meter and admission's sample get the CPU time between the
+    decode's start and end, never the thread's running total (here 0.1 s spent before it)."""
+
+    def in_a_thread_that_worked_before() -> tuple[float, float, float, float]:
+        while time.thread_time() < 0.1:  # the thread's earlier work
+            pass
+        meter = Meter(priced_s=1.0, budget_s=10.0)
+        out = np.zeros((OPTIONS.size, OPTIONS.size, 3), np.uint8)
+        before = time.thread_time()
+        timed = batching._decode_one(ImageItem(JPEG), out, OPTIONS, meter)
+        return before, time.thread_time(), timed.cpu_s, meter.spent_s
+
+    with ThreadPoolExecutor(1) as pool:
+        before, after, cpu_s, spent_s = pool.submit(in_a_thread_that_worked_before).result()
+    assert before >= 0.1
+    assert cpu_s == spent_s  # what the meter counted is what admission learns from
+    assert 0.0 <= spent_s <= after - before
