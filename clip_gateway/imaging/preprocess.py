@@ -120,8 +120,12 @@ def sniff(data: bytes) -> str:
     raise InvalidImage(f"not an image: no {ACCEPTED} signature in the first bytes")
 
 
-def preprocess(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
-    """Decode ``data`` and write the model's input into ``out`` (``[S, S, 3]`` uint8)."""
+def preprocess(
+    data: bytes, out: np.ndarray, options: DecodeOptions, priced: work.Work | None = None
+) -> Decoded:
+    """Decode ``data`` and write the model's input into ``out`` (``[S, S, 3]`` uint8).
+    ``priced``: the price admission gave these bytes under ``options.plan``; a JPEG walked whole
+    for it is not walked again."""
     if not data:
         raise InvalidImage("empty image (0 bytes)")
     if len(data) > options.max_bytes:
@@ -131,7 +135,7 @@ def preprocess(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
         )
     kind = sniff(data)
     if kind == "jpeg":
-        source, turn, info = _jpeg(data, options)  # walked and priced, not yet decoded
+        source, turn, info = _jpeg(data, options, priced)  # walked, priced, not yet decoded
         stored = source.size
     else:
         image, turn, info = _pillow(data, kind, options)
@@ -267,24 +271,33 @@ class _Jpeg:
         return rgb[top:bottom, left:right]
 
 
-def _jpeg(data: bytes, options: DecodeOptions) -> tuple[_Jpeg, int, Decoded]:
+def _jpeg(
+    data: bytes, options: DecodeOptions, priced: work.Work | None
+) -> tuple[_Jpeg, int, Decoded]:
     # Immich's server decodes every pixel: so does its mode here, or its embeddings would not
     # be Immich's (a DCT-scaled decode moved pixels by up to 42/255, cosine 0.99991)
     dc_only = options.progressive_dc_only and options.variant != "immich"
-    try:
-        layout = jpeg.walk(
-            data,
-            max_scans=options.max_scans,
-            dc_only_for=options.size if dc_only else None,
-            long_side=options.resize_mode == "longest",
-        )
-    except jpeg.UnsupportedJpeg as exc:
-        raise UnsupportedFormat(str(exc)) from exc
-    except jpeg.JpegError as exc:
-        raise InvalidImage(str(exc)) from exc
-    width, height = layout.width, layout.height
     long_side = options.resize_mode == "longest"
     full_size = options.variant == "immich"
+    layout = priced.layout if priced is not None else None
+    if layout is None or (dc_only and layout.progressive and not full_size
+                          and jpeg.scale_divisor(layout.width, layout.height, options.size,
+                                                 long_side=long_side) == 8):  # fmt: skip
+        # not walked whole for its price, or a progressive file decoded at 1/8 from the DC-only
+        # stream, which only a walk that keeps it makes
+        priced = None
+        try:
+            layout = jpeg.walk(
+                data,
+                max_scans=options.max_scans,
+                dc_only_for=options.size if dc_only else None,
+                long_side=long_side,
+            )
+        except jpeg.UnsupportedJpeg as exc:
+            raise UnsupportedFormat(str(exc)) from exc
+        except jpeg.JpegError as exc:
+            raise InvalidImage(str(exc)) from exc
+    width, height = layout.width, layout.height
     divisor = 1 if full_size else jpeg.scale_divisor(width, height, options.size,
                                                      long_side=long_side)  # fmt: skip
     scaled = math.ceil(width / divisor) * math.ceil(height / divisor)
@@ -300,9 +313,11 @@ def _jpeg(data: bytes, options: DecodeOptions) -> tuple[_Jpeg, int, Decoded]:
             height=height,
         )
     turn = orientation.from_tiff(data, *layout.exif) if layout.exif else 1
-    coding = work.jpeg_coding(layout.progressive, layout.arithmetic)
-    price = work.Work("jpeg", coding, work.jpeg_seconds(layout, coding, len(data), options.plan))
-    info = Decoded("jpeg", layout.width, layout.height, scaled, len(data), price)
+    if priced is None:
+        coding = work.jpeg_coding(layout.progressive, layout.arithmetic)
+        priced = work.Work("jpeg", coding, work.jpeg_seconds(layout, coding, len(data),
+                                                             options.plan))  # fmt: skip
+    info = Decoded("jpeg", layout.width, layout.height, scaled, len(data), priced)
     size = (math.ceil(width / divisor), math.ceil(height / divisor))
     return _Jpeg(data, layout, options.size, long_side, full_size, size), turn, info
 

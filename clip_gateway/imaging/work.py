@@ -26,7 +26,7 @@ a camera photo's time goes). A JPEG is priced as imaging/jpeg.py will decode it:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from clip_gateway.errors import ImageTooLarge
 from clip_gateway.imaging import containers, jpeg
@@ -91,6 +91,9 @@ class Work:
     format: str
     coding: str
     seconds: float
+    #: A JPEG's structure as the pricing walk read it, when that walk read the whole file: the
+    #: decoder takes it instead of walking the same bytes again (imaging/preprocess.py).
+    layout: jpeg.JpegLayout | None = field(default=None, compare=False, repr=False)
 
 
 #: An image the decoder refuses from its first bytes (unknown or unsupported format, unreadable
@@ -228,18 +231,22 @@ def estimate(data: bytes, encoded_bytes: int | None = None, plan: Plan = DEFAULT
 
 
 def _jpeg(data: bytes, size: int, plan: Plan) -> Work:
+    whole = len(data) <= HEADER_PREFIX
     try:
-        layout = jpeg.walk(data[:HEADER_PREFIX], max_scans=plan.max_scans)
+        layout = jpeg.walk(data if whole else data[:HEADER_PREFIX], max_scans=plan.max_scans)
     except jpeg.JpegError:
-        if len(data) <= HEADER_PREFIX:
+        if whole:
             raise
         layout = jpeg.frame_layout(data)  # a frame header further in: its scans are not read
-    if layout.progressive and len(data) > HEADER_PREFIX:
+        whole = False
+    if layout.progressive and not whole:
         # scans beyond the prefix are not counted: at least the standard script's
         layout = replace(layout, scans=max(layout.scans, STANDARD_SCANS))
     check_budget(layout.width, layout.height, jpeg_peak_bytes(layout, plan), plan)
     coding = jpeg_coding(layout.progressive, layout.arithmetic)
-    return Work("jpeg", coding, jpeg_seconds(layout, coding, size, plan))
+    seconds = jpeg_seconds(layout, coding, size, plan)
+    # the walk read every byte the decoder will (``size`` is the whole item): it may reuse it
+    return Work("jpeg", coding, seconds, layout if whole and size == len(data) else None)
 
 
 def _container(data: bytes) -> tuple[str, int, int, int]:

@@ -296,6 +296,9 @@ class Reservation:
         #: What the probe found, by the item's ``id``: its cache key, and the vector on a hit.
         self.keys: dict[int, bytes] = {}
         self.hits: dict[int, np.ndarray] = {}
+        #: Each image's price, by the item's ``id``, when it holds what the decoder would read
+        #: again (a JPEG walked whole): the decode takes it under the same plan.
+        self.priced: dict[int, Work] = {}
         admission._receiving[self] = time.monotonic()
 
     def received(self, count: int) -> None:
@@ -327,8 +330,11 @@ class Reservation:
                     return
         if isinstance(item, TextItem):
             self.add_text(len(item.text))
-        else:
-            self.add_image(price(item, self.plan))
+            return
+        work = price(item, self.plan)
+        self.add_image(work)
+        if work.layout is not None and item.b64 is None:  # base64: only its prefix was read
+            self.priced[id(item)] = work
 
     def add_image(self, work: Work) -> None:
         """One more image: admitted, or Overloaded (the request stops being read)."""

@@ -107,6 +107,11 @@ class FairExecutor(Executor):
                 if thread is not threading.current_thread():
                     thread.join()
 
+    @property
+    def threads(self) -> int:
+        """The threads serving tasks."""
+        return len(self._threads)
+
     def queued(self) -> int:
         """Tasks waiting for a thread (not those running)."""
         with self._ready:

@@ -285,7 +285,7 @@ class EmbeddingService:
             meter = self._meter(reservation)
             work.append(
                 lambda: self._embed_images(
-                    items, images, model, skip_invalid, deadline, variant, meter
+                    items, images, model, skip_invalid, deadline, variant, meter, reservation
                 )
             )
         parts = await _gather_or_cancel([make() for make in work])
@@ -406,10 +406,14 @@ class EmbeddingService:
         deadline: float,
         variant: Variant = "open_clip",
         meter: Meter | None = None,
+        reservation: Reservation | None = None,
     ) -> _PartialEmbeddings:
         limits = self._options
         options = self._decode_options(model.image_preprocessing, variant)
         images: list[ImageItem] = [items[i] for i in indices]  # type: ignore[misc]
+        # what admission's pricing read of each image, when it priced the decode that runs
+        known = reservation.priced if reservation and reservation.plan == options.plan else {}
+        priced = [known.get(id(image)) for image in images] if known else None
         limit = min(limits.max_batch_size or model.max_batch_size, model.max_batch_size)
         # decoded straight into the batch the backend sends from (a shared-memory region when
         # it has one free for a call's worth); given back however this ends
@@ -422,6 +426,7 @@ class EmbeddingService:
                 indices=indices,
                 out=image_batch.pixels,
                 meter=meter,
+                priced=priced,
             )
             decoded_at = time.perf_counter()
             if decoded.rows:

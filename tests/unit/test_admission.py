@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 
 import numpy as np
@@ -666,3 +667,17 @@ def test_a_keys_body_completed_after_its_share_filled_is_refused_by_the_share() 
         assert refused.value.extra["key_share_s"] == 5.0
     trickler.release()
     assert (a.backlog_s, a.by_key) == (0.0, {})
+
+
+def test_each_raw_jpegs_price_is_kept_for_its_decode_with_the_header_it_walked() -> None:
+    """What the decode may take instead of walking again: the price of a raw JPEG walked whole,
+    by the item's id; not a base64 item's (only its prefix was read), a PNG's or a text's."""
+    a = admission(horizon=100.0)
+    raw, other = ImageItem(samples.compact(0)), ImageItem(samples.compact(1))
+    b64 = ImageItem.from_base64(base64.b64encode(samples.compact(2)).decode())
+    png, text = ImageItem(samples.png(3)), TextItem("a cat")
+    with a.reserve(None) as reservation:
+        for item in (raw, b64, png, text, other):
+            reservation.add(item)
+        assert reservation.priced == {id(raw): price(raw), id(other): price(other)}
+        assert reservation.priced[id(raw)].layout is not None

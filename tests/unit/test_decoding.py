@@ -24,6 +24,7 @@ from clip_gateway.errors import (
     Overspent,
     UnsupportedFormat,
 )
+from clip_gateway.imaging import work
 from clip_gateway.imaging.preprocess import Decoded, DecodeOptions, preprocess
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline import batching
@@ -161,7 +162,9 @@ def test_every_item_lands_in_its_row(harness: Harness) -> None:
         assert batch.image_facts[row] == decoded
     assert batch.indices == (0, 1, 2)
     assert batch.errors == ()
-    assert harness.pool.tasks == 3  # one task per image, on the pool the decoder was given
+    # on the pool the decoder was given: unpriced, a millisecond an image, so two tasks (the
+    # request spread over both threads), in order
+    assert harness.pool.tasks == 2 == len(batching._chunks(3, None, 2))
 
 
 def test_the_batch_has_the_requested_size(harness: Harness) -> None:
@@ -313,7 +316,7 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
 
     started, proceed = threading.Event(), threading.Event()
 
-    def slow(data: bytes, out: np.ndarray, options: DecodeOptions) -> object:
+    def slow(data: bytes, out: np.ndarray, options: DecodeOptions, priced: object) -> object:
         started.set()
         proceed.wait(30)
         out[...] = 7
@@ -340,7 +343,8 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
     try:
         assert asyncio.run(scenario())
         assert (out[0] == 7).all()  # the running decode finished before decode() returned
-        assert not out[1:].any() and h.pool.tasks == 3  # the queued ones never ran
+        # the queued task never ran; the running one started no image after the cancellation
+        assert not out[1:].any() and h.pool.tasks == 2
     finally:
         proceed.set()
         h.pool.shutdown()
@@ -483,7 +487,9 @@ def test_a_bug_or_memory_error_in_a_decode_fails_the_request_even_in_skip_mode(
 ) -> None:
     """Only the image errors are reported per item; anything else is not the image's answer."""
 
-    def short_of_memory(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
+    def short_of_memory(
+        data: bytes, out: np.ndarray, options: DecodeOptions, priced: object
+    ) -> Decoded:
         if data == PNG:
             raise MemoryError("decoder buffer")
         return preprocess(data, out, options)
@@ -563,3 +569,47 @@ def test_a_decode_is_charged_its_own_cpu_time_not_what_its_thread_spent_before()
     assert before >= 0.1
     assert cpu_s == spent_s  # what the meter counted is what admission learns from
     assert 0.0 <= spent_s <= after - before
+
+
+@pytest.mark.parametrize(
+    ("count", "priced_s", "threads", "runs"),
+    [
+        (32, 0.0064, 1, [(0, 10), (10, 20), (20, 30), (30, 32)]),  # 0.2 ms an image: 10 a task
+        (32, 0.0064, 4, [(0, 8), (8, 16), (16, 24), (24, 32)]),  # a run for every thread
+        (3, 0.75, 2, [(0, 1), (1, 2), (2, 3)]),  # a priced-over photo: one a task
+        (1, 0.0001, 8, [(0, 1)]),
+        (5, None, 1, [(0, 2), (2, 4), (4, 5)]),  # unpriced: a millisecond an image
+        (0, 0.1, 1, []),
+    ],
+)
+def test_a_requests_images_are_cut_into_runs_of_consecutive_priced_work(
+    count: int, priced_s: float | None, threads: int, runs: list[tuple[int, int]]
+) -> None:
+    """At most ``CHUNK_S`` of priced work per pool task (one image at least), one task per
+    thread at least, the images in order and each in exactly one run."""
+    meter = None if priced_s is None else Meter(priced_s=priced_s, budget_s=1.0)
+    assert batching._chunks(count, meter, threads) == runs
+
+
+def test_each_image_is_decoded_with_the_price_admission_gave_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The price (with the header it walked) reaches the decode of its own image."""
+    seen: list[tuple[bytes, object]] = []
+
+    def recording(data: bytes, out: np.ndarray, options: DecodeOptions, priced: object) -> object:
+        seen.append((data, priced))
+        return preprocess(data, out, options)
+
+    monkeypatch.setattr(batching, "preprocess", recording)
+    prices = [work.estimate(JPEG), None, work.estimate(samples.compact(5))]
+    data = [JPEG, PNG, samples.compact(5)]
+    pool = FairExecutor(1)
+    decoder = BatchDecoder(pool, TracerProvider().get_tracer("test"), Metrics())
+    try:
+        asyncio.run(decoder.decode([image(d) for d in data], OPTIONS, skip_invalid=False,
+                                   priced=prices))  # fmt: skip
+    finally:
+        pool.shutdown()
+    in_order = sorted(seen, key=lambda pair: data.index(pair[0]))
+    assert in_order == list(zip(data, prices, strict=True))

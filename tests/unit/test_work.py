@@ -237,3 +237,49 @@ def test_a_frame_beyond_the_prefix_is_priced_at_the_worst_under_the_plan_given(
     worst = work.worst(padded, len(text) * 3 // 4, IMMICH)
     assert worst != work.worst(padded, len(text) * 3 // 4)
     assert price(ImageItem.from_base64(text), IMMICH) == worst
+
+
+def test_a_jpeg_walked_whole_for_its_price_keeps_its_layout_for_the_decoder() -> None:
+    """The decoder takes the walk admission made instead of walking the bytes again: only when
+    that walk read every byte (a raw item within the prefix), never for a prefix or a guess."""
+    data = samples.compact(3)
+    priced = work.estimate(data)
+    assert priced.layout == jpeg.walk(data, max_scans=work.DEFAULT_PLAN.max_scans)
+    assert priced == work.Work("jpeg", "jpeg-baseline", priced.seconds)  # not part of the price
+    # base64 is priced from its first bytes as if the item were longer: no layout
+    assert work.estimate(data, len(data) + 1).layout is None
+    assert price(ImageItem.from_base64(base64.b64encode(data).decode())).layout is None
+    assert work.estimate(samples.png(1)).layout is None
+    big = data[:-2] + b"\x00" * (work.HEADER_PREFIX + 1 - len(data)) + data[-2:]
+    assert work.estimate(big).layout is None  # past the prefix: its scans were not all read
+
+
+def test_the_decoder_uses_the_layout_it_is_given_and_walks_only_for_the_dc_only_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A priced layout is decoded without a second walk, to the same pixels and facts; a
+    progressive file decoded at 1/8 is walked again, for the DC-only stream only that walk
+    keeps."""
+    options = DecodeOptions(size=224, max_pixels=100_000_000, max_bytes=32 << 20)
+    walks: list[bytes] = []
+    real_walk = jpeg.walk
+
+    def walk(data: bytes, **kw: object) -> jpeg.JpegLayout:
+        walks.append(data)
+        return real_walk(data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(jpeg, "walk", walk)
+    files = [samples.compact(4), samples.progressive_jpeg(1, (600, 450)),
+             samples.progressive_jpeg(1, (1800, 1800))]  # fmt: skip
+    for data in files:
+        priced = work.estimate(data, plan=options.plan)
+        assert priced.layout is not None
+        walks.clear()
+        out_priced, out_walked = (np.zeros((224, 224, 3), np.uint8) for _ in range(2))
+        facts = preprocess(data, out_priced, options, priced)
+        progressive_eighth = priced.layout.progressive and jpeg.scale_divisor(
+            priced.layout.width, priced.layout.height, 224) == 8  # fmt: skip
+        assert walks == ([data] if progressive_eighth else [])
+        assert facts == preprocess(data, out_walked, options)
+        assert facts.work.seconds == priced.seconds
+        np.testing.assert_array_equal(out_priced, out_walked)
