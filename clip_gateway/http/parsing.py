@@ -374,7 +374,7 @@ class _FormPart:
         return cls(name, f"input[{index}]", index, None, None)
 
     def check_size(self, size: int) -> None:
-        if self.limit is not None and size > self.limit:
+        if self.limit is not None and size > self.limit:  # images: the parser's own limit
             raise LimitExceeded(
                 f"{self.what} is over {self.limit} bytes"
                 + (
@@ -400,7 +400,9 @@ async def parse_multipart(
     items: list[Item] = []
     options: dict[str, str] = {}
     part: _FormPart | None = None
-    buffer = bytearray()
+    # a part's body as the parser's chunks: most images arrive in one, kept as it is (no copy)
+    pieces: list[bytes] = []
+    size = 0
     parser = PushMultipartParser(
         boundary,
         max_segment_count=max_items + len(OPTION_FIELDS),
@@ -411,22 +413,23 @@ async def parse_multipart(
         async for chunk in chunks:
             for event in parser.parse(chunk):
                 if isinstance(event, MultipartSegment):
-                    part, buffer = (
-                        _FormPart.of(event, len(items), max_text_chars * MAX_BYTES_PER_CHAR),
-                        bytearray(),
-                    )
+                    part = _FormPart.of(event, len(items), max_text_chars * MAX_BYTES_PER_CHAR)
+                    pieces, size = [], 0
                 elif event is not None:
-                    buffer += event
+                    pieces.append(event)
+                    size += len(event)
                     assert part is not None
-                    part.check_size(len(buffer))
+                    part.check_size(size)
                 elif part is not None:
+                    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                    pieces = []
                     if part.codec is None:
-                        item: Item = ImageItem(bytes(buffer))
+                        item: Item = ImageItem(data)
                     elif part.index is None:
-                        options[part.name] = decode_text(buffer, part.codec, part.what).strip()
+                        options[part.name] = decode_text(data, part.codec, part.what).strip()
                         continue
                     else:
-                        item = TextItem(decode_text(buffer, part.codec, part.what, part.index))
+                        item = TextItem(decode_text(data, part.codec, part.what, part.index))
                     on_item(item)  # may refuse: the rest is never read
                     items.append(item)
             if not chunk:
