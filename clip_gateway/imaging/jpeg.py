@@ -24,6 +24,7 @@ large, so the caller can refuse it before paying it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -80,9 +81,10 @@ class JpegLayout:
     #: Arithmetic-coded (SOF9/SOF10): decoded, at ~15x a Huffman file's cost per byte.
     arithmetic: bool = False
 
-    @property
+    @functools.cached_property
     def blocks(self) -> int:
-        """8x8 blocks of all components (what every decoded scan visits)."""
+        """8x8 blocks of all components (what every decoded scan visits); worked out once
+        (admission prices by it, the decoder checks its limit by it)."""
         hmax = max(h for h, _ in self.sampling)
         vmax = max(v for _, v in self.sampling)
         return sum(
@@ -178,21 +180,32 @@ class _Walk:
         self.kept: list[bytes] | None = [_SOI] if dc_only_for else None
 
     def run(self) -> JpegLayout:
+        # every image is walked on the event loop when admission prices it: the common steps
+        # (a marker right where the last segment ended, a segment skipped whole) are inline
+        data, end = self.data, self.end
         for _ in range(MAX_SEGMENTS):
-            marker = self._next_marker()
+            pos = self.pos
+            if pos + 1 < end and data[pos] == 0xFF and data[pos + 1] != 0xFF:
+                marker: int | None = data[pos + 1]
+            else:
+                marker, pos = self._next_marker(), self.pos
             if marker is None or marker == _EOI:
                 break
             if marker in _STANDALONE:
-                self.pos += 2
+                self.pos = pos + 2
                 continue
-            segment_end = self.pos + 2 + int.from_bytes(self.data[self.pos + 2 : self.pos + 4])
-            if self.pos + 4 > self.end or segment_end > self.end:
-                break  # cut short
-            if segment_end < self.pos + 4:
+            # the big-endian length after the marker (-1: the file ends before it)
+            segment_end = pos + 2 + (data[pos + 2] << 8 | data[pos + 3]) if pos + 4 <= end else -1
+            if not pos + 4 <= segment_end <= end:
+                if segment_end < 0 or segment_end > end:
+                    break  # cut short
                 raise JpegError("JPEG segment with an impossible length")
             if marker == _SOS:
                 if self._scan(segment_end):
                     return self._layout()
+                continue
+            if self.kept is None and marker != _APP1 and marker not in _SOF:
+                self.pos = segment_end  # nothing in it matters (tables, comments, APPn)
                 continue
             self._segment(marker, segment_end)
             if self.stop_at_frame and self.frame is not None:

@@ -25,6 +25,7 @@ a camera photo's time goes). A JPEG is priced as imaging/jpeg.py will decode it:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -188,30 +189,54 @@ def resize_pixels(width: int, height: int, plan: Plan) -> int:
 def jpeg_seconds(layout: jpeg.JpegLayout, coding: str, encoded_bytes: int, plan: Plan) -> float:
     """A JPEG's price under ``plan``: coefficient passes at full resolution, output at the
     decoded scale, the resize that follows, the entropy-coded bytes."""
-    per_block, per_byte = FACTORS[coding]
-    divisor = scale(layout.width, layout.height, plan)
+    fixed, share, _ = _jpeg_shape(_shape_of(layout), coding, plan)
     decoded_bytes = float(encoded_bytes)
-    if not layout.progressive:
-        passes = 1  # sequential: every block decoded once, whatever its scans
-    elif plan.dc_only and not plan.full_size and divisor == 8:
-        passes = max(1, layout.dc_scans)  # the DC-only stream: its share of the scans' bytes
-        decoded_bytes *= passes / max(passes, layout.scans)
-    else:
-        passes = max(1, layout.scans)
-    width, height = -(-layout.width // divisor), -(-layout.height // divisor)
-    return (
-        per_block * layout.blocks * passes
-        + JPEG_OUTPUT_S_PER_PIXEL * width * height
-        + RESIZE_S_PER_PIXEL * resize_pixels(width, height, plan)
-        + per_byte * decoded_bytes
-    )
+    if share is not None:  # the DC-only stream: its share of the scans' bytes
+        decoded_bytes *= share
+    return fixed + FACTORS[coding][1] * decoded_bytes
 
 
 def jpeg_peak_bytes(layout: jpeg.JpegLayout, plan: Plan) -> int:
     """libjpeg's coefficient buffer and the decoded RGBX array (Pillow maps it, no copy)."""
-    divisor = scale(layout.width, layout.height, plan)
-    scaled = -(-layout.width // divisor) * -(-layout.height // divisor)
-    return layout.coefficient_bytes + scaled * 4 + DECODER_OVERHEAD
+    return _jpeg_shape(_shape_of(layout), "jpeg-baseline", plan)[2]
+
+
+_Shape = tuple[int, int, tuple[tuple[int, int], ...], bool, bool, int, int]
+
+
+def _shape_of(layout: jpeg.JpegLayout) -> _Shape:
+    """What a JPEG's price depends on besides its bytes (its frame and scans)."""
+    return (layout.width, layout.height, layout.sampling, layout.progressive,
+            layout.multi_scan, layout.scans, layout.dc_scans)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _jpeg_shape(shape: _Shape, coding: str, plan: Plan) -> tuple[float, float | None, int]:
+    """The part of a JPEG's price its bytes do not change (passes over its blocks, output and
+    resize), the share of its bytes decoded (None: all), and the decoder's peak memory: one
+    computation per frame shape and plan (every image is priced on the event loop, and most
+    share a few shapes)."""
+    width, height, sampling, progressive, multi_scan, scans, dc_scans = shape
+    layout = jpeg.JpegLayout(width, height, sampling, progressive, scans, dc_scans, multi_scan,
+                             None)  # fmt: skip
+    per_block = FACTORS[coding][0]
+    divisor = scale(width, height, plan)
+    share = None
+    if not progressive:
+        passes = 1  # sequential: every block decoded once, whatever its scans
+    elif plan.dc_only and not plan.full_size and divisor == 8:
+        passes = max(1, dc_scans)  # the DC-only stream: its share of the scans' bytes
+        share = passes / max(passes, scans)
+    else:
+        passes = max(1, scans)
+    out_width, out_height = -(-width // divisor), -(-height // divisor)
+    fixed = (
+        per_block * layout.blocks * passes
+        + JPEG_OUTPUT_S_PER_PIXEL * out_width * out_height
+        + RESIZE_S_PER_PIXEL * resize_pixels(out_width, out_height, plan)
+    )
+    peak = layout.coefficient_bytes + out_width * out_height * 4 + DECODER_OVERHEAD
+    return fixed, share, peak
 
 
 def estimate(data: bytes, encoded_bytes: int | None = None, plan: Plan = DEFAULT_PLAN) -> Work:
