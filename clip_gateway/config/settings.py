@@ -167,7 +167,9 @@ class ServerSettings(BaseSettings):
     #: Request body bytes being received at once per worker (counted as they arrive, never by
     #: Content-Length), in MiB; the request whose bytes would pass it gets 429.
     max_body_mib_in_flight: int = Field(256, ge=1)
-    #: A request body must arrive within this time (slow-loris bodies get 408).
+    #: A request body must arrive within this time (slow-loris bodies get 408). A client that
+    #: stops reading an answer has as long again to take the rest of it, else its connection
+    #: is dropped (no slot or answer is held by a client that does not read).
     body_timeout_s: float = Field(30.0, gt=0)
     #: After ``upload_grace_s``, a body must keep arriving at this many bytes per second on
     #: average (else 408 and the connection is closed): stalled and trickling uploads cannot
@@ -268,11 +270,12 @@ class ServerSettings(BaseSettings):
     #: one URL (docs/IMMICH.md). Unset: such requests get 501/409 and Immich tries its next URL.
     immich_upstream: Annotated[tuple[str, ...], NoDecode] = ()
     #: Seconds one forwarded request may take in all (sending the body, the upstream's answer);
-    #: beyond it 504. The connection itself must open within 5 s (or this, if shorter), else the
-    #: next upstream is tried, then 503.
+    #: beyond it 504 (408 when it ran out waiting for the client's body). The connection itself
+    #: must open within 5 s (or this, if shorter), else the next upstream is tried, then 503.
     immich_upstream_timeout_s: float = Field(60.0, gt=0)
-    #: Forwarded requests in flight at once per worker; one more gets 503 at once. Forwards never
-    #: take a decode thread or admission's budget: this is what bounds them.
+    #: Forwarded requests in flight at once per worker, each until its client has taken the
+    #: answer (at most 16 MiB held per forward); one more gets 503 at once. Forwards never take a
+    #: decode thread or admission's budget: this is what bounds them.
     immich_upstream_concurrency: int = Field(32, ge=1)
 
     @field_validator("immich_upstream", mode="before")

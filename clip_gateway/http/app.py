@@ -217,6 +217,10 @@ class ServerConfig(uvicorn.Config):
     def load(self) -> None:
         super().load()
         self.http_protocol_class = self._protocol  # type: ignore[assignment]
+        # No route is a WebSocket endpoint: uvicorn's WebSocket protocol would take an upgrade
+        # request past every head and body deadline (and answer a handshake the app cannot
+        # complete with a 500); without it the HTTP protocol refuses every switch at once.
+        self.ws_protocol_class = None
 
 
 def _middleware(telemetry: Telemetry, metrics: Metrics) -> list[Any]:

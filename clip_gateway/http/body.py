@@ -56,6 +56,26 @@ async def in_time(settings: ServerSettings, reading: Awaitable[T]) -> T:
         ) from exc
 
 
+async def by_deadline(
+    settings: ServerSettings, deadline: float, chunks: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """``chunks`` (a body passed on as it arrives) each received by ``deadline`` (event-loop
+    time: ``body_timeout_s`` after its reading began), else 408, as ``in_time`` bounds a body
+    read whole. Only the waits for the client's bytes are bounded: what the consumer does
+    between chunks is its own clock's."""
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError as exc:
+            raise BodyTooSlow(
+                f"request body not received within {settings.body_timeout_s:g} s"
+            ) from exc
+        yield chunk
+
+
 def refuse_encoded(request: Request[Any, Any, Any]) -> None:
     """415 for a compressed body: never decompressed here (images are compressed already)."""
     coding = request.headers.get("content-encoding", "").strip().lower()
@@ -145,10 +165,14 @@ async def read_all(chunks: AsyncIterator[bytes]) -> bytearray:
     return body
 
 
-async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
-    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call)."""
+async def unless_disconnected(
+    request: Request[Any, Any, Any], work: Awaitable[T], *, body_read: asyncio.Event | None = None
+) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (queued decodes, the gRPC call,
+    a forward). ``body_read``: ``work`` reads the body itself, and the disconnect is watched
+    for once it is set (the channel has one reader at a time)."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher = asyncio.ensure_future(_disconnected(request, body_read))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
@@ -164,7 +188,9 @@ async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T
     raise ClientGone("client disconnected; its pending work was cancelled")
 
 
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
+async def _disconnected(request: Request[Any, Any, Any], body_read: asyncio.Event | None) -> None:
+    if body_read is not None:
+        await body_read.wait()
     # The body has been read: the next ASGI message is the disconnect (or never comes).
     while (await request.receive())["type"] != "http.disconnect":
         pass

@@ -15,6 +15,19 @@ gets 431 and the connection is closed, whatever the shape (one long header, many
 long request line, folded continuation lines). A head is counted from the first read that holds
 it; a pipelined request's bytes that arrived with the previous one (one read at most) are not.
 
+No request switches protocols here: no route is a WebSocket (or any other) endpoint, and
+httptools stops parsing a connection once a request asks to switch (``Connection: upgrade``
+with ``Upgrade``, or ``CONNECT``), so whatever followed its head (its body, the next request)
+would never be read, and no head or body deadline would apply to the connection again. Such a
+request is answered at once with a 400 naming what it asked for, and the connection is closed;
+the server's WebSocket protocol is off (``app.ServerConfig``).
+
+An answer the client stops reading (the connection's buffer over its high-water mark) must be
+taken within ``answer_timeout_s`` of the first stall (the body timeout: the client's clock);
+otherwise the connection is dropped with what is left unsent, so no client holds a slot, or
+the memory of an answer, by not reading it. A closing answer made while another response on the
+connection is still on its way (a pipelined request) follows that response, never precedes it.
+
 Past ``GATEWAY_MAX_CONNECTIONS`` uvicorn answers 503 from an ASGI app of its own that says
 nothing of when to retry; every 503 of this gateway carries a computed ``Retry-After``, so each
 connection answers with its own (``_connection_limit``) instead.
@@ -27,9 +40,12 @@ in one process keep their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import math
+import socket
+import struct
 from asyncio import TimerHandle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,7 +95,8 @@ class _HeadRefused(Exception):
 @dataclass(frozen=True)
 class HeadLimits:
     """What a request head may take (the settings' ``header_timeout_s``, ``max_head_bytes``,
-    ``max_header_fields``)."""
+    ``max_header_fields``), and how long an answer may wait for its client to read it (the
+    settings' ``body_timeout_s``)."""
 
     #: Seconds a request head may take.
     header_timeout_s: float = 10.0
@@ -87,10 +104,17 @@ class HeadLimits:
     max_head_bytes: int = 64 << 10
     #: Header fields one request may carry.
     max_header_fields: int = 100
+    #: Seconds a client may take to read the rest of an answer once it has stopped keeping up.
+    answer_timeout_s: float = 30.0
 
     @classmethod
     def of(cls, settings: ServerSettings) -> HeadLimits:
-        return cls(settings.header_timeout_s, settings.max_head_bytes, settings.max_header_fields)
+        return cls(
+            settings.header_timeout_s,
+            settings.max_head_bytes,
+            settings.max_header_fields,
+            settings.body_timeout_s,
+        )
 
 
 def _one_second() -> float:
@@ -122,6 +146,9 @@ class DeadlineProtocol(HttpToolsProtocol):
         self._head_bytes: int | None = 0
         self._header_fields = 0
         self._refused = False
+        #: A closing answer waiting for the response on its way to be sent first.
+        self._deferred: bytes | None = None
+        self._answer_deadline: TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -158,11 +185,36 @@ class DeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._head_bytes = None
+        if self.parser.should_upgrade():
+            self._refuse_switch()
+            raise _HeadRefused  # stops the parser: this request never starts
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_bytes = 0  # what follows is the next request's head
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.flow.write_paused:  # all but a little of it taken already
+            self._disarm_answer()
+        if self._deferred is not None:  # the response it waited for is out: its turn
+            answer, self._deferred = self._deferred, None
+            self._write_and_close(answer)
+
+    def pause_writing(self) -> None:
+        """The client is not keeping up with an answer: from now it has ``answer_timeout_s`` to
+        take the rest (resuming does not reset that; finishing the answer does)."""
+        super().pause_writing()
+        if self._answer_deadline is None:
+            self._answer_deadline = self.loop.call_later(
+                self.limits.answer_timeout_s, self._not_taken
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self._responding():  # the answer is complete and all but a little of it taken
+            self._disarm_answer()
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes that are not HTTP/1.1, as problem+json; none for a head
@@ -179,6 +231,7 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_answer()
         super().connection_lost(exc)
 
     def _arm(self) -> None:
@@ -189,11 +242,50 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._head_deadline.cancel()
             self._head_deadline = None
 
+    def _disarm_answer(self) -> None:
+        if self._answer_deadline is not None:
+            self._answer_deadline.cancel()
+            self._answer_deadline = None
+
+    def _not_taken(self) -> None:
+        """The answer was not taken in time: the connection is reset, and what is left unsent
+        dropped, the kernel's send queue too (closed gracefully, the socket would stay behind
+        the client until it read its megabytes, or the kernel gave up on it)."""
+        self._answer_deadline = None
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
+
+    def _responding(self) -> bool:
+        """A response on this connection is still being made or sent."""
+        return self.cycle is not None and not self.cycle.response_complete
+
     def _too_slow(self) -> None:
         self._head_deadline = None
-        if not self.transport.is_closing():
+        if self._responding():  # a pipelined head: the answer waits for the one on its way
+            self._answer_and_close(_TIMEOUT)
+        elif not self.transport.is_closing():
             self.transport.write(_TIMEOUT)
             self.transport.close()
+
+    def _refuse_switch(self) -> None:
+        """400 and close: the request asks to switch protocols, which no route does."""
+        if self.parser.get_method() == b"CONNECT":
+            detail = "CONNECT asks for a tunnel; this gateway is not a proxy"
+        else:
+            upgrade = next((value for name, value in self.headers if name == b"upgrade"), b"")
+            shown = upgrade[:64].decode("latin-1") + ("..." if len(upgrade) > 64 else "")
+            detail = (
+                f"the request asks to switch protocols (Upgrade: {shown!r}); no route of this "
+                "gateway does (no WebSocket or HTTP/2 endpoint): send it without Upgrade"
+            )
+        self._answer_and_close(
+            _closing_answer(
+                400, "Bad Request", "invalid-request", "Protocol switch refused", detail
+            )
+        )
 
     def _refuse(self, detail: str) -> None:
         """431 and close: the head is over a limit (the app never sees the request)."""
@@ -244,6 +336,15 @@ class DeadlineProtocol(HttpToolsProtocol):
             return
         self._refused = True
         self._disarm()
+        if self.transport.is_closing():
+            return
+        if self._responding():  # a pipelined request: the response on its way goes first
+            self.flow.pause_reading()
+            self._deferred = answer
+            return
+        self._write_and_close(answer)
+
+    def _write_and_close(self, answer: bytes) -> None:
         if self.transport.is_closing():
             return
         self.transport.write(answer)

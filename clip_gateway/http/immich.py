@@ -12,6 +12,7 @@ decides.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from clip_gateway.http.auth import PUBLIC
 from clip_gateway.http.body import (
     admitted,
     body_of,
+    by_deadline,
     in_time,
     refuse_encoded,
     refuse_oversized,
@@ -44,7 +46,7 @@ from clip_gateway.http.body import (
 from clip_gateway.http.context import AppContext, app_context
 from clip_gateway.http.encoding import JSON_MEDIA_TYPE
 from clip_gateway.http.parsing import MAX_BYTES_PER_CHAR, decode_text, text_codec
-from clip_gateway.http.upstream import REQUEST_HEADERS, Upstream
+from clip_gateway.http.upstream import Relayed, Upstream, request_headers
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
 
@@ -87,10 +89,12 @@ async def immich_predict(request: Request[Any, Any, Any], state: State) -> Respo
     if context.upstream is not None:
         refuse_encoded(request)
         refuse_oversized(request, context.settings.max_body_bytes)
+        # one body deadline for the part read to decide and the rest, however it is read
+        deadline = asyncio.get_running_loop().time() + context.settings.body_timeout_s
         head = await in_time(context.settings, peek(request))
         request.receive = head.replay(request.receive)
         if not served_here(head.entries, context.settings):
-            return await forward(request, context, context.upstream)
+            return await forward(request, context, context.upstream, deadline)
     return await serve(request, context)
 
 
@@ -155,8 +159,8 @@ async def peek(request: Request[Any, Any, Any]) -> Head:
                 elif name == "entries":
                     head.entries = bytes(buffer)
                     return head
-        except ParserError:
-            return head
+        except (ParserError, ParserLimitReached):  # not a form it can read (a part with more
+            return head  # or longer headers than the parser takes): the upstream's to answer
         if not message.get("more_body", False):
             return head
     return head
@@ -183,17 +187,30 @@ def clean_name(name: str) -> str:
 
 
 async def forward(
-    request: Request[Any, Any, Any], context: AppContext, upstream: Upstream
-) -> Response[bytes]:
-    """The request to the upstream as it arrives (under the body limit and the upload pace,
-    never parsed or re-encoded), and the upstream's status, headers and body back."""
-    body = body_of(request, context.settings, None)
-    headers = {name: request.headers[name] for name in REQUEST_HEADERS if name in request.headers}
-    headers["accept-encoding"] = "identity"  # the answer's bytes as the upstream made them
-    answer = await upstream.forward(headers, body)
-    media_type = answer.headers.pop("content-type", None)
-    return Response(answer.body, status_code=answer.status, headers=answer.headers,
-                    media_type=media_type or "application/octet-stream")  # fmt: skip
+    request: Request[Any, Any, Any], context: AppContext, upstream: Upstream, deadline: float
+) -> Relayed:
+    """The request to the upstream as it arrives (under the body limit, the upload pace and
+    the body ``deadline``, never parsed or re-encoded), and the upstream's status, headers and
+    body back. A slot is held from here until the client has taken the answer; a client
+    that leaves once its body is sent cancels the forward at once."""
+    headers = request_headers(request.scope["headers"], request.content_length)
+    slot = upstream.slot()
+    try:
+        body_read = asyncio.Event()
+        chunks = by_deadline(context.settings, deadline, body_of(request, context.settings, None))
+        answer = await unless_disconnected(
+            request, upstream.forward(headers, _noting_end(chunks, body_read)), body_read=body_read
+        )
+    except BaseException:
+        slot.release()
+        raise
+    return Relayed(answer, slot)
+
+
+async def _noting_end(chunks: AsyncIterator[bytes], end: asyncio.Event) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield chunk
+    end.set()
 
 
 class Form(msgspec.Struct):

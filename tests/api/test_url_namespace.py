@@ -1,5 +1,6 @@
-"""Runs the URL-item tests (tests/netns) in a network namespace of their own, with only
-loopback and a hosts file of their own: ``unshare -n -m`` (root, or a user namespace)."""
+"""Runs the tests that reach the network (tests/netns: URL items, Immich's upstream proxy) in
+a network namespace of their own, with only loopback and a hosts file of their own:
+``unshare -n -m`` (root, or a user namespace)."""
 
 from __future__ import annotations
 

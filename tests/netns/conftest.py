@@ -1,7 +1,7 @@
-"""Tests that fetch URLs run only inside a network namespace of their own, with only loopback
-(tests/api/test_url_namespace.py starts them there through ``run.sh``): whatever the guard
-lets through, nothing can leave this machine. Collected anywhere else, they are not collected;
-started with the namespace flag outside one, the session stops at once."""
+"""Tests that fetch URLs or forward to an upstream run only inside a network namespace of their
+own, with only loopback (tests/api/test_url_namespace.py starts them there through ``run.sh``):
+whatever the guard lets through, nothing can leave this machine. Collected anywhere else, they
+are not collected; started with the namespace flag outside one, the session stops at once."""
 
 from __future__ import annotations
 

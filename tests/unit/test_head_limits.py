@@ -6,6 +6,7 @@ pipelining, large bodies) is served as before. The gateway process: tests/integr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -187,3 +188,102 @@ def test_each_worker_app_gets_a_protocol_bound_to_it(monkeypatch: pytest.MonkeyP
     apps = [source.args[0] for source in sources]
     assert all(isinstance(app, Litestar) for app in apps) and apps[0] is not apps[1]
     assert [source() for source in sources] == [1.0, 1.0]  # before a lifespan built a pipeline
+
+
+async def slow_or_big(scope, receive, send) -> None:
+    """``/slow``: the echo after half a second; ``/big``: 16 MiB (more than a loopback socket
+    buffers)."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/slow":
+        await asyncio.sleep(0.5)
+        await echo(scope, receive, send)
+        return
+    body = b"b" * (16 << 20)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+@contextlib.contextmanager
+def serving_app(app: Any, limits: HeadLimits) -> Iterator[tuple[str, int]]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(app, http=protocol(limits), log_level="error", lifespan="off")  # type: ignore[arg-type]
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    while not server.started:
+        threading.Event().wait(0.01)
+    try:
+        yield sock.getsockname()[:2]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (get(b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"), "(Upgrade: 'websocket')"),
+        (b"POST / HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+         b"Content-Length: 5\r\n\r\nhello", "(Upgrade: 'websocket')"),
+        (b"POST / HTTP/1.1\r\nHost: t\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+         b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Length: 5\r\n\r\nhello",
+         "(Upgrade: 'h2c')"),
+        (b"CONNECT /x HTTP/1.1\r\nHost: t\r\n\r\n", "CONNECT asks for a tunnel"),
+    ],
+    ids=["websocket", "websocket-with-body", "h2c-with-body", "connect"],
+)  # fmt: skip
+def test_a_protocol_switch_is_a_400_at_once_and_the_connection_closed(
+    address: tuple[str, int], raw: bytes, words: str
+) -> None:
+    """uvicorn's WebSocket protocol is there (``ws`` auto, as the test server has it) and still
+    never takes the connection: the refusal comes first."""
+    refused(exchange(address, raw, half_close=False), 400, words)
+
+
+def test_an_answer_not_taken_in_time_resets_the_connection() -> None:
+    """A client that asks for 16 MiB and reads none of it: once the server's buffer is full it
+    has ``answer_timeout_s`` to take the rest, then the connection is reset (nothing waits for
+    a reader that never comes). A client that reads gets all of it (within the default 30 s)."""
+    with serving_app(slow_or_big, HeadLimits()) as address:
+        answer = exchange(address, get(b"Connection: close\r\n", target=b"/big"))
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"b" * (16 << 20))
+    with (
+        serving_app(slow_or_big, HeadLimits(answer_timeout_s=0.5)) as address,
+        socket.create_connection(address) as sock,
+    ):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(get(target=b"/big"))
+        threading.Event().wait(3.0)  # well past the deadline, reading nothing
+        sock.settimeout(10)
+        received, reset = b"", False
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            reset = True
+        assert reset and received.startswith(b"HTTP/1.1 200 ") and len(received) < 16 << 20
+
+
+def test_a_refusal_pipelined_behind_a_response_follows_it() -> None:
+    """A request refused (here: a protocol switch) while the response before it on the
+    connection is still being made: the refusal waits for that response, so the client never
+    reads it as the first one's answer."""
+    switch = get(b"Connection: Upgrade\r\nUpgrade: websocket\r\n")
+    with serving_app(slow_or_big, HeadLimits()) as address:
+        answer = exchange(address, get(target=b"/slow") + switch, half_close=False)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert answer.partition(b"\r\n\r\n")[2].startswith(b"HTTP/1.1 400 "), answer[:300]
+
+
+def test_the_gateways_server_has_no_websocket_protocol() -> None:
+    """No route is a WebSocket endpoint: uvicorn's WebSocket protocol, when it took an upgrade,
+    took it past every head and body deadline."""
+    from clip_gateway.http.app import ServerConfig
+
+    config = ServerConfig("clip_gateway.http.app:create_app", factory=True, lifespan="off")
+    config.load()
+    assert config.ws_protocol_class is None
