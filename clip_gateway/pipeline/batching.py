@@ -208,36 +208,41 @@ class BatchDecoder:
         return results
 
     def _observe(self, span: Span, submitted: int, timed: list[_Timed]) -> None:
-        first_start = min(t.start_ns for t in timed)
+        # one pass over the images (this runs on the event loop, for every batch)
+        first_start = last_start = timed[0].start_ns
+        last_end, cpu_ns, encoded, source, pixels = 0, 0, 0, 0, 0
+        by_format: dict[str, list[int]] = {}
+        for t in timed:
+            decoded, start, end = t.decoded, t.start_ns, t.end_ns
+            first_start, last_start = min(first_start, start), max(last_start, start)
+            last_end = max(last_end, end)
+            cpu_ns += end - start
+            encoded += decoded.encoded_bytes
+            source += decoded.width * decoded.height
+            pixels += decoded.decoded_pixels
+            by_format.setdefault(decoded.format, []).append(end - start)
         span.set_attributes(
             {
                 "images": len(timed),
-                "image.bytes": sum(t.decoded.encoded_bytes for t in timed),
-                "image.source_pixels": sum(t.decoded.width * t.decoded.height for t in timed),
-                "image.decoded_pixels": sum(t.decoded.decoded_pixels for t in timed),
-                "image.formats": sorted({t.decoded.format for t in timed}),
+                "image.bytes": encoded,
+                "image.source_pixels": source,
+                "image.decoded_pixels": pixels,
+                "image.formats": sorted(by_format),
             }
         )
         # Spans for what happened in worker threads, laid out from their own clocks.
-        wait_max_ms = (max(t.start_ns for t in timed) - submitted) / 1e6
+        wait_max_ms = (last_start - submitted) / 1e6
         record_span(
             self._tracer, "pool.wait", submitted, first_start, {"pool.wait_max_ms": wait_max_ms}
         )
-        cpu_ms = sum(t.end_ns - t.start_ns for t in timed) / 1e6
         if self._on_decoded is not None:
-            encoded = sum(t.decoded.encoded_bytes for t in timed)
-            pixels = sum(t.decoded.decoded_pixels for t in timed)
             self._on_decoded(_samples(timed), encoded, pixels)
-        last_end = max(t.end_ns for t in timed)
-        record_span(self._tracer, "decode", first_start, last_end, {"decode.cpu_ms": cpu_ms})
-        by_format: dict[str, list[_Timed]] = {}
-        for t in timed:
-            by_format.setdefault(t.decoded.format, []).append(t)
-        for fmt, decoded in by_format.items():  # one label lookup per format, not per image
-            self._metrics.images.labels(fmt).inc(len(decoded))
+        record_span(self._tracer, "decode", first_start, last_end, {"decode.cpu_ms": cpu_ns / 1e6})
+        for fmt, durations in by_format.items():  # one label lookup per format, not per image
+            self._metrics.images.labels(fmt).inc(len(durations))
             histogram = self._metrics.decode_seconds.labels(fmt)
-            for t in decoded:
-                histogram.observe((t.end_ns - t.start_ns) / 1e9)
+            for ns in durations:
+                histogram.observe(ns / 1e9)
 
 
 #: Priced decode CPU-seconds a pool task takes at most (a task of one image may take more):
