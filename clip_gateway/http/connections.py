@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from clip_gateway.config.settings import ServerSettings
@@ -189,6 +189,18 @@ class DeadlineProtocol(HttpToolsProtocol):
             self._refuse_switch()
             raise _HeadRefused  # stops the parser: this request never starts
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        """uvicorn's, without its two copies of every body chunk (appended to a bytearray, which
+        ``receive`` copies into bytes): a chunk that arrives while none is waiting is kept as
+        it is, and ``bytes()`` of bytes is the same object."""
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        cycle.body = cycle.body + body if cycle.body else body  # type: ignore[assignment]
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import threading
@@ -37,11 +38,14 @@ async def echo(scope, receive, send) -> None:
 
 
 @contextlib.contextmanager
-def serving(http: Callable[..., DeadlineProtocol], **config: Any) -> Iterator[tuple[str, int]]:
-    """The echo app on a real uvicorn server in a thread of this process, on a free port."""
+def serving(
+    http: Callable[..., DeadlineProtocol], app: Callable[..., Any] = echo, **config: Any
+) -> Iterator[tuple[str, int]]:
+    """``app`` (the echo app) on a real uvicorn server in a thread of this process, on a free
+    port."""
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(
-        uvicorn.Config(echo, http=http, log_level="error", lifespan="off", **config)  # type: ignore[arg-type]
+        uvicorn.Config(app, http=http, log_level="error", lifespan="off", **config)  # type: ignore[arg-type]
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
     thread.start()
@@ -287,3 +291,70 @@ def test_the_gateways_server_has_no_websocket_protocol() -> None:
     config = ServerConfig("clip_gateway.http.app:create_app", factory=True, lifespan="off")
     config.load()
     assert config.ws_protocol_class is None
+
+
+async def slow_echo(scope, receive, send) -> None:
+    """The echo app, taking its time over each chunk, as the gateway does while it parses: the
+    body piles up in the protocol, which pauses reading past uvicorn's high-water mark."""
+    if scope["type"] != "http":
+        return
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        assert type(message["body"]) is bytes  # what the body readers take (http/body.py)
+        chunks.append(message["body"])
+        await asyncio.sleep(0.002)
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_a_body_kept_without_uvicorns_copies_arrives_whole_and_in_order() -> None:
+    """A body chunk is handed on as the parser's own bytes (no bytearray and second copy): 3 MiB
+    of distinct bytes, sent in odd-sized writes to a slow reader, come back byte for byte."""
+    body = bytes(range(256)) * (3 * 4096)
+    raw = (b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+           % len(body)) + body  # fmt: skip
+    with serving(protocol(HeadLimits()), slow_echo) as address:
+        answer = exchange(address, raw, step=7919, half_close=False)
+    head, _, echoed = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    assert echoed == body
+
+
+def test_a_body_chunk_that_arrives_alone_reaches_the_app_uncopied() -> None:
+    """The bytes httptools handed the protocol are the bytes the app receives (uvicorn's own
+    on_body appends them to a bytearray and copies that again for receive)."""
+    parsed: list[bytes] = []  # every chunk the parser handed over, kept alive (ids stay unique)
+    received: list[bytes] = []
+
+    class Recording(DeadlineProtocol):
+        def on_body(self, body: bytes) -> None:
+            parsed.append(body)
+            super().on_body(body)
+
+    async def keep(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        while True:
+            message = await receive()
+            received.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    body = b"x" * (1 << 20)
+    raw = (
+        b"POST / HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    http = functools.partial(Recording, limits=HeadLimits())
+    with serving(http, keep) as address:
+        answer = exchange(address, raw, step=1 << 14, half_close=False)
+    assert answer.startswith(b"HTTP/1.1 204 "), answer[:100]
+    assert b"".join(received) == body
+    assert any(any(chunk is got for chunk in parsed) for got in received if got)
