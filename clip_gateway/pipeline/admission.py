@@ -41,12 +41,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
-import numpy as np
-
 from clip_gateway.errors import LimitExceeded, Overloaded
 from clip_gateway.imaging import work as _work
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline.cache import Entry
 from clip_gateway.pipeline.items import Item, TextItem, price
 
 #: Learning rate of the moving averages (a new measurement's weight).
@@ -265,8 +264,8 @@ class _BusyTime:
         return sample
 
 
-#: The cache's answer for an item: its key and the vector when cached; None: not cacheable.
-Probe = Callable[[Item], tuple[bytes, "np.ndarray | None"] | None]
+#: The cache's answer for an item: its key and its entry when cached; None: not cacheable.
+Probe = Callable[[Item], tuple[bytes, Entry | None] | None]
 
 
 class Reservation:
@@ -293,9 +292,9 @@ class Reservation:
         #: The embedding cache's lookup for this request's model and preprocessing (the
         #: service sets it): an item it answers is priced as a lookup, not a decode.
         self.probe: Probe | None = None
-        #: What the probe found, by the item's ``id``: its cache key, and the vector on a hit.
+        #: What the probe found, by the item's ``id``: its cache key, and the entry on a hit.
         self.keys: dict[int, bytes] = {}
-        self.hits: dict[int, np.ndarray] = {}
+        self.hits: dict[int, Entry] = {}
         #: Each image's price, by the item's ``id``, when it holds what the decoder would read
         #: again (a JPEG walked whole): the decode takes it under the same plan.
         self.priced: dict[int, Work] = {}
@@ -322,10 +321,10 @@ class Reservation:
         if self.probe is not None:
             found = self.probe(item)
             if found is not None:
-                key, vector = found
+                key, entry = found
                 self.keys[id(item)] = key
-                if vector is not None:
-                    self.hits[id(item)] = vector
+                if entry is not None:
+                    self.hits[id(item)] = entry
                     self._add(CACHE_HIT_S)
                     return
         if isinstance(item, TextItem):

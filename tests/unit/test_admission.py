@@ -13,6 +13,7 @@ from clip_gateway.imaging import work
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.admission import CACHE_HIT_S, MAX_STEP, RATE_BOUNDS, Admission
+from clip_gateway.pipeline.cache import Entry
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem, price
 from tests import samples
 
@@ -585,14 +586,14 @@ def test_an_item_the_cache_answers_costs_a_lookup_and_its_key_and_vector_are_kep
     a = admission(horizon=1.0, infer=0.1, threads=1)
     hit = ImageItem(data=samples.encode(samples.small_photo(), "JPEG"))
     miss, uncacheable = TextItem("a cat"), TextItem("a dog")
-    vector = np.ones(4, np.float32)
-    answers: dict[int, tuple[bytes, np.ndarray | None]] = {
-        id(hit): (b"hit", vector),
+    entry = Entry(np.ones(4, np.float32), width=640, height=480)
+    answers: dict[int, tuple[bytes, Entry | None]] = {
+        id(hit): (b"hit", entry),
         id(miss): (b"miss", None),
     }
     asked: list[Item] = []
 
-    def probe(item: Item) -> tuple[bytes, np.ndarray | None] | None:
+    def probe(item: Item) -> tuple[bytes, Entry | None] | None:
         asked.append(item)
         return answers.get(id(item))
 
@@ -606,7 +607,7 @@ def test_an_item_the_cache_answers_costs_a_lookup_and_its_key_and_vector_are_kep
         assert asked == [hit, miss, uncacheable]
         assert request.pending == pytest.approx(CACHE_HIT_S + 2 * a.text_cost(5))
         assert request.keys == {id(hit): b"hit", id(miss): b"miss"}
-        assert list(request.hits) == [id(hit)] and request.hits[id(hit)] is vector
+        assert list(request.hits) == [id(hit)] and request.hits[id(hit)] is entry
         assert request.items == 3
 
 
