@@ -62,7 +62,9 @@ _TOKENIZE_S_PER_CHAR = 2e-7
 _DECODE_S_PER_ITEM = 3e-4
 #: A declared body costs at least this per byte (below every format's measured byte factor).
 MIN_DECODE_S_PER_BYTE = 4e-9
-#: What an item the embedding cache answers costs (a lookup: no decode, no model call).
+#: What an item the embedding cache answers costs (a lookup: no decode, no model call); a URL
+#: item whose fetch gave no image costs the same (its error is its answer; the fetch cost the
+#: time it held a fetch slot, which the slots' shares bound, http/slots.py).
 CACHE_HIT_S = 1e-5
 #: Codings whose decode rate is learned (multipliers of imaging/work.py's measured factors).
 CODINGS = tuple(_work.FACTORS)
@@ -314,6 +316,19 @@ class Reservation:
         admission.body_bytes_in_flight += count
         self.body_bytes += count
 
+    def released(self, count: int) -> None:
+        """``count`` of the body bytes counted by ``received`` are no longer held (a URL
+        item's fetch that failed, or the chunks a fetched body was joined from)."""
+        count = min(count, self.body_bytes)
+        self.admission.body_bytes_in_flight -= count
+        self.body_bytes -= count
+
+    def receiving(self) -> None:
+        """More body bytes are coming after the body (its URL items being fetched): counted
+        as they arrive, and the items added meanwhile priced and held together, as a body's
+        are, at the next ``body_read``."""
+        self.admission._receiving.setdefault(self, time.monotonic())
+
     def add(self, item: Item) -> None:
         """One more item of the request, as soon as it is read: a text priced by its length,
         an image by the decode work its header promises under the request's plan. Admitted, or
@@ -329,6 +344,9 @@ class Reservation:
                     return
         if isinstance(item, TextItem):
             self.add_text(len(item.text))
+            return
+        if item.error is not None:  # a URL item that gave no image: nothing to decode or run
+            self._add(CACHE_HIT_S)
             return
         work = price(item, self.plan)
         self.add_image(work)

@@ -252,20 +252,30 @@ class EmbeddingService:
         normalize: bool = True,
         skip_invalid: bool = False,
         variant: Variant = "open_clip",
+        timeout_s: float | None = None,
     ) -> Embeddings:
         """Embed items admitted on ``reservation`` (each one added to it as it was read)
-        within the deadline. ``variant`` ``immich``: preprocess images and clean texts as Immich's
-        own ML server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
-        batching are the same."""
+        within the deadline, or within ``timeout_s`` when that is sooner (what is left of a
+        request's deadline after its URL items were fetched). ``variant`` ``immich``:
+        preprocess images and clean texts as Immich's own ML server does (its /predict,
+        docs/IMMICH.md), not as open_clip does; the model and batching are the same."""
         if reservation.admission is not self.admission or reservation.items < len(items):
             raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
-        timeout = self._options.request_timeout_s
+        deadline_s = self._options.request_timeout_s
+        timeout = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
         try:
             async with asyncio.timeout(timeout):
                 return await self._embed(items, normalize, skip_invalid, variant,
-                                         reservation)  # fmt: skip
+                                         reservation, timeout)  # fmt: skip
         except TimeoutError as exc:
-            raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
+            raise DeadlineExceeded(f"request took longer than {deadline_s:g} s") from exc
+
+    async def check_texts(self, items: Sequence[Item]) -> None:
+        """Refuse now the first text ``embed`` would refuse (its length, an empty text, no text
+        model): checked before work that costs anything, such as fetching URL items."""
+        texts = [i for i, item in enumerate(items) if isinstance(item, TextItem)]
+        if texts:
+            self._embeddable_texts(items, texts, await self._backend.model_info(), False)
 
     async def _embed(
         self,
@@ -274,8 +284,9 @@ class EmbeddingService:
         skip_invalid: bool,
         variant: Variant,
         reservation: Reservation,
+        timeout_s: float,
     ) -> Embeddings:
-        deadline = time.monotonic() + self._options.request_timeout_s
+        deadline = time.monotonic() + timeout_s
         model = await self._backend.model_info()
         self._preprocessing, self._model = model.image_preprocessing, model
         cached = self._cached(items, model, variant, reservation)

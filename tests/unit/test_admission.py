@@ -682,3 +682,43 @@ def test_each_raw_jpegs_price_is_kept_for_its_decode_with_the_header_it_walked()
             reservation.add(item)
         assert reservation.priced == {id(raw): price(raw), id(other): price(other)}
         assert reservation.priced[id(raw)].layout is not None
+
+
+def test_url_bodies_stay_counted_while_the_requests_other_items_are_added() -> None:
+    """A request whose URL items are fetched after its body: each fetched item is priced as
+    it arrives, and the bytes of the fetches still streaming stay counted until the last is
+    in (issue 42: a finished URL item used to uncount them all)."""
+    a = admission(horizon=10.0, max_body_bytes_in_flight=1000)
+    with a.reserve(None) as request:
+        request.body_read()  # the JSON body, read
+        request.receiving()  # its URL items being fetched
+        request.received(600)  # one fetch's bytes so far
+        request.add(ImageItem(samples.compact(1)))  # another fetch finished
+        assert a.body_bytes_in_flight == 600 and a.backlog_s == 0.0  # not held yet
+        with pytest.raises(Overloaded, match="request bodies"):
+            a.reserve(None).received(401)
+        request.released(100)  # a fetch that failed: its bytes given back
+        assert (request.body_bytes, a.body_bytes_in_flight) == (500, 500)
+        request.body_read()  # the last fetch is done: bytes uncounted, costs held
+        assert a.body_bytes_in_flight == 0 and a.backlog_s > 0
+    assert (a.backlog_s, a.body_bytes_in_flight) == (0.0, 0)
+
+
+def test_releasing_more_than_was_received_gives_back_only_what_was() -> None:
+    a = admission(max_body_bytes_in_flight=1000)
+    other, request = a.reserve(None), a.reserve(None)
+    other.received(300)
+    request.received(200)
+    request.released(500)
+    assert (request.body_bytes, a.body_bytes_in_flight) == (0, 300)
+
+
+def test_a_url_item_that_gave_no_image_costs_no_model_work() -> None:
+    from clip_gateway.errors import UrlFailed
+
+    a = admission(horizon=10.0, infer=1.0)
+    with a.reserve(None) as request:
+        for _ in range(9):
+            request.add(ImageItem(url="http://x.example/", error=UrlFailed("dead")))
+        request.body_read()
+        assert request.cost == pytest.approx(9 * CACHE_HIT_S)  # nine model calls: 9 s before
