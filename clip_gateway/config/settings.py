@@ -213,8 +213,12 @@ class ServerSettings(BaseSettings):
     url_connect_timeout_s: float = Field(3.0, gt=0)
     #: Seconds one URL item may take, redirects and the whole body included.
     url_timeout_s: float = Field(10.0, gt=0)
-    #: URL fetches in flight at once per worker; a request that finds none free gets 429.
+    #: URL fetches in flight at once per worker; a request that finds none free gets 429. With
+    #: several API keys, one key holds at most ``admission_key_share`` of them.
     url_max_fetches: int = Field(32, ge=1)
+    #: URL fetches one request runs at once (at most ``url_max_fetches``): the rest of the
+    #: worker's stay free for other clients while its URLs are slow or dead.
+    url_fetches_per_request: int = Field(8, ge=1)
     #: Content-addressed embedding cache in memory, in MiB per worker (0 = none): a repeated
     #: image or text is answered without decoding it or running the model. Off by default: a
     #: load test or benchmark that repeats its images would measure lookups, not the model.

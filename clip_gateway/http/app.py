@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -53,6 +54,8 @@ def fetcher_for(settings: ServerSettings) -> Fetcher | None:
             total_timeout_s=settings.url_timeout_s,
             max_bytes=settings.max_image_bytes,
             max_fetches=settings.url_max_fetches,
+            per_request=settings.url_fetches_per_request,
+            per_key=math.ceil(settings.admission_key_share * settings.url_max_fetches),
         )
     )
 

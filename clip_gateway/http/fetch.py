@@ -1,41 +1,46 @@
 """URL items fetched so that the fetch cannot be turned against the network it runs from.
 
-Each URL: http or https only; its host resolved once, and every address it resolved to checked
-by the guard (http/guard.py) before any connection; the connection made to the vetted address
-itself (httpcore's pluggable network backend, so there is no second resolution a DNS rebind
-could answer differently), the Host header and TLS SNI and certificate check still the URL's
-name; each redirect (at most ``MAX_REDIRECTS``) checked the same way; connect and total
-timeouts; the body streamed under a byte cap whatever Content-Length says, and never
-decompressed (``Accept-Encoding: identity``; a compressed answer is refused). httpcore, not
-httpx: it reads no proxy settings from the environment and decodes nothing. The bytes are then
-an image item like an upload's, sniffed by the decoder (Content-Type is not trusted), and count
-against the request's admission as its body bytes do.
+Each URL: parsed first into exactly what will be asked for (http/urls.py: http or https only,
+anything it cannot represent exactly refused); its host resolved once, and every address it
+resolved to checked by the guard (http/guard.py) before any connection; the connection made to
+the vetted address itself (httpcore's pluggable network backend, so there is no second
+resolution a DNS rebind could answer differently), the Host header and TLS SNI and certificate
+check still the URL's name; each redirect (at most ``MAX_REDIRECTS``) parsed and checked the
+same way; connect and total timeouts; the body streamed under a byte cap whatever
+Content-Length says, each chunk counted against the in-flight body bytes before it is kept,
+and never decompressed (``Accept-Encoding: identity``; a compressed answer is refused).
+httpcore, not httpx: it reads no proxy settings from the environment and decodes nothing.
+Whatever goes wrong below (the resolver, the connection, the HTTP exchange) is a ``UrlFailed``
+about the item, translated here, once. The bytes are then an image item like an upload's,
+sniffed by the decoder (Content-Type is not trusted).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urljoin, urlsplit
+from typing import Any, Protocol
 
 import httpcore
 
-from clip_gateway.errors import EmbeddingError, Overloaded, UrlFailed, UrlRefused
-from clip_gateway.http import guard
+from clip_gateway.errors import EmbeddingError, UrlFailed, UrlRefused
+from clip_gateway.http import guard, urls
+from clip_gateway.http.slots import FetchSlots
+from clip_gateway.http.streams import StreamBackend
 
 #: Redirects followed per URL item, each re-checked by the guard.
 MAX_REDIRECTS = 3
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 #: Identity only: a compressed body is refused, never inflated (no decompression bomb).
-_HEADERS: dict[bytes | str, bytes | str] = {
-    "Accept-Encoding": "identity",
-    "Accept": "image/*",
-    "User-Agent": "clip-gateway",
-}
+_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"Accept-Encoding", b"identity"),
+    (b"Accept", b"image/*"),
+    (b"User-Agent", b"clip-gateway"),
+]
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,30 @@ class FetchOptions:
     connect_timeout_s: float
     total_timeout_s: float
     max_bytes: int
-    #: Fetches in flight at once in this worker.
+    #: Fetches in flight at once in this worker...
     max_fetches: int
+    #: ...by one request (0: ``max_fetches``)...
+    per_request: int = 0
+    #: ...and by one API key (0: ``max_fetches``).
+    per_key: int = 0
+
+
+class Budget(Protocol):
+    """Where a fetch counts the body bytes it holds (the request's reservation: admission's
+    bound on body bytes in flight); ``received`` may refuse."""
+
+    def received(self, count: int) -> None: ...
+    def released(self, count: int) -> None: ...
+
+
+#: What httpcore (and below it the socket and TLS layers) raise for an exchange that failed.
+_FAILURES = (
+    httpcore.NetworkError,
+    httpcore.ProtocolError,
+    httpcore.ProxyError,
+    httpcore.UnsupportedProtocol,
+    OSError,  # ssl.SSLError is one
+)
 
 
 class _Pinned(httpcore.AsyncNetworkBackend):
@@ -91,9 +118,10 @@ async def _resolve(host: str, port: int) -> list[str]:
 
 
 class Fetcher:
-    """Fetches URL items for one worker under ``FetchOptions``; ``network`` is httpcore's
-    backend the pinned connections go through (a test counts the connections it is asked for),
-    ``ssl_context`` the trust a test's own CA replaces."""
+    """Fetches URL items for one worker under ``FetchOptions``, in the worker's fetch slots
+    (``slots``); ``network`` is httpcore's backend the pinned connections go through
+    (http/streams.py: a connection reads no further ahead than it was asked; a test counts the
+    connections it is asked for), ``ssl_context`` the trust a test's own CA replaces."""
 
     def __init__(
         self,
@@ -103,44 +131,40 @@ class Fetcher:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.options = options
-        self.network = network or httpcore.AnyIOBackend()
+        self.slots = FetchSlots(
+            options.max_fetches,
+            options.per_request or options.max_fetches,
+            options.per_key or options.max_fetches,
+            options.total_timeout_s,
+        )
+        self.network = network or StreamBackend()
         self._resolve = resolve
         #: The system's trust store, certificates checked against the URL's host name.
         self._ssl = ssl_context or ssl.create_default_context()
-        self.in_flight = 0
 
-    def slots(self, wanted: int) -> int:
-        """How many fetches a request may run at once now (at least one, else Overloaded:
-        refused at once, as admission refuses, rather than queued)."""
-        free = self.options.max_fetches - self.in_flight
-        if free <= 0:
-            raise Overloaded(
-                f"{self.in_flight} URL fetches in flight, the most this worker runs at once",
-                retry_after=1.0,
-            )
-        return min(free, wanted)
+    @property
+    def in_flight(self) -> int:
+        """Fetch slots held in this worker."""
+        return self.slots.held
 
-    async def fetch(self, url: str, on_bytes: Callable[[int], None]) -> bytes:
-        """The body at ``url``, redirects followed, under every rule; ``on_bytes`` hears of
-        each chunk (admission counts them as body bytes in flight, and may refuse)."""
-        self.in_flight += 1
+    async def fetch(self, target: urls.Target, budget: Budget) -> bytes:
+        """The body at ``target``, redirects followed, under every rule; ``budget`` counts
+        each chunk as it arrives (admission's body bytes in flight, which may refuse)."""
+        timeout = self.options.total_timeout_s
         try:
-            async with asyncio.timeout(self.options.total_timeout_s):
-                return await self._follow(url, on_bytes)
+            with self.slots.fetching():
+                async with asyncio.timeout(timeout):
+                    return await self._follow(target, budget)
         except TimeoutError:
-            raise UrlFailed(
-                f"the URL did not give its image within {self.options.total_timeout_s:g} s"
-            ) from None
-        finally:
-            self.in_flight -= 1
+            raise UrlFailed(f"the URL did not give its image within {timeout:g} s") from None
 
-    async def _follow(self, url: str, on_bytes: Callable[[int], None]) -> bytes:
+    async def _follow(self, target: urls.Target, budget: Budget) -> bytes:
         for hop in range(MAX_REDIRECTS + 1):
-            status, location, body = await self._get(url, on_bytes)
+            status, location, body = await self._get(target, budget)
             if status in _REDIRECTS:
                 if location is None:
                     raise UrlFailed(f"the server answered {status} without a Location")
-                url = urljoin(url, location)
+                target = urls.follow(target, location)
                 continue
             if status != 200:
                 where = " after a redirect" if hop else ""
@@ -148,13 +172,15 @@ class Fetcher:
             return body
         raise UrlFailed(f"more than {MAX_REDIRECTS} redirects", rule="redirects")
 
-    async def _get(
-        self, url: str, on_bytes: Callable[[int], None]
-    ) -> tuple[int, str | None, bytes]:
-        address = await self._vet(url)
+    async def _get(self, target: urls.Target, budget: Budget) -> tuple[int, bytes | None, bytes]:
+        address = await self._vet(target)
         options = self.options
         timeouts = {"connect": options.connect_timeout_s, "read": options.total_timeout_s,
                     "write": options.total_timeout_s, "pool": options.total_timeout_s}  # fmt: skip
+        # every part as http/urls.py made it: httpcore parses nothing again
+        url = httpcore.URL(scheme=target.scheme.encode(), host=target.host.encode(),
+                           port=target.port, target=target.target.encode())  # fmt: skip
+        headers = [(b"Host", target.authority.encode()), *_HEADERS]
         async with httpcore.AsyncConnectionPool(
             ssl_context=self._ssl,
             network_backend=_Pinned(address, self.network),
@@ -163,82 +189,82 @@ class Fetcher:
         ) as pool:
             try:
                 async with pool.stream(
-                    "GET",
-                    url,
-                    headers=_HEADERS,
-                    extensions={"timeout": timeouts},
+                    "GET", url, headers=headers, extensions={"timeout": timeouts}
                 ) as response:
-                    return await self._read(response, on_bytes)
+                    return await self._read(response, budget)
             except httpcore.ConnectTimeout:
                 raise UrlFailed(
                     f"could not connect within {options.connect_timeout_s:g} s"
                 ) from None
             except httpcore.TimeoutException:
                 raise TimeoutError from None  # the total timeout's message
-            except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
+            except _FAILURES as exc:
                 raise UrlFailed(f"the fetch failed: {type(exc).__name__}") from None
 
     async def _read(
-        self, response: httpcore.Response, on_bytes: Callable[[int], None]
-    ) -> tuple[int, str | None, bytes]:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in response.headers}
+        self, response: httpcore.Response, budget: Budget
+    ) -> tuple[int, bytes | None, bytes]:
+        headers = {k.lower(): v for k, v in response.headers}
         if response.status in _REDIRECTS:
-            return response.status, headers.get("location"), b""
+            return response.status, headers.get(b"location"), b""
         if response.status != 200:
             return response.status, None, b""
-        coding = headers.get("content-encoding", "identity").strip().lower()
-        if coding not in ("", "identity"):
+        coding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if coding not in (b"", b"identity"):
             raise UrlFailed(
-                f"the server sent a {coding!r}-encoded body although identity was asked; "
-                "compressed bodies are not decoded",
+                f"the server sent a {coding.decode('latin-1')!r}-encoded body although "
+                "identity was asked; compressed bodies are not decoded",
                 rule="content-encoding",
             )
-        limit, body = self.options.max_bytes, bytearray()
-        async for chunk in response.aiter_stream():
-            if len(body) + len(chunk) > limit:
-                raise UrlFailed(f"the body is over {limit} bytes", rule="size", limit=limit)
-            on_bytes(len(chunk))
-            body += chunk
-        return 200, None, bytes(body)
+        return 200, None, await _body(response, self.options.max_bytes, budget)
 
-    async def _vet(self, url: str) -> str:
-        """The one address to connect to for ``url``, every address its host resolved to
+    async def _vet(self, target: urls.Target) -> str:
+        """The one address to connect to for ``target``, every address its host resolved to
         having passed the guard."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https"):
-            raise UrlRefused(
-                f"URL scheme {parts.scheme!r} is not fetched; only http and https (rule: scheme)",
-                rule="scheme",
-            )
-        if parts.username is not None or parts.password is not None:
-            raise UrlRefused("URLs with credentials are not fetched (rule: userinfo)",
-                             rule="userinfo")  # fmt: skip
-        host = parts.hostname or ""
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise UrlRefused("the URL's port is not a number in range (rule: port)",
-                             rule="port") from None  # fmt: skip
-        if not host:
-            raise UrlRefused("the URL has no host (rule: host)", rule="host")
         allow = self.options.allow
-        address = guard.literal(host)
-        if address is not None:
-            guard.check(host, address, allow, named=False)
-            return str(address)
+        if target.address is not None:
+            guard.check(target.host, target.address, allow, named=False)
+            return str(guard.connected(target.address))
+        host = target.host
         try:
-            resolved = await self._resolve(host, port)
-        except OSError:
+            resolved = await self._resolve(host, target.port)
+        except (OSError, UnicodeError, ValueError):
             raise UrlFailed(f"host {host!r} does not resolve", rule="dns") from None
         if not resolved:
             raise UrlFailed(f"host {host!r} does not resolve", rule="dns")
+        addresses = []
         for found in resolved:
-            parsed = guard.literal(found.split("%")[0])
-            if parsed is None:
+            try:
+                addresses.append(ipaddress.ip_address(found.split("%")[0]))
+            except ValueError:
                 raise UrlRefused(f"host {host!r} resolved to something not an address",
-                                 rule="dns")  # fmt: skip
-            guard.check(host, parsed, allow, named=True)
-        return str(resolved[0])
+                                 rule="dns") from None  # fmt: skip
+            guard.check(host, addresses[-1], allow, named=True)
+        return str(guard.connected(addresses[0]))
+
+
+async def _body(response: httpcore.Response, limit: int, budget: Budget) -> bytes:
+    """The body, at most ``limit`` bytes, every chunk counted on ``budget`` before it is kept.
+    The chunks are kept as they came (no buffer grown ahead of them) and joined once at the
+    end, the copy counted while both exist; a body that is not kept is given back at once."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_stream():
+            if size + len(chunk) > limit:
+                raise UrlFailed(f"the body is over {limit} bytes", rule="size", limit=limit)
+            budget.received(len(chunk))
+            size += len(chunk)
+            chunks.append(chunk)
+        if len(chunks) > 1:
+            budget.received(size)  # the joined copy, while the chunks still exist
+            chunks = [b"".join(chunks)]
+            budget.released(size)
+    except BaseException:
+        chunks.clear()
+        budget.released(size)
+        raise
+    return chunks[0] if chunks else b""
 
 
 def failed(exc: EmbeddingError, index: int, url: str) -> EmbeddingError:

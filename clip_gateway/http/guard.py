@@ -1,13 +1,17 @@
 """The URL guard: which hosts and addresses a URL item may reach (docs/RELIABILITY.md "URL
-items"). Pure: it parses and classifies, it never resolves or connects (http/fetch.py does,
-asking it about every address it resolved, before connecting to that very address).
+items"). Pure: it classifies, it never resolves or connects (http/urls.py parses the URL first;
+http/fetch.py resolves, asks it about every address found, and connects to that very address).
 
 An address is refused when any form of it falls in a denied network: the address itself, and
 the IPv4 address an IPv6 one carries (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible
 ``::a.b.c.d``, 6to4 ``2002::/16``, NAT64 ``64:ff9b::/96``, Teredo). A host that is an IPv4
 address in any spelling ``inet_aton`` accepts (``2130706433``, ``0177.1``, ``0x7f.0.0.1``,
-``127.1``) is normalised first, as the C library would read it. The operator's allowlist
-(hostnames, or networks) lifts the deny list for what it names, nothing more.
+``127.1``) is read as the C library would read it. The operator's allowlist lifts the deny list
+for exactly what it names: a host name it lists, or an address inside a network it lists, in
+that network's own family. The address that counts is the one connected to (``connected``: an
+IPv4-mapped address is its IPv4 address, which is where a dual-stack socket goes); an IPv6
+address that merely carries an allowed IPv4 one (compatible, 6to4, NAT64, Teredo) is another
+machine, allowed only when an IPv6 network listed holds it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import idna
 
 from clip_gateway.errors import UrlRefused
 
@@ -85,28 +91,27 @@ def _forms(address: Address) -> list[Address]:
     return forms
 
 
-def literal(host: str) -> Address | None:
-    """The address ``host`` spells, or None: a name. IPv4 in every form ``inet_aton`` reads
-    (decimal, octal, hex, one to four parts) as the C library would connect to it; IPv6 in
-    brackets or not. A zone id (``fe80::1%eth0``) is refused: it names an interface."""
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if "%" in bare:
-        raise UrlRefused("a URL host with an IPv6 zone id is not accepted (rule: link-local)")
+def ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address ``host`` spells, as the C library reads it (``inet_aton``: decimal,
+    octal, hex, one to four parts), or None."""
     try:
-        return ipaddress.ip_address(bare)
-    except ValueError:
-        pass
-    if ":" in bare:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except (OSError, UnicodeError, ValueError):
         return None
-    try:
-        return ipaddress.IPv4Address(socket.inet_aton(bare))
-    except OSError:
-        return None
+
+
+def connected(address: Address) -> Address:
+    """The address a connection to ``address`` reaches: an IPv4-mapped IPv6 address is its IPv4
+    one (a dual-stack socket connects to that over IPv4), any other is itself."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
 
 
 @dataclass(frozen=True)
 class Allowlist:
-    """What the operator lets through the deny list (``GATEWAY_URL_ALLOW``)."""
+    """What the operator lets through the deny list (``GATEWAY_URL_ALLOW``): host names, and
+    networks; an address is allowed by a network of its own family that holds it."""
 
     hosts: frozenset[str] = frozenset()
     networks: tuple[Network, ...] = ()
@@ -118,16 +123,41 @@ class Allowlist:
             if not entry:
                 continue
             try:
-                networks.append(ipaddress.ip_network(entry, strict=False))
+                networks.append(_own_family(ipaddress.ip_network(entry, strict=False)))
             except ValueError:
-                hosts.add(entry.lower().rstrip("."))
+                hosts.add(_name(entry))
         return cls(frozenset(hosts), tuple(networks))
 
     def allows(self, host: str, address: Address) -> bool:
-        if host.lower().rstrip(".") in self.hosts:
+        """``host`` (a name as http/urls.py wrote it) is listed, or the address connected to
+        for ``address`` is in a listed network of its family; never by an IPv4 address an
+        IPv6 one carries."""
+        if host in self.hosts:
             return True
-        forms = _forms(address)
-        return any(f.version == n.version and f in n for f in forms for n in self.networks)
+        reached = connected(address)
+        return any(reached.version == n.version and reached in n for n in self.networks)
+
+
+def _own_family(network: Network) -> Network:
+    """An IPv4-mapped network (``::ffff:10.0.0.0/104``) as the IPv4 network it maps, which is
+    what connecting to its addresses reaches; any other as it is."""
+    mapped = network.network_address
+    if isinstance(mapped, ipaddress.IPv6Address) and mapped.ipv4_mapped and network.prefixlen >= 96:
+        return ipaddress.IPv4Network((mapped.ipv4_mapped, network.prefixlen - 96))
+    return network
+
+
+def _name(entry: str) -> str:
+    """A host name entry as http/urls.py writes a URL's host: IDNA's form, lower case, no final
+    dot (an entry IDNA refuses stays as written, and matches nothing)."""
+    name = entry
+    if not name.isascii():
+        try:
+            name = idna.encode(name, uts46=True).decode("ascii")
+        except UnicodeError:
+            return entry
+    name = name.lower()
+    return name[:-1] if name.endswith(".") else name
 
 
 def check(host: str, address: Address, allow: Allowlist, *, named: bool) -> None:

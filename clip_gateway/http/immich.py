@@ -112,9 +112,9 @@ async def serve(request: Request[Any, Any, Any], context: AppContext) -> Respons
             request, pipeline.embed(reservation, [item], variant="immich")
         )
     body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
-    if kind == "visual":
-        image = result.image_facts[0]
-        body["imageHeight"], body["imageWidth"] = image.height, image.width
+    if kind == "visual":  # decoded, or answered from the cache with the size it had then
+        width, height = result.image_sizes[0]
+        body["imageHeight"], body["imageWidth"] = height, width
     return Response(msgspec.json.encode(body), media_type=JSON_MEDIA_TYPE)
 
 

@@ -3,6 +3,7 @@ below go to the one error map (http/problems.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Annotated, Any
 
@@ -116,10 +117,19 @@ async def create_embeddings(
     with admitted(request, context) as reservation:
         with tracer.start_as_current_span("receive") as span:
             parsed = await read_request(request, settings, reservation)
+            # one deadline from here: URL items' fetches and the embedding together
+            deadline = asyncio.get_running_loop().time() + settings.request_timeout_s
+            window = url_items.fetch_window(settings.request_timeout_s, settings.horizon_s)
             skip = _first(parsed.skip_invalid, skip_invalid, False)
-            items = await url_items.fetch_items(
-                parsed.items, context.fetcher, reservation, skip=skip
-            )
+            items = parsed.items
+            await check_request(pipeline, settings, parsed)
+            if url_items.has_urls(items):  # what else needs no network, before any
+                fetcher = url_items.fetcher_for(items, context.fetcher)
+                if not skip:
+                    await pipeline.check_texts(items)
+                items = await url_items.fetch_items(
+                    items, fetcher, reservation, skip=skip, window_s=window
+                )
             texts = sum(isinstance(item, TextItem) for item in parsed.items)
             span.set_attributes(
                 {
@@ -129,16 +139,22 @@ async def create_embeddings(
                 }
             )
         request.state.images, request.state.texts = len(parsed.items) - texts, texts
-        if not settings.accepts_model(parsed.model):
-            raise UnknownModel(
-                f"model {parsed.model!r} is not served here; use {settings.model_id!r}"
-            )
-        if parsed.dimensions is not None:
-            await check_dimensions(pipeline, settings.model_id, parsed.dimensions)
         unit = _first(parsed.normalize, normalize, True)
-        embedding = pipeline.embed(reservation, items, normalize=unit, skip_invalid=skip)
+        left = deadline - asyncio.get_running_loop().time()
+        embedding = pipeline.embed(reservation, items, normalize=unit, skip_invalid=skip,
+                                   timeout_s=left)  # fmt: skip
         result = await unless_disconnected(request, embedding)
         return embeddings_response(request, tracer, settings, result, parsed, dtype, skip)
+
+
+async def check_request(
+    pipeline: EmbeddingService, settings: ServerSettings, parsed: parsing.ParsedRequest
+) -> None:
+    """The request's options, refused before any work: the model and ``dimensions``."""
+    if not settings.accepts_model(parsed.model):
+        raise UnknownModel(f"model {parsed.model!r} is not served here; use {settings.model_id!r}")
+    if parsed.dimensions is not None:
+        await check_dimensions(pipeline, settings.model_id, parsed.dimensions)
 
 
 async def check_dimensions(pipeline: EmbeddingService, model_id: str, asked: int) -> None:

@@ -41,12 +41,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
-import numpy as np
-
 from clip_gateway.errors import LimitExceeded, Overloaded
 from clip_gateway.imaging import work as _work
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline.cache import Entry
 from clip_gateway.pipeline.items import Item, TextItem, price
 
 #: Learning rate of the moving averages (a new measurement's weight).
@@ -63,7 +62,9 @@ _TOKENIZE_S_PER_CHAR = 2e-7
 _DECODE_S_PER_ITEM = 3e-4
 #: A declared body costs at least this per byte (below every format's measured byte factor).
 MIN_DECODE_S_PER_BYTE = 4e-9
-#: What an item the embedding cache answers costs (a lookup: no decode, no model call).
+#: What an item the embedding cache answers costs (a lookup: no decode, no model call); a URL
+#: item whose fetch gave no image costs the same (its error is its answer; the fetch cost the
+#: time it held a fetch slot, which the slots' shares bound, http/slots.py).
 CACHE_HIT_S = 1e-5
 #: Codings whose decode rate is learned (multipliers of imaging/work.py's measured factors).
 CODINGS = tuple(_work.FACTORS)
@@ -265,8 +266,8 @@ class _BusyTime:
         return sample
 
 
-#: The cache's answer for an item: its key and the vector when cached; None: not cacheable.
-Probe = Callable[[Item], tuple[bytes, "np.ndarray | None"] | None]
+#: The cache's answer for an item: its key and its entry when cached; None: not cacheable.
+Probe = Callable[[Item], tuple[bytes, Entry | None] | None]
 
 
 class Reservation:
@@ -293,9 +294,9 @@ class Reservation:
         #: The embedding cache's lookup for this request's model and preprocessing (the
         #: service sets it): an item it answers is priced as a lookup, not a decode.
         self.probe: Probe | None = None
-        #: What the probe found, by the item's ``id``: its cache key, and the vector on a hit.
+        #: What the probe found, by the item's ``id``: its cache key, and the entry on a hit.
         self.keys: dict[int, bytes] = {}
-        self.hits: dict[int, np.ndarray] = {}
+        self.hits: dict[int, Entry] = {}
         #: Each image's price, by the item's ``id``, when it holds what the decoder would read
         #: again (a JPEG walked whole): the decode takes it under the same plan.
         self.priced: dict[int, Work] = {}
@@ -315,6 +316,19 @@ class Reservation:
         admission.body_bytes_in_flight += count
         self.body_bytes += count
 
+    def released(self, count: int) -> None:
+        """``count`` of the body bytes counted by ``received`` are no longer held (a URL
+        item's fetch that failed, or the chunks a fetched body was joined from)."""
+        count = min(count, self.body_bytes)
+        self.admission.body_bytes_in_flight -= count
+        self.body_bytes -= count
+
+    def receiving(self) -> None:
+        """More body bytes are coming after the body (its URL items being fetched): counted
+        as they arrive, and the items added meanwhile priced and held together, as a body's
+        are, at the next ``body_read``."""
+        self.admission._receiving.setdefault(self, time.monotonic())
+
     def add(self, item: Item) -> None:
         """One more item of the request, as soon as it is read: a text priced by its length,
         an image by the decode work its header promises under the request's plan. Admitted, or
@@ -322,14 +336,17 @@ class Reservation:
         if self.probe is not None:
             found = self.probe(item)
             if found is not None:
-                key, vector = found
+                key, entry = found
                 self.keys[id(item)] = key
-                if vector is not None:
-                    self.hits[id(item)] = vector
+                if entry is not None:
+                    self.hits[id(item)] = entry
                     self._add(CACHE_HIT_S)
                     return
         if isinstance(item, TextItem):
             self.add_text(len(item.text))
+            return
+        if item.error is not None:  # a URL item that gave no image: nothing to decode or run
+            self._add(CACHE_HIT_S)
             return
         work = price(item, self.plan)
         self.add_image(work)

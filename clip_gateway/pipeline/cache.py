@@ -1,5 +1,7 @@
 """The content-addressed embedding cache: an item's bytes (or text) to its unnormalised
-embedding, for one model and one preprocessing, in memory or in a SQLite file.
+embedding and what answering it reported besides (a text's tokens, an image's size), for one
+model and one preprocessing, in memory or in a SQLite file: a hit answers exactly what the miss
+did.
 
 A key is the SHA-256 of the model's identity (``identity``: its name, dimensions, the
 preprocessing the backend reports, its quantization, its export-time canary embedding, and the
@@ -19,6 +21,7 @@ import math
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -27,9 +30,21 @@ import numpy as np
 log = logging.getLogger("gateway")
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One item's answer: its unnormalised float32 row, and what the response reports of it
+    besides: a text's tokens the model read (``usage``), an image's size as decoded (Immich's
+    ``/predict`` answers it)."""
+
+    vector: np.ndarray
+    tokens: int = 0
+    width: int = 0
+    height: int = 0
+
+
 class EmbeddingCache(Protocol):
-    def get(self, key: bytes) -> np.ndarray | None: ...
-    def put(self, entries: Iterable[tuple[bytes, np.ndarray]]) -> None: ...
+    def get(self, key: bytes) -> Entry | None: ...
+    def put(self, entries: Iterable[tuple[bytes, Entry]]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -55,25 +70,25 @@ class MemoryCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._entries: OrderedDict[bytes, Entry] = OrderedDict()
 
-    def get(self, key: bytes) -> np.ndarray | None:
-        vector = self._entries.get(key)
-        if vector is not None:
+    def get(self, key: bytes) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
             self._entries.move_to_end(key)
-        return vector
+        return entry
 
-    def put(self, entries: Iterable[tuple[bytes, np.ndarray]]) -> None:
-        for key, vector in entries:
-            if key in self._entries or vector.nbytes > self.max_bytes:
+    def put(self, entries: Iterable[tuple[bytes, Entry]]) -> None:
+        for key, entry in entries:
+            if key in self._entries or entry.vector.nbytes > self.max_bytes:
                 continue
-            kept = np.array(vector, dtype=np.float32)  # a copy: never a view into a batch
+            kept = np.array(entry.vector, dtype=np.float32)  # a copy: never a view into a batch
             kept.flags.writeable = False
-            self._entries[key] = kept
+            self._entries[key] = Entry(kept, entry.tokens, entry.width, entry.height)
             self.bytes += kept.nbytes
             while self.bytes > self.max_bytes:
                 _, old = self._entries.popitem(last=False)
-                self.bytes -= old.nbytes
+                self.bytes -= old.vector.nbytes
 
     def close(self) -> None:
         self._entries.clear()
@@ -92,32 +107,43 @@ class SqliteCache:
                                    check_same_thread=False)  # fmt: skip
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # the table before entries kept tokens and sizes: its rows cannot answer as a miss did
+        self._db.execute("DROP TABLE IF EXISTS embeddings")
         self._db.execute(
-            "CREATE TABLE IF NOT EXISTS embeddings (key BLOB PRIMARY KEY, vector BLOB NOT NULL)"
+            "CREATE TABLE IF NOT EXISTS entries (key BLOB PRIMARY KEY, vector BLOB NOT NULL, "
+            "tokens INTEGER NOT NULL, width INTEGER NOT NULL, height INTEGER NOT NULL)"
         )
         self._bytes = self._stored_bytes()
 
     def _stored_bytes(self) -> int:
-        row = self._db.execute("SELECT total(length(vector)) FROM embeddings").fetchone()
+        row = self._db.execute("SELECT total(length(vector)) FROM entries").fetchone()
         return int(row[0])
 
-    def get(self, key: bytes) -> np.ndarray | None:
-        row = self._db.execute("SELECT vector FROM embeddings WHERE key = ?", (key,)).fetchone()
+    def get(self, key: bytes) -> Entry | None:
+        row = self._db.execute(
+            "SELECT vector, tokens, width, height FROM entries WHERE key = ?", (key,)
+        ).fetchone()
         if row is None:
             return None
-        return np.frombuffer(row[0], dtype=np.float32)
+        return Entry(np.frombuffer(row[0], dtype=np.float32), *row[1:])
 
-    def put(self, entries: Iterable[tuple[bytes, np.ndarray]]) -> None:
-        rows = [(k, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for k, v in entries]
+    def put(self, entries: Iterable[tuple[bytes, Entry]]) -> None:
+        rows = [
+            (k, np.ascontiguousarray(e.vector, dtype=np.float32).tobytes(), e.tokens, e.width,
+             e.height)
+            for k, e in entries
+        ]  # fmt: skip
         if not rows:
             return
         try:
             with self._db:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.executemany(
-                    "INSERT OR IGNORE INTO embeddings (key, vector) VALUES (?, ?)", rows
+                    "INSERT OR IGNORE INTO entries (key, vector, tokens, width, height) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
                 )
-                self._bytes += sum(len(v) for _, v in rows)
+                self._bytes += sum(len(row[1]) for row in rows)
                 if self._bytes > self.max_bytes:
                     self._evict()
         except sqlite3.OperationalError as exc:  # locked by another worker: not cached
@@ -127,13 +153,13 @@ class SqliteCache:
         """Oldest written first, down to 90 % of the bound (other workers write too: the
         stored total is read again rather than trusted)."""
         count, stored = self._db.execute(
-            "SELECT count(*), total(length(vector)) FROM embeddings"
+            "SELECT count(*), total(length(vector)) FROM entries"
         ).fetchone()
         excess = stored - self.max_bytes * 0.9
         if count and excess > 0:
             self._db.execute(
-                "DELETE FROM embeddings WHERE rowid IN "
-                "(SELECT rowid FROM embeddings ORDER BY rowid LIMIT ?)",
+                "DELETE FROM entries WHERE rowid IN "
+                "(SELECT rowid FROM entries ORDER BY rowid LIMIT ?)",
                 (math.ceil(excess / (stored / count)),),
             )
         self._bytes = self._stored_bytes()

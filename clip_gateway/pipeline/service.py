@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, TypeVar
 
 import numpy as np
@@ -116,6 +116,9 @@ class Embeddings:
     #: Text tokens the model read (start and end tokens included, padding not).
     tokens: int = 0
     tokenize_seconds: float = 0.0
+    #: Each image row's (width, height) as decoded, the cache's rows' as they were, by the
+    #: item's request index.
+    image_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -130,7 +133,13 @@ class _PartialEmbeddings:
     image_facts: tuple[Decoded, ...] = ()
     prepare_seconds: float = 0.0  # decode or tokenise
     infer_seconds: float = 0.0
-    tokens: int = 0
+    #: The tokens of each text row (texts; the cache's text rows), and each image row's size.
+    counts: dict[int, int] = field(default_factory=dict)
+    sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.counts.values())
 
 
 class EmbeddingService:
@@ -243,20 +252,30 @@ class EmbeddingService:
         normalize: bool = True,
         skip_invalid: bool = False,
         variant: Variant = "open_clip",
+        timeout_s: float | None = None,
     ) -> Embeddings:
         """Embed items admitted on ``reservation`` (each one added to it as it was read)
-        within the deadline. ``variant`` ``immich``: preprocess images and clean texts as Immich's
-        own ML server does (its /predict, docs/IMMICH.md), not as open_clip does; the model and
-        batching are the same."""
+        within the deadline, or within ``timeout_s`` when that is sooner (what is left of a
+        request's deadline after its URL items were fetched). ``variant`` ``immich``:
+        preprocess images and clean texts as Immich's own ML server does (its /predict,
+        docs/IMMICH.md), not as open_clip does; the model and batching are the same."""
         if reservation.admission is not self.admission or reservation.items < len(items):
             raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
-        timeout = self._options.request_timeout_s
+        deadline_s = self._options.request_timeout_s
+        timeout = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
         try:
             async with asyncio.timeout(timeout):
                 return await self._embed(items, normalize, skip_invalid, variant,
-                                         reservation)  # fmt: skip
+                                         reservation, timeout)  # fmt: skip
         except TimeoutError as exc:
-            raise DeadlineExceeded(f"request took longer than {timeout:g} s") from exc
+            raise DeadlineExceeded(f"request took longer than {deadline_s:g} s") from exc
+
+    async def check_texts(self, items: Sequence[Item]) -> None:
+        """Refuse now the first text ``embed`` would refuse (its length, an empty text, no text
+        model): checked before work that costs anything, such as fetching URL items."""
+        texts = [i for i, item in enumerate(items) if isinstance(item, TextItem)]
+        if texts:
+            self._embeddable_texts(items, texts, await self._backend.model_info(), False)
 
     async def _embed(
         self,
@@ -265,8 +284,9 @@ class EmbeddingService:
         skip_invalid: bool,
         variant: Variant,
         reservation: Reservation,
+        timeout_s: float,
     ) -> Embeddings:
-        deadline = time.monotonic() + self._options.request_timeout_s
+        deadline = time.monotonic() + timeout_s
         model = await self._backend.model_info()
         self._preprocessing, self._model = model.image_preprocessing, model
         cached = self._cached(items, model, variant, reservation)
@@ -290,7 +310,7 @@ class EmbeddingService:
             )
         parts = await _gather_or_cancel([make() for make in work])
         self._remember(items, parts, reservation)
-        hit_texts = sum(isinstance(items[i], TextItem) for i in cached.indices)
+        hit_texts = len(cached.counts)
         cached_counts = (len(cached.indices) - hit_texts, hit_texts)
         if cached.indices:
             parts.append(cached)
@@ -318,8 +338,10 @@ class EmbeddingService:
             # answered from the cache or not, an item answered is counted (usage)
             images=(len(image_part.indices) if image_part else 0) + cached_counts[0],
             texts=(len(text_part.indices) if text_part else 0) + cached_counts[1],
-            tokens=text_part.tokens if text_part else 0,
+            # a text the cache answered counts the tokens the model read the first time
+            tokens=sum(p.tokens for p in parts),
             tokenize_seconds=text_part.prepare_seconds if text_part else 0.0,
+            image_sizes={i: size for p in parts for i, size in p.sizes.items()},
         )
 
     def _cached(
@@ -347,18 +369,25 @@ class EmbeddingService:
                 if id(item) in reservation.hits]  # fmt: skip
         if not hits:
             return empty
-        vectors = np.stack([v for _, v in hits]).astype(np.float32)
-        return _PartialEmbeddings("cached", vectors, tuple(i for i, _ in hits))
+        vectors = np.stack([entry.vector for _, entry in hits]).astype(np.float32)
+        return _PartialEmbeddings(
+            "cached",
+            vectors,
+            tuple(i for i, _ in hits),
+            counts={i: e.tokens for i, e in hits if isinstance(items[i], TextItem)},
+            sizes={i: (e.width, e.height) for i, e in hits if not isinstance(items[i], TextItem)},
+        )
 
     def _remember(
         self, items: Sequence[Item], parts: Sequence[_PartialEmbeddings], reservation: Reservation
     ) -> None:
-        """What the model answered (unnormalised), kept under each item's key."""
+        """What the model answered (unnormalised) and what the response reported of each item
+        besides (its tokens, its size), kept under each item's key."""
         if self._cache is None:
             return
         keys = reservation.keys
         self._cache.put(
-            (keys[id(items[i])], part.vectors[row])
+            (keys[id(items[i])], _entry(part, row, i))
             for part in parts
             for row, i in enumerate(part.indices)
             if id(items[i]) in keys and id(items[i]) not in reservation.hits
@@ -444,6 +473,7 @@ class EmbeddingService:
             image_facts=decoded.image_facts,
             prepare_seconds=decoded_at - started,
             infer_seconds=time.perf_counter() - decoded_at,
+            sizes=_sizes(decoded.indices, decoded.image_facts),
         )
 
     async def _embed_texts(
@@ -469,7 +499,7 @@ class EmbeddingService:
             batch.indices,
             prepare_seconds=tokenized_at - started,
             infer_seconds=time.perf_counter() - tokenized_at,
-            tokens=batch.token_count,
+            counts=dict(zip(batch.indices, batch.counts, strict=True)),
         )
 
     async def _run_images(self, batch: ImageBatch, deadline: float) -> np.ndarray:
@@ -558,15 +588,25 @@ class _Probe:
     identity: bytes
     metrics: Metrics
 
-    def __call__(self, item: Item) -> tuple[bytes, np.ndarray | None] | None:
+    def __call__(self, item: Item) -> tuple[bytes, _cache.Entry | None] | None:
         content = _content(item)
         if content is None:
             return None
         kind, data = content
         key = _cache.key(self.identity, kind, data)
-        vector = self.cache.get(key)
-        self.metrics.cache_lookups.labels(kind, "miss" if vector is None else "hit").inc()
-        return key, vector
+        entry = self.cache.get(key)
+        self.metrics.cache_lookups.labels(kind, "miss" if entry is None else "hit").inc()
+        return key, entry
+
+
+def _sizes(indices: Sequence[int], facts: Sequence[Decoded]) -> dict[int, tuple[int, int]]:
+    return {i: (f.width, f.height) for i, f in zip(indices, facts, strict=True)}
+
+
+def _entry(part: _PartialEmbeddings, row: int, index: int) -> _cache.Entry:
+    """What the cache keeps of request item ``index``, row ``row`` of ``part``."""
+    width, height = part.sizes.get(index, (0, 0))
+    return _cache.Entry(part.vectors[row], part.counts.get(index, 0), width, height)
 
 
 def _content(item: Item) -> tuple[str, bytes] | None:

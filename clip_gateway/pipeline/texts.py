@@ -29,8 +29,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 class TokenBatch:
     tokens: np.ndarray  # int32 [n_ok, context_length]
     indices: tuple[int, ...]  # the request index of each row
-    #: Tokens the model reads per row (start and end included, padding not), summed.
-    token_count: int
+    #: Tokens the model reads of each row (start and end included, padding not).
+    counts: tuple[int, ...]
+
+    @property
+    def token_count(self) -> int:
+        return sum(self.counts)
 
 
 class BatchTokenizer:
@@ -112,11 +116,11 @@ class BatchTokenizer:
         Immich's server cleans them (its /predict), not as open_clip does."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        rows, count = await loop.run_in_executor(
+        rows, counts = await loop.run_in_executor(
             self._pool,
             functools.partial(tokenizer.tokenize_counted, variant=variant),
             [item.text for item in texts],
         )
         self._metrics.tokenize_seconds.observe(time.perf_counter() - started)
         self._metrics.texts.inc(len(texts))
-        return TokenBatch(rows, tuple(indices), count)
+        return TokenBatch(rows, tuple(indices), tuple(int(n) for n in counts))

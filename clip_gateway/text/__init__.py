@@ -24,8 +24,8 @@ class Tokenizer(Protocol):
 
     def tokenize_counted(
         self, texts: Sequence[str], *, variant: Variant = "open_clip"
-    ) -> tuple[np.ndarray, int]:
-        """``tokenize`` and the tokens the model reads (padding not counted), summed.
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``tokenize`` and the tokens the model reads of each row (padding not counted).
         ``variant`` ``immich``: cleaned as Immich's server cleans a query (its /predict), not as
         open_clip does; the tokenizer file's own normaliser and framing apply either way."""
         ...

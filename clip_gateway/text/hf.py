@@ -71,19 +71,19 @@ class HfTokenizer:
 
     def tokenize_counted(
         self, texts: Sequence[str], *, variant: Variant = "open_clip"
-    ) -> tuple[np.ndarray, int]:
-        """``tokenize`` and the tokens the model reads (padding not counted), summed.
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``tokenize`` and the tokens the model reads of each row (padding not counted).
         ``variant`` ``immich``: cleaned as Immich's server cleans a query, not as open_clip does."""
         rows = np.zeros((len(texts), self.context_length), dtype=np.int32)
         if not texts:
-            return rows, 0
+            return rows, np.zeros(0, dtype=np.int64)
         if variant == "immich":
             cleaned = [clean_immich(text, self._immich_canonicalize) for text in texts]
         else:
             cleaned = [self._clean(text) for text in texts]
         encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=True)
         rows[:] = [encoding.ids for encoding in encodings]
-        count = sum(sum(encoding.attention_mask) for encoding in encodings)
+        counts = np.array([sum(encoding.attention_mask) for encoding in encodings])
         if self.strip_sep_id is not None:
             rows[rows == self.strip_sep_id] = 0
-        return rows, count
+        return rows, counts

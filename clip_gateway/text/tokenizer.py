@@ -139,12 +139,12 @@ class ClipBpeTokenizer:
 
     def tokenize_counted(
         self, texts: Sequence[str], *, variant: Variant = "open_clip"
-    ) -> tuple[np.ndarray, int]:
-        """``tokenize`` and the tokens the model reads (start and end included, padding
-        not), summed: each row ends with the end token, truncated texts keep it last.
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``tokenize`` and the tokens the model reads of each row (start and end included,
+        padding not): each row ends with the end token, truncated texts keep it last.
         ``variant`` ``immich``: the texts cleaned as Immich's server cleans them (its /predict)."""
         rows = self.tokenize(texts, _clean_immich_bpe if variant == "immich" else clean)
-        return rows, int((np.argmax(rows == self.end_id, axis=1) + 1).sum())
+        return rows, np.argmax(rows == self.end_id, axis=1) + 1
 
     @staticmethod
     def _has_special(text: str) -> bool:

@@ -7,6 +7,7 @@ and the test would fail on the wrong answer, with no packet leaving the machine.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import errno
 import gzip
@@ -31,11 +32,15 @@ from clip_gateway.http.app import create_app
 from clip_gateway.http.context import app_context
 from clip_gateway.http.fetch import Fetcher, FetchOptions
 from clip_gateway.http.guard import Allowlist
+from clip_gateway.http.streams import StreamBackend
+from clip_gateway.http.urls import parse
 from tests import samples
 from tests.fakes import FakeBackend
 from tests.metrics import sample
 
 BOMB = gzip.compress(b"\0" * (64 << 20), compresslevel=9)  # 64 MiB inflated, ~64 KiB sent
+#: An image item that needs no fetch, before the URL item under test.
+UPLOADED = "data:image/jpeg;base64," + base64.b64encode(samples.compact(0)).decode()
 
 
 class Images(BaseHTTPRequestHandler):
@@ -107,10 +112,10 @@ def server() -> Iterator[str]:
 
 
 class Counting(httpcore.AsyncNetworkBackend):
-    """httpcore's backend, counting the connections the fetcher asks for (by address)."""
+    """The fetcher's backend, counting the connections the fetcher asks for (by address)."""
 
     def __init__(self) -> None:
-        self.inner = httpcore.AnyIOBackend()
+        self.inner = StreamBackend()
         self.connects: list[str] = []
 
     async def connect_tcp(
@@ -126,6 +131,16 @@ class Counting(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self.inner.sleep(seconds)
+
+
+class Unbounded:
+    """A fetch's budget that holds nothing back (the fetcher alone, outside a request)."""
+
+    def received(self, count: int) -> None:
+        pass
+
+    def released(self, count: int) -> None:
+        pass
 
 
 def settings(**changes: Any) -> ServerSettings:
@@ -253,7 +268,7 @@ def test_denied_before_any_connection(
 ) -> None:
     client, counting = gateway
     port = server.rsplit(":", 1)[1]
-    response = post(client, "a text", {"image": f"http://{host}:{port}/img/1"})
+    response = post(client, {"image": UPLOADED}, {"image": f"http://{host}:{port}/img/1"})
     assert response.status_code == 422, response.text
     body = response.json()
     assert body["type"].endswith("/url-refused") and body["rule"] == rule
@@ -374,6 +389,21 @@ def test_fetches_beyond_the_cap_are_refused_at_once(server: str) -> None:
         assert vectors(post(client, {"image": f"{server}/img/1"})).shape == (1, 512)
 
 
+def test_a_request_admission_could_never_take_fetches_nothing(server: str) -> None:
+    """Its URL items priced at the least an image costs (a model call each) before any is
+    fetched: 16 of them at 1 s each are more than the 15 s this gateway admits at once."""
+    app = create_app(settings(admission_infer_s_per_image=1.0), lambda *_: FakeBackend())
+    with TestClient(app) as client:
+        fetcher = app_context(app.state).fetcher
+        assert fetcher is not None
+        fetcher.network = counting = Counting()
+        response = post(client, *({"image": f"{server}/img/{n}"} for n in range(16)))
+        assert response.status_code == 413, response.text
+        assert "split it" in response.json()["detail"]
+        assert counting.connects == []
+        assert vectors(post(client, {"image": f"{server}/img/1"})).shape == (1, 512)
+
+
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """The image server over TLS with a certificate for ``images.test`` from a CA of its own;
@@ -414,11 +444,11 @@ def test_https_goes_to_the_vetted_address_with_the_name_in_sni_and_the_certifica
     )
 
     async def scenario() -> None:
-        body = await fetcher.fetch(f"https://images.test:{port}/img/6", lambda _: None)
+        body = await fetcher.fetch(parse(f"https://images.test:{port}/img/6"), Unbounded())
         assert body == samples.compact(6)
         # the address itself is no name the certificate holds: refused by the TLS check
         with pytest.raises(UrlFailed):
-            await fetcher.fetch(f"https://127.0.0.1:{port}/img/6", lambda _: None)
+            await fetcher.fetch(parse(f"https://127.0.0.1:{port}/img/6"), Unbounded())
 
     asyncio.run(scenario())
     assert counting.connects == ["127.0.0.1", "127.0.0.1"]

@@ -13,6 +13,7 @@ from clip_gateway.imaging import work
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.admission import CACHE_HIT_S, MAX_STEP, RATE_BOUNDS, Admission
+from clip_gateway.pipeline.cache import Entry
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem, price
 from tests import samples
 
@@ -585,14 +586,14 @@ def test_an_item_the_cache_answers_costs_a_lookup_and_its_key_and_vector_are_kep
     a = admission(horizon=1.0, infer=0.1, threads=1)
     hit = ImageItem(data=samples.encode(samples.small_photo(), "JPEG"))
     miss, uncacheable = TextItem("a cat"), TextItem("a dog")
-    vector = np.ones(4, np.float32)
-    answers: dict[int, tuple[bytes, np.ndarray | None]] = {
-        id(hit): (b"hit", vector),
+    entry = Entry(np.ones(4, np.float32), width=640, height=480)
+    answers: dict[int, tuple[bytes, Entry | None]] = {
+        id(hit): (b"hit", entry),
         id(miss): (b"miss", None),
     }
     asked: list[Item] = []
 
-    def probe(item: Item) -> tuple[bytes, np.ndarray | None] | None:
+    def probe(item: Item) -> tuple[bytes, Entry | None] | None:
         asked.append(item)
         return answers.get(id(item))
 
@@ -606,7 +607,7 @@ def test_an_item_the_cache_answers_costs_a_lookup_and_its_key_and_vector_are_kep
         assert asked == [hit, miss, uncacheable]
         assert request.pending == pytest.approx(CACHE_HIT_S + 2 * a.text_cost(5))
         assert request.keys == {id(hit): b"hit", id(miss): b"miss"}
-        assert list(request.hits) == [id(hit)] and request.hits[id(hit)] is vector
+        assert list(request.hits) == [id(hit)] and request.hits[id(hit)] is entry
         assert request.items == 3
 
 
@@ -681,3 +682,43 @@ def test_each_raw_jpegs_price_is_kept_for_its_decode_with_the_header_it_walked()
             reservation.add(item)
         assert reservation.priced == {id(raw): price(raw), id(other): price(other)}
         assert reservation.priced[id(raw)].layout is not None
+
+
+def test_url_bodies_stay_counted_while_the_requests_other_items_are_added() -> None:
+    """A request whose URL items are fetched after its body: each fetched item is priced as
+    it arrives, and the bytes of the fetches still streaming stay counted until the last is
+    in (issue 42: a finished URL item used to uncount them all)."""
+    a = admission(horizon=10.0, max_body_bytes_in_flight=1000)
+    with a.reserve(None) as request:
+        request.body_read()  # the JSON body, read
+        request.receiving()  # its URL items being fetched
+        request.received(600)  # one fetch's bytes so far
+        request.add(ImageItem(samples.compact(1)))  # another fetch finished
+        assert a.body_bytes_in_flight == 600 and a.backlog_s == 0.0  # not held yet
+        with pytest.raises(Overloaded, match="request bodies"):
+            a.reserve(None).received(401)
+        request.released(100)  # a fetch that failed: its bytes given back
+        assert (request.body_bytes, a.body_bytes_in_flight) == (500, 500)
+        request.body_read()  # the last fetch is done: bytes uncounted, costs held
+        assert a.body_bytes_in_flight == 0 and a.backlog_s > 0
+    assert (a.backlog_s, a.body_bytes_in_flight) == (0.0, 0)
+
+
+def test_releasing_more_than_was_received_gives_back_only_what_was() -> None:
+    a = admission(max_body_bytes_in_flight=1000)
+    other, request = a.reserve(None), a.reserve(None)
+    other.received(300)
+    request.received(200)
+    request.released(500)
+    assert (request.body_bytes, a.body_bytes_in_flight) == (0, 300)
+
+
+def test_a_url_item_that_gave_no_image_costs_no_model_work() -> None:
+    from clip_gateway.errors import UrlFailed
+
+    a = admission(horizon=10.0, infer=1.0)
+    with a.reserve(None) as request:
+        for _ in range(9):
+            request.add(ImageItem(url="http://x.example/", error=UrlFailed("dead")))
+        request.body_read()
+        assert request.cost == pytest.approx(9 * CACHE_HIT_S)  # nine model calls: 9 s before

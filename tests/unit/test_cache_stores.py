@@ -11,15 +11,18 @@ from typing import get_args
 import numpy as np
 
 from clip_gateway.imaging.preprocess import Variant
-from clip_gateway.pipeline.cache import MemoryCache, SqliteCache, identity, key
+from clip_gateway.pipeline.cache import Entry, MemoryCache, SqliteCache, identity, key
 from clip_gateway.pipeline.items import ImageItem
 from clip_gateway.pipeline.service import EmbeddingService, PipelineOptions
 from tests import samples
 from tests.fakes import FakeBackend
 
 
-def rows(count: int, dim: int = 256) -> list[tuple[bytes, np.ndarray]]:
-    return [(key(b"m", "image", bytes([i])), np.full(dim, i, np.float32)) for i in range(count)]
+def rows(count: int, dim: int = 256) -> list[tuple[bytes, Entry]]:
+    return [
+        (key(b"m", "image", bytes([i])), Entry(np.full(dim, i, np.float32), i, 2 * i, 3 * i))
+        for i in range(count)
+    ]
 
 
 def test_memory_keeps_the_most_recently_used_within_its_bytes() -> None:
@@ -32,12 +35,29 @@ def test_memory_keeps_the_most_recently_used_within_its_bytes() -> None:
     assert cache.bytes <= 4 * 1024
 
 
+def test_a_file_written_before_entries_kept_sizes_is_started_afresh(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "cache.sqlite"
+    with sqlite3.connect(path) as old:  # the table of the version before: vectors only
+        old.execute("CREATE TABLE embeddings (key BLOB PRIMARY KEY, vector BLOB NOT NULL)")
+        old.execute("INSERT INTO embeddings VALUES (?, ?)", (b"k", np.ones(4, "<f4").tobytes()))
+    old.close()
+    cache = SqliteCache(path, 1 << 20)
+    assert cache.get(b"k") is None  # its rows cannot answer what a miss answered: gone
+    cache.put(rows(1))
+    assert cache.get(rows(1)[0][0]) is not None
+    cache.close()
+
+
 def test_sqlite_is_shared_between_connections_and_bounded(tmp_path: Path) -> None:
     path = tmp_path / "cache.sqlite"
     writer, reader = SqliteCache(path, 64 * 1024), SqliteCache(path, 64 * 1024)
     entries = rows(200)  # 200 KiB: over the bound
     writer.put(entries)
-    assert np.array_equal(reader.get(entries[-1][0]), entries[-1][1])  # type: ignore[arg-type]
+    found = reader.get(entries[-1][0])
+    assert found is not None and np.array_equal(found.vector, entries[-1][1].vector)
+    assert (found.tokens, found.width, found.height) == (199, 398, 597)  # what a miss reported
     assert reader.get(entries[0][0]) is None  # the first written went first
     kept = sum(reader.get(k) is not None for k, _ in entries)
     assert 0 < kept * 1024 <= 64 * 1024

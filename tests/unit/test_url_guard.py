@@ -1,5 +1,6 @@
-"""The URL guard's parsing and rules (http/guard.py), without any network: every spelling of
-an IPv4 address the C library accepts, the IPv6 forms that carry one, and the allowlist."""
+"""The URL guard's rules (http/guard.py), without any network: every spelling of an IPv4
+address the C library accepts, the IPv6 forms that carry one, and an allowlist that allows
+exactly what it names."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import ipaddress
 import pytest
 
 from clip_gateway.errors import UrlRefused
-from clip_gateway.http.guard import Allowlist, check, literal, rule_of
+from clip_gateway.http.guard import Allowlist, check, connected, ipv4, rule_of
 
 
 @pytest.mark.parametrize(
@@ -21,24 +22,16 @@ from clip_gateway.http.guard import Allowlist, check, literal, rule_of
         ("127.1", "127.0.0.1"),
         ("127.0.1", "127.0.0.1"),
         ("0", "0.0.0.0"),
-        ("[::1]", "::1"),
-        ("::ffff:7f00:1", "::ffff:127.0.0.1"),
         ("images.example", None),
         ("1.2.3.4.5", None),
+        ("1.2.3.256", None),
     ],
 )
-def test_every_spelling_of_an_address_is_read_as_the_c_library_reads_it(
+def test_every_ipv4_spelling_is_read_as_the_c_library_reads_it(
     host: str, address: str | None
 ) -> None:
-    found = literal(host)
-    assert (str(found) if found else None) == (
-        str(ipaddress.ip_address(address)) if address else None
-    )
-
-
-def test_a_zone_id_is_refused() -> None:
-    with pytest.raises(UrlRefused):
-        literal("[fe80::1%eth0]")
+    found = ipv4(host)
+    assert (str(found) if found else None) == address
 
 
 @pytest.mark.parametrize(
@@ -63,12 +56,49 @@ def test_rules(address: str, rule: str | None) -> None:
 
 
 def test_the_allowlist_lifts_the_deny_list_for_what_it_names_only() -> None:
-    allow = Allowlist.parse(["127.0.0.1/32", "Images.Internal.", " ", "10.2.0.0/16"])
+    allow = Allowlist.parse(["127.0.0.1/32", "Images.Internal.", " ", "10.2.0.0/16", "Bücher.test"])
     check("x", ipaddress.ip_address("127.0.0.1"), allow, named=False)
+    # a mapped address is the IPv4 one: a dual-stack socket connects to 127.0.0.1 over IPv4
     check("x", ipaddress.ip_address("::ffff:127.0.0.1"), allow, named=False)
     check("images.internal", ipaddress.ip_address("10.9.9.9"), allow, named=True)
+    check("xn--bcher-kva.test", ipaddress.ip_address("10.9.9.9"), allow, named=True)
     check("x", ipaddress.ip_address("10.2.3.4"), allow, named=False)
     with pytest.raises(UrlRefused) as refused:
         check("other.internal", ipaddress.ip_address("10.9.9.9"), allow, named=True)
     assert refused.value.extra["rule"] == "private"
     assert "10.9.9.9" not in refused.value.reason  # the resolved address is never told
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "::127.0.0.1",  # IPv4-compatible: an IPv6 destination, not 127.0.0.1
+        "2002:7f00:1::",  # 6to4 of 127.0.0.1: a whole /48 of other machines
+        "2002:7f00:1:ffff::1",
+        "64:ff9b::7f00:1",  # NAT64 of 127.0.0.1: whatever the translator reaches
+        "64:ff9b:1::7f00:1",
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo whose client is 127.0.0.1
+    ],
+)
+def test_an_allowed_ipv4_address_does_not_allow_the_ipv6_ones_that_carry_it(address: str) -> None:
+    allow = Allowlist.parse(["127.0.0.1/32"])
+    with pytest.raises(UrlRefused) as refused:
+        check("x", ipaddress.ip_address(address), allow, named=False)
+    assert refused.value.extra["rule"] == "loopback"
+    # listing the IPv6 network itself allows it
+    check("x", ipaddress.ip_address(address), Allowlist.parse(["::/0"]), named=False)
+
+
+def test_an_ipv4_mapped_network_allows_the_ipv4_network_it_maps() -> None:
+    allow = Allowlist.parse(["::ffff:10.0.0.0/104"])
+    assert allow.networks == (ipaddress.ip_network("10.0.0.0/8"),)
+    check("x", ipaddress.ip_address("10.1.2.3"), allow, named=False)
+    check("x", ipaddress.ip_address("::ffff:10.1.2.3"), allow, named=False)
+    with pytest.raises(UrlRefused):
+        check("x", ipaddress.ip_address("192.168.0.1"), allow, named=False)
+
+
+def test_the_address_connected_to() -> None:
+    assert str(connected(ipaddress.ip_address("::ffff:127.0.0.1"))) == "127.0.0.1"
+    assert str(connected(ipaddress.ip_address("::127.0.0.1"))) == "::7f00:1"
+    assert str(connected(ipaddress.ip_address("10.0.0.1"))) == "10.0.0.1"
