@@ -25,6 +25,7 @@ with the item's dimensions and the limit it broke. EXIF orientation comes from o
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ class DecodeOptions:
     #: the model's resize mode and interpolation say.
     variant: Variant = "open_clip"
 
-    @property
+    @functools.cached_property
     def plan(self) -> work.Plan:
         """The decode these options run, as admission prices it (imaging/work.py)."""
         return work.Plan(
