@@ -66,13 +66,20 @@ FULL = (
     Phase("compact", 8, 4, 300),
     Phase("compact", 32, 4, 100),
     Phase("uploads", 32, 4, 100),
+    Phase("squares", 32, 4, 100),
     Phase("camera", 4, 2, 40),
     Phase("compact", 32, 8, 100, workers=2),
     Phase("uploads", 32, 8, 100, workers=2),
+    Phase("squares", 32, 8, 100, workers=2),
 )
 SMOKE = (Phase("compact", 32, 4, 24), Phase("uploads", 32, 4, 24), Phase("camera", 4, 2, 3))
 #: The upload the client made before it sized uploads to the model's input: 8/7 of it, 4:2:0.
 EARLIER_UPLOAD = CompactOptions(short_side=256, subsampling="420")
+#: What the client uploads to a ViT-B/32 gateway, which says it resizes the short side and
+#: crops the centre (``/v1/models``): the centre square of the 224-px resize.
+SQUARE_UPLOAD = CompactOptions().for_model(
+    {"image_size": SIZE, "preprocessing": {"resize_mode": "shortest"}}
+)
 
 
 def decode_only(data: bytes) -> np.ndarray:
@@ -124,7 +131,8 @@ def upload_figures(photos: list[bytes], smoke: bool) -> dict[str, dict[str, floa
 
     references = [open_clip_pixels(data) for data in photos]
     forms: dict[str, Callable[[bytes], bytes]] = {
-        "upload (today)": lambda data: compact(data),
+        "upload (today: the centre square)": lambda data: compact(data, SQUARE_UPLOAD),
+        "upload (the whole 224-px resize)": lambda data: compact(data),
         "upload (earlier: 8/7 size, 4:2:0)": lambda data: compact(data, EARLIER_UPLOAD),
         "original, sent whole": lambda data: data,
     }
@@ -187,8 +195,10 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
     camera = camera_photos(4 if smoke else 8)
     pools = {
         "compact": [compact_jpeg(1000 + i) for i in range(64)],
-        # what the client uploads for a 224-px model (clip_gateway/client/compact.py)
+        # what the client uploaded for a 224-px model until it cut the centre square: the whole
+        # resize (clip_gateway/client/compact.py), and what it uploads now
         "uploads": [compact(jpeg(photo(1600, 1200, 1000 + i))) for i in range(64)],
+        "squares": [compact(jpeg(photo(1600, 1200, 1000 + i)), SQUARE_UPLOAD) for i in range(64)],
         "camera": camera,
     }
     results: dict[str, Any] = {
@@ -239,6 +249,7 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
 PROFILED = (
     ("compact", "profile", "profile-cost.txt"),
     ("uploads", "profile_uploads", "profile-uploads.txt"),
+    ("squares", "profile_squares", "profile-squares.txt"),
 )
 
 

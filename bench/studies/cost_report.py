@@ -9,7 +9,8 @@ from bench.harness.output import figure
 
 LABELS = {
     "compact": "compact JPEGs (256 px short side)",
-    "uploads": "the client's uploads (224 px short side, 4:4:4)",
+    "uploads": "the client's uploads until now (224 px short side, 4:4:4)",
+    "squares": "the client's uploads now (the 224 px centre square, 4:4:4)",
     "camera": "8-24 MP photos (half progressive)",
 }
 
@@ -75,7 +76,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {row['preprocess']} |"
             for name, row in uploads.items()
         ]
-    for key, dataset in (("profile", "compact"), ("profile_uploads", "uploads")):
+    for key, dataset in (
+        ("profile", "compact"),
+        ("profile_uploads", "uploads"),
+        ("profile_squares", "squares"),
+    ):
         profile = results.get(key) or {}
         if "stages" not in profile:
             continue

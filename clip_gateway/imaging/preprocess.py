@@ -164,12 +164,15 @@ def preprocess(
         pixels = _rgb(resized)
     elif kind == "jpeg":
         # already the size open_clip's resize makes (the client's uploads are): no resampling,
-        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below
-        pixels = source.crop(crop)
+        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below, or,
+        # already the model's input upright, decoded into ``out`` itself
+        pixels = source.crop(crop, out if turn == 1 else None)
     else:  # the whole image as it is (RGBX stays RGBX: _rgb packs it), or a part of it
         pixels = _rgb(image if crop == (0, 0, *image.size) else image.crop(crop))
     pixels = orientation.upright(pixels, turn)
-    if (rows, cols) == (options.size, options.size):
+    if pixels is out:
+        pass  # decoded where it goes
+    elif (rows, cols) == (options.size, options.size):
         out[...] = pixels
     else:  # longest: centred on the fill colour, as CenterCropOrPad pads
         out[...] = options.fill_color
@@ -246,10 +249,11 @@ class _Jpeg:
     #: (width, height) the decode makes (``ceil(side / divisor)``: libjpeg's scaled size)
     size: tuple[int, int]
 
-    def _decode(self, *, rgbx: bool) -> np.ndarray:
+    def _decode(self, *, rgbx: bool, into: np.ndarray | None = None) -> np.ndarray:
         try:
             return jpeg.decode(self.data, self.layout, self.target, rgbx=rgbx,
-                               long_side=self.long_side, full_size=self.full_size)  # fmt: skip
+                               long_side=self.long_side, full_size=self.full_size,
+                               into=into)  # fmt: skip
         except jpeg.JpegError as exc:
             raise InvalidImage(str(exc)) from exc
 
@@ -260,9 +264,14 @@ class _Jpeg:
         height, width = rgbx.shape[:2]
         return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1)
 
-    def crop(self, box: tuple[int, int, int, int]) -> np.ndarray:
-        """``box`` (left, top, right, bottom) of the decoded image, packed RGB (a view)."""
-        rgb = self._decode(rgbx=False)
+    def crop(self, box: tuple[int, int, int, int], out: np.ndarray | None = None) -> np.ndarray:
+        """``box`` (left, top, right, bottom) of the decoded image, packed RGB (a view). A box
+        that is the whole decoded image, of ``out``'s size, is decoded straight into ``out``
+        (returned): the image is already the model's input (a client's square upload)."""
+        into = None
+        if out is not None and box == (0, 0, *self.size) and out.shape[:2] == self.size[::-1]:
+            into = out if out.flags.c_contiguous else None
+        rgb = self._decode(rgbx=False, into=into)
         if rgb.shape[:2] != (self.size[1], self.size[0]):  # libjpeg scales as the header says
             raise InvalidImage(
                 f"JPEG decoded to {rgb.shape[1]}x{rgb.shape[0]}, not the "

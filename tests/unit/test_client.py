@@ -69,16 +69,46 @@ def test_the_gateway_only_crops_or_pads_a_compact_upload(
         assert min(width, height) == 224
 
 
+@pytest.mark.parametrize(
+    ("card", "square"),
+    [
+        ({"image_size": 224, "preprocessing": {"resize_mode": "shortest"}}, True),
+        ({"image_size": 224, "preprocessing": {"resize_mode": "longest"}}, False),
+        ({"image_size": 224, "preprocessing": {"resize_mode": "squash"}}, False),
+        ({"image_size": 224}, False),  # an older gateway that does not say how it resizes
+    ],
+)
+def test_a_model_that_crops_the_centre_gets_only_the_centre_square(
+    card: dict, square: bool
+) -> None:
+    """For a short-side resize the upload is the square open_clip's CenterCrop takes of its
+    resize (its offsets: 37 of 298), so nothing decoded at the gateway is cut away; not for a
+    model that pads or squashes, nor for a gateway that does not say."""
+    options = CompactOptions(quality=100).for_model(card)
+    assert options.square is square
+    image = photo(1600, 1200, seed=4)
+    upload = simplejpeg.decode_jpeg(compact(image, options), colorspace="RGB")
+    resized = np.asarray(image.resize((298, 224), Image.Resampling.BICUBIC)).astype(int)
+    if square:
+        assert upload.shape == (224, 224, 3)
+        # q100 4:4:4 of the crop vs the crop of the resize: only the JPEG's rounding apart
+        assert np.abs(upload - resized[:, 37:261]).mean() < 0.5
+    else:  # the whole photo: the long side at 224 for a model that pads, else the short one
+        assert upload.shape == ((168, 224, 3) if options.long_side else (224, 298, 3))
+    assert not CompactOptions(short_side=256).for_model(card).square  # a larger upload asked for
+
+
 def test_the_models_interpolation_sizes_the_upload() -> None:
     bilinear = {"image_size": 224, "preprocessing": {"resize_mode": "shortest",
                                                      "interpolation": "bilinear"}}  # fmt: skip
     options = CompactOptions().for_model(bilinear)
     assert options.interpolation == "bilinear"
     image = photo(1600, 1200, seed=2)
-    expected = np.asarray(image.resize((298, 224), Image.Resampling.BILINEAR))
+    # the centre square of the resize (the model crops it): 37 of 298 off the left
+    expected = np.asarray(image.resize((298, 224), Image.Resampling.BILINEAR))[:, 37:261]
     unencoded = CompactOptions(quality=100)
     got = simplejpeg.decode_jpeg(compact(image, replace(options, quality=100)), colorspace="RGB")
-    other = simplejpeg.decode_jpeg(compact(image, unencoded), colorspace="RGB")
+    other = simplejpeg.decode_jpeg(compact(image, unencoded), colorspace="RGB")[:, 37:261]
     # q100 4:4:4 is near-lossless: the filter's difference is what shows
     assert np.abs(got.astype(int) - expected).mean() < np.abs(other.astype(int) - expected).mean()
 
@@ -147,7 +177,8 @@ def test_the_client_asks_the_model_once_and_sizes_uploads_for_it() -> None:
             card = {"id": "m", "image_size": 384, "preprocessing": {"resize_mode": "shortest"}}
             return httpx.Response(200, json={"object": "list", "data": [card]})
         upload = request.content.split(b"\r\n\r\n", 1)[1]
-        assert size(upload) == (512, 384)  # 3264x2448 as open_clip's Resize(384) makes it
+        # 3264x2448 as open_clip's Resize(384) and CenterCrop(384) make it
+        assert size(upload) == (384, 384)
         return vectors(1)
 
     with Client("http://gw", transport=httpx.MockTransport(handler)) as client:
