@@ -340,13 +340,11 @@ def decode(
     rgbx: bool = False,
     long_side: bool = False,
     full_size: bool = False,
-    into: np.ndarray | None = None,
 ) -> np.ndarray:
     """RGB uint8 ``[h, w, 3]`` (``[h, w, 4]`` RGBX with ``rgbx``, the layout Pillow keeps RGB
     in, so it can use the array without a copy) at the power-of-two scale whose short side
     (``long_side``: long side) is still >= target (from the DC-only stream when the walk made
-    one), or every pixel with ``full_size``. CMYK and YCCK become RGB. ``into``: a contiguous
-    array of the decoded size the pixels are written to (no array of the decoder's own)."""
+    one), or every pixel with ``full_size``. CMYK and YCCK become RGB."""
     divisor = 1 if full_size else scale_divisor(layout.width, layout.height, target,
                                                 long_side=long_side)  # fmt: skip
     # Asking for ceil(size/divisor) makes libjpeg pick exactly 1/divisor: the next smaller n/8
@@ -355,11 +353,11 @@ def decode(
     colorspace = "RGBX" if rgbx else "RGB"
     if layout.dc_only is not None:
         try:
-            return _decode(layout.dc_only, min_height, min_width, colorspace, into)
+            return _decode(layout.dc_only, min_height, min_width, colorspace)
         except ValueError:
             pass  # something our cut could not express: let the full stream decide
     try:
-        return _decode(data, min_height, min_width, colorspace, into)
+        return _decode(data, min_height, min_width, colorspace)
     except ValueError as exc:
         raise JpegError(f"corrupt or truncated JPEG: {exc}") from exc
 
@@ -380,11 +378,7 @@ def decode_scaled(
     return decode(data, layout, target, long_side=long_side)
 
 
-def _decode(
-    data: bytes, min_height: int, min_width: int, colorspace: str, into: np.ndarray | None = None
-) -> np.ndarray:
-    decoded: np.ndarray = simplejpeg.decode_jpeg(
-        data, colorspace=colorspace, min_height=min_height, min_width=min_width, buffer=into
+def _decode(data: bytes, min_height: int, min_width: int, colorspace: str) -> np.ndarray:
+    return simplejpeg.decode_jpeg(  # type: ignore[no-any-return]
+        data, colorspace=colorspace, min_height=min_height, min_width=min_width
     )
-    # simplejpeg answers with a view of ``into``; ``into`` itself says where the pixels are
-    return into if into is not None and decoded.shape == into.shape else decoded

@@ -164,15 +164,12 @@ def preprocess(
         pixels = _rgb(resized)
     elif kind == "jpeg":
         # already the size open_clip's resize makes (the client's uploads are): no resampling,
-        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below, or,
-        # already the model's input upright, decoded into ``out`` itself
-        pixels = source.crop(crop, out if turn == 1 else None)
+        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below
+        pixels = source.crop(crop)
     else:  # the whole image as it is (RGBX stays RGBX: _rgb packs it), or a part of it
         pixels = _rgb(image if crop == (0, 0, *image.size) else image.crop(crop))
     pixels = orientation.upright(pixels, turn)
-    if pixels is out:
-        pass  # decoded where it goes
-    elif (rows, cols) == (options.size, options.size):
+    if (rows, cols) == (options.size, options.size):
         out[...] = pixels
     else:  # longest: centred on the fill colour, as CenterCropOrPad pads
         out[...] = options.fill_color
@@ -249,11 +246,10 @@ class _Jpeg:
     #: (width, height) the decode makes (``ceil(side / divisor)``: libjpeg's scaled size)
     size: tuple[int, int]
 
-    def _decode(self, *, rgbx: bool, into: np.ndarray | None = None) -> np.ndarray:
+    def _decode(self, *, rgbx: bool) -> np.ndarray:
         try:
             return jpeg.decode(self.data, self.layout, self.target, rgbx=rgbx,
-                               long_side=self.long_side, full_size=self.full_size,
-                               into=into)  # fmt: skip
+                               long_side=self.long_side, full_size=self.full_size)  # fmt: skip
         except jpeg.JpegError as exc:
             raise InvalidImage(str(exc)) from exc
 
@@ -264,14 +260,12 @@ class _Jpeg:
         height, width = rgbx.shape[:2]
         return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1)
 
-    def crop(self, box: tuple[int, int, int, int], out: np.ndarray | None = None) -> np.ndarray:
-        """``box`` (left, top, right, bottom) of the decoded image, packed RGB (a view). A box
-        that is the whole decoded image, of ``out``'s size, is decoded straight into ``out``
-        (returned): the image is already the model's input (a client's square upload)."""
-        into = None
-        if out is not None and box == (0, 0, *self.size) and out.shape[:2] == self.size[::-1]:
-            into = out if out.flags.c_contiguous else None
-        rgb = self._decode(rgbx=False, into=into)
+    def crop(self, box: tuple[int, int, int, int]) -> np.ndarray:
+        """``box`` (left, top, right, bottom) of the decoded image, packed RGB (a view). Even an
+        image that is the model's input already is decoded into an array of its own and copied:
+        libjpeg's row stores into a batch row that is cold in the cache cost more (~45 us a
+        224-px image here) than decoding into a recycled, cache-hot array and one copy."""
+        rgb = self._decode(rgbx=False)
         if rgb.shape[:2] != (self.size[1], self.size[0]):  # libjpeg scales as the header says
             raise InvalidImage(
                 f"JPEG decoded to {rgb.shape[1]}x{rgb.shape[0]}, not the "

@@ -7,7 +7,6 @@ import zlib
 
 import numpy as np
 import pytest
-import simplejpeg
 from PIL import Image, ImageOps
 
 from bench.harness.photos import jpeg as jpeg_bytes
@@ -549,31 +548,3 @@ def test_a_jpeg_decoded_to_another_size_than_its_header_gives_is_refused() -> No
         "JPEG decoded to 341x256, not the 340x255 its header gives at this scale"
     )
 
-
-def test_an_upload_that_is_the_models_input_is_decoded_straight_into_its_row(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A JPEG of the model's size, upright (a client's square upload), is decoded into the
-    batch row itself: no array of the decoder's own, no copy; the same pixels. A turned one,
-    or one that needs cropping, goes through the decoder's array."""
-    written: list[bool] = []
-    real = jpeg._decode
-
-    def spy(data: bytes, height: int, width: int, colorspace: str, into=None):  # type: ignore[no-untyped-def]
-        result = real(data, height, width, colorspace, into)
-        written.append(into is not None and result is into)
-        return result
-
-    monkeypatch.setattr(jpeg, "_decode", spy)
-    options = images.DecodeOptions(size=224, max_pixels=1 << 30, max_bytes=1 << 30)
-    square = jpeg_bytes(photo(224, 224, seed=6))
-    batch = np.zeros((2, 224, 224, 3), np.uint8)
-    images.preprocess(square, batch[1], options)
-    assert written == [True] and not batch[0].any()
-    np.testing.assert_array_equal(batch[1], simplejpeg.decode_jpeg(square, colorspace="RGB"))
-    for other in (jpeg_bytes(photo(224, 224, seed=6), orientation=6),
-                  jpeg_bytes(photo(298, 224, seed=6))):  # fmt: skip
-        written.clear()
-        out = np.zeros((224, 224, 3), np.uint8)
-        images.preprocess(other, out, options)
-        assert written == [False] and out.any()
