@@ -83,7 +83,9 @@ def cuda_runtime():
         paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
     if not paths:
         raise OSError("no libcudart is loaded in this process")
-    library = ctypes.CDLL(sorted(paths)[0])
+    # one in practice (the CUDA EP's); were two loaded, the higher version: the kit carries
+    # the CUDA 13 build of onnxruntime-gpu
+    library = ctypes.CDLL(max(paths))
     library.cudaGetErrorString.restype = ctypes.c_char_p
     library.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
     library.cudaHostUnregister.argtypes = [ctypes.c_void_p]
@@ -96,11 +98,14 @@ def page_lock(buffer, device_id):
         cudart = cuda_runtime()
     except OSError as exc:
         return None, str(exc)
-    status = cudart.cudaSetDevice(device_id)
-    if status == 0:
-        status = cudart.cudaHostRegister(buffer.address, buffer.nbytes, _PORTABLE)
-    if status != 0:
-        return None, f"cudaHostRegister: {cudart.cudaGetErrorString(status).decode()}"
+    for name, call in (
+        ("cudaSetDevice", lambda: cudart.cudaSetDevice(device_id)),
+        ("cudaHostRegister", lambda: cudart.cudaHostRegister(buffer.address, buffer.nbytes,
+                                                             _PORTABLE)),
+    ):  # fmt: skip
+        failed = call()
+        if failed:
+            return None, f"{name}: {cudart.cudaGetErrorString(failed).decode()}"
     return cudart, None
 
 
