@@ -5,14 +5,13 @@ its own rows back; a batch of one request is read where Triton put it, copied no
 The batcher here forms batches of exactly 6 rows (the only preferred size, a minute's queue
 delay), so which requests share an ``execute`` is decided by the test, not by timing: Triton's
 own statistics confirm each merge was one execution of 6. The copies are read from the model's
-counter on Triton's /metrics (``clip_batch_copied_bytes``)."""
+counter on Triton's /metrics (``clip_batch_copied_bytes``, read by bench/harness/triton_side.py
+as bench host reads it)."""
 
 from __future__ import annotations
 
 import itertools
-import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from bench.harness.triton_side import PINNED, model_metrics
 from clip_gateway.config.settings import RepositorySettings
 from clip_gateway.launcher.local import LocalTriton
 from clip_gateway.launcher.repository import render
@@ -33,6 +33,7 @@ from clip_gateway.model.contract import (
 )
 
 ROWS = 6
+COPIED = "clip_batch_copied_bytes"
 IMAGE_ROW_BYTES = 224 * 224 * 3
 TEXT_ROW_BYTES = 77 * 4
 TOWERS = {  # model: (input, output, Triton datatype, row bytes)
@@ -63,12 +64,9 @@ def infer(url: str, model: str, rows: np.ndarray) -> np.ndarray:
 
 def copied_bytes(server: LocalTriton, model: str) -> float:
     """The model's counter of input bytes copied into its batch buffer (every instance)."""
-    with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
-        text = response.read().decode()
-    pattern = rf'^clip_batch_copied_bytes\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$'
-    found = [float(value) for value in re.findall(pattern, text, re.MULTILINE)]
-    assert found, f"no clip_batch_copied_bytes for {model} on Triton's /metrics"
-    return sum(found)
+    found = model_metrics(server.metrics_url, model)
+    assert COPIED in found, f"no {COPIED} for {model} on Triton's /metrics"
+    return found[COPIED]
 
 
 def executions(server: LocalTriton, model: str) -> dict[int, int]:
@@ -131,8 +129,5 @@ def test_merged_requests_are_copied_once_and_each_gets_its_own_rows(
 def test_the_cpu_ep_says_its_buffer_is_not_page_locked(six_row_triton: LocalTriton) -> None:
     """Page-locking is the CUDA EP's (its host-to-device DMA): on the CPU EP each tower's
     instance reports 0 on Triton's /metrics."""
-    with urllib.request.urlopen(six_row_triton.metrics_url, timeout=30) as response:
-        text = response.read().decode()
-    pattern = r'^clip_batch_buffer_pinned\{[^}]*model="(\w+)"[^}]*\} (\S+)$'
-    series = sorted(re.findall(pattern, text, re.MULTILINE))
-    assert series == sorted([(TRITON_MODEL_NAME, "0"), (TEXT_MODEL_NAME, "0")])
+    for model in TOWERS:
+        assert model_metrics(six_row_triton.metrics_url, model).get(PINNED) == 0.0
