@@ -97,6 +97,8 @@ say "exports and pillow-simd done at $(( $(date +%s) - started )) s"
 timeout --signal=INT "${BENCH_HOST_BUDGET_S:-480}" \
   "$py" -m bench host --provider cuda --out "$out" "$@" 2>&1 | tee "$out/bench-host.log" | grep -v '^\[torch.onnx\]'
 code=${PIPESTATUS[0]}
+# what triton/python/model.py said of its batch buffers: page-locked for the CUDA EP's DMA, or why not
+grep -ho "[a-z_]* batch buffer[^\"]*" "$kit"/work/triton-*.log 2>/dev/null | sort | uniq -c | sed 's/^/model.py: /'
 tar -czf "$out/logs.tar.gz" -C "$kit/work" . 2>/dev/null
 say "bench host exited $code after $(( $(date +%s) - started )) s"
 cat "$out/host.md" 2>/dev/null

@@ -1,5 +1,5 @@
-"""CPU seconds from the kernel's accounting: a process tree's (``/proc``), its threads' by role,
-and this thread's images per CPU-second of some work."""
+"""CPU seconds from the kernel's accounting: a process tree's (``/proc``), split into the process
+and its descendants, its threads' by role, and this thread's images per CPU-second of some work."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every descendant."""
+def tree(pid: int) -> list[int]:
+    """``pid`` and every descendant (``pid`` first)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -19,11 +19,11 @@ def _tree(pid: int) -> list[int]:
                 parents[int(entry.name)] = int(_stat(entry / "stat")[1])
             except OSError:
                 continue  # gone meanwhile
-    tree, todo = [], [pid]
+    found, todo = [], [pid]
     while todo:
-        tree.append(current := todo.pop())
+        found.append(current := todo.pop())
         todo += [child for child, parent in parents.items() if parent == current]
-    return tree
+    return found
 
 
 def _stat(path: Path) -> list[str]:
@@ -39,10 +39,24 @@ def _cpu(path: Path) -> float:
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` and every descendant, from /proc."""
     total = 0.0
-    for member in _tree(pid):
+    for member in tree(pid):
         with contextlib.suppress(OSError):
             total += _cpu(Path(f"/proc/{member}/stat"))
     return total
+
+
+def own_and_descendants(pid: int) -> tuple[float, float]:
+    """utime + stime of ``pid`` itself, and of its descendants (a server's worker or stub
+    processes) together."""
+    own = descendants = 0.0
+    for member in tree(pid):
+        with contextlib.suppress(OSError):
+            seconds = _cpu(Path(f"/proc/{member}/stat"))
+            if member == pid:
+                own = seconds
+            else:
+                descendants += seconds
+    return own, descendants
 
 
 def thread_seconds(pid: int) -> dict[str, float]:
@@ -50,7 +64,7 @@ def thread_seconds(pid: int) -> dict[str, float]:
     loop (HTTP, multipart, admission, the gRPC calls, logs, metrics); the decode pool's threads
     are the other Python threads; gRPC's C core names its own."""
     roles: dict[str, float] = {}
-    for member in _tree(pid):
+    for member in tree(pid):
         for task in Path(f"/proc/{member}/task").glob("*"):
             try:
                 name, seconds = (task / "comm").read_text().strip(), _cpu(task / "stat")

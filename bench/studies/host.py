@@ -15,9 +15,18 @@ Three phases, on whatever machine it runs (a lent GPU host, or this CPU machine 
 - **Ceilings** beside it: the same graph alone in ONNX Runtime at the same batches, and open_clip
   in torch FP16 on device tensors, so the gateway's overhead is a ratio.
 
-Cores are split when there are enough (12 or more): the gateway's first, then Triton's, then the
-load generators'; on fewer (this 2-core machine) nothing is pinned and the JSON says so.
-Results: ``bench/results/host/`` (host.json, host.md, host.png), written after every phase.
+Every cell reports Triton's CPU per image beside the gateway's (its process tree: the server and
+the Python-backend stubs it starts; bench/harness/triton_side.py), and in the engine phase what
+the model's counters say (rows per execution, copies per row, a page-locked batch buffer).
+
+Cores are split when there are enough (12 or more; bench/harness/cores.py): the load generators
+on the last four, and of the rest Triton gets the share of them its measured CPU per image says:
+each phase starts with a short calibration cell at batch 32 that measures both sides, and Triton
+(running) is moved onto ``ceil(share x rest)`` cores, the gateway onto the others, in the order
+the CPU topology gives (SMT siblings together; the gateway's workers on distinct physical cores
+first). On fewer (this 2-core machine) nothing is pinned and the JSON says so; the calibration
+is measured all the same. Results: ``bench/results/host/`` (host.json, host.md, host.png),
+written after every phase.
 """
 
 from __future__ import annotations
@@ -34,13 +43,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.harness.cores import Cores, Topology, pin_tree, pinned, triton_share
 from bench.harness.output import figure, write_results
+from bench.harness.triton_side import TritonSide
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +75,10 @@ class Sweep:
     #: The engine phase's gateway: workers and decode threads per worker (0: the core plan's).
     workers_engine: int = 0
     threads_engine: int = 0
+    #: Each phase's first cell, that measures both sides' CPU per image for the core split:
+    #: its batch (the engine phase's; the null model's is always 32) and length.
+    calibration_batch: int = 32
+    calibration_seconds: float = 4.0
 
 
 FULL = Sweep()
@@ -78,44 +93,9 @@ SMOKE = Sweep(
     ceiling_batches=(1, 8),
     ceiling_seconds=0.5,
     max_batch_size=32,
+    calibration_batch=8,  # the CPU engine takes seconds per batch of 32
+    calibration_seconds=1.5,
 )
-
-
-@dataclass(frozen=True)
-class Cores:
-    """Which cores the gateway, Triton and the load generators run on (empty: not pinned)."""
-
-    gateway: tuple[int, ...]
-    triton: tuple[int, ...]
-    load: tuple[int, ...]
-
-    @classmethod
-    def split(cls, available: list[int]) -> Cores:
-        if len(available) < 12:
-            return cls((), (), ())
-        load, triton = available[-4:], available[-7:-4]
-        return cls(tuple(available[:-7]), tuple(triton), tuple(load))
-
-    @property
-    def pinned(self) -> bool:
-        return bool(self.gateway)
-
-    def gateway_count(self) -> int:
-        return len(self.gateway) or len(os.sched_getaffinity(0))
-
-
-@contextlib.contextmanager
-def pinned(cores: tuple[int, ...]) -> Iterator[None]:
-    """Children started inside run on ``cores`` (affinity is inherited at fork)."""
-    if not cores:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -285,17 +265,28 @@ class GpuSampler:
 
 
 def measured(
-    url: str, pid: int, batch: int, concurrency: int, seconds: float, cores: Cores, **kw: Any
+    url: str,
+    pid: int,
+    batch: int,
+    concurrency: int,
+    seconds: float,
+    cores: Cores,
+    triton: TritonSide | None = None,
+    **kw: Any,
 ) -> dict[str, Any]:
-    """One load cell with the gateway's CPU time and the GPU's utilisation over it."""
+    """One load cell with the gateway's CPU time, Triton's (``triton``: its process tree and the
+    model's counters) and the GPU's utilisation over it."""
     from bench.harness.cpu import cpu_seconds
 
     before = cpu_seconds(pid)
+    triton_before = triton.snapshot() if triton else None
     with GpuSampler() as gpu:
         row = drive(url, batch, concurrency, seconds, cores, **kw)
     spent = cpu_seconds(pid) - before
     row["gateway_cpu_s"] = round(spent, 2)
     row["gateway_cpu_us_per_item"] = round(1e6 * spent / row["items"], 1) if row["items"] else None
+    if triton and triton_before:
+        row |= triton.since(triton_before, row["items"])
     row["gpu_util_pct"] = gpu.mean()
     return row
 
@@ -323,17 +314,74 @@ def gateway(
 # -- phases ----------------------------------------------------------------------------------
 
 
-def cpu_wall(sweep: Sweep, cores: Cores, work: Path, export_dir: Path) -> dict[str, Any]:
-    """The gateway alone (null model): images/s and CPU per image by worker count."""
+@dataclass(frozen=True)
+class Machine:
+    """The CPUs this run may use and how they are laid out."""
+
+    available: list[int]
+    topology: Topology
+
+    @classmethod
+    def here(cls) -> Machine:
+        available = sorted(os.sched_getaffinity(0))
+        return cls(available, Topology.read(available))
+
+    def split(self, share: float | None = None) -> Cores:
+        return Cores.split(self.available, self.topology, share)
+
+
+def calibrate(
+    machine: Machine,
+    cores: Cores,
+    triton: TritonSide,
+    env: dict[str, str],
+    cell: tuple[int, int, float],
+    work: Path,
+) -> tuple[Cores, dict[str, Any]]:
+    """A phase's first cell (``cell``: batch, clients, seconds) of uploads through a gateway of
+    ``env`` on the gateway's cores of the split so far, with Triton (``triton``) already
+    serving. Both sides' CPU per image give Triton's share of the cores; Triton's running
+    process tree is moved onto the cores that share gives, and the new split is returned with
+    the cell."""
+    batch, concurrency, seconds = cell
+    with gateway(triton.grpc_url, env, cores.gateway, work) as gw:
+        row = measured(gw.url, gw.process.pid, batch, concurrency, seconds, cores, triton)
+    share = triton_share(row["gateway_cpu_us_per_item"], row.get("triton_cpu_us_per_item"))
+    split = machine.split(share) if share is not None else cores
+    moved = pin_tree(triton.pid, split.triton)
+    row |= {"workers": int(env["GATEWAY_WORKERS"]), "decode_threads":
+            int(env["GATEWAY_DECODE_THREADS"]), "triton_share": None if share is None else
+            round(share, 3), "cores_split": asdict(split), "pinned": split.pinned,
+            "triton_threads_moved": moved}  # fmt: skip
+    print(json.dumps({"calibration": {k: row.get(k) for k in (
+        "gateway_cpu_us_per_item", "triton_cpu_us_per_item", "triton_share", "cores_split")}}),
+        flush=True)  # fmt: skip
+    return split, row
+
+
+def cpu_wall(
+    sweep: Sweep, machine: Machine, cores: Cores, work: Path, export_dir: Path
+) -> dict[str, Any]:
+    """The gateway alone (null model): images/s and CPU per image by worker count, each beside
+    Triton's CPU per image."""
     from bench.harness.models import null_repository
     from clip_gateway.config.plan import worker_plan
     from clip_gateway.launcher.local import LocalTriton
 
     repo = null_repository(export_dir, work / "null-repo")
-    use_uploads(work, int(json.loads((export_dir / "manifest.json").read_text())["image_size"]))
-    available = cores.gateway_count()
+    size = int(json.loads((export_dir / "manifest.json").read_text())["image_size"])
+    use_uploads(work, size)
     rows = []
-    with pinned(cores.triton), LocalTriton(repo, log_path=work / "triton-null.log") as triton:
+    with pinned(cores.triton), LocalTriton(repo, log_path=work / "triton-null.log") as server:
+        assert server.process is not None
+        triton = TritonSide(server.process.pid, server.metrics_url, "clip_image", size * size * 3,
+                            server.grpc_url)  # fmt: skip
+        plan = worker_plan(cores.gateway_count())
+        cores, calibration = calibrate(
+            machine, cores, triton, gateway_env(plan.workers, plan.decode_threads),
+            (32, max(4, 4 * plan.workers), sweep.calibration_seconds), work,
+        )  # fmt: skip
+        available = cores.gateway_count()
         settings: list[tuple[str, int, int, tuple[int, ...]]] = [
             (f"{w} worker{'s' * (w > 1)}", w, worker_plan(1, w).decode_threads,
              cores.gateway[:w]) for w in sweep.workers if w <= available
@@ -346,24 +394,33 @@ def cpu_wall(sweep: Sweep, cores: Cores, work: Path, export_dir: Path) -> dict[s
             with gateway(triton.grpc_url, env, gateway_cores, work) as gw:
                 pid = gw.process.pid
                 concurrency = max(4, 4 * workers)
-                row = measured(gw.url, pid, 32, concurrency, sweep.wall_seconds, cores)
+                row = measured(gw.url, pid, 32, concurrency, sweep.wall_seconds, cores, triton)
             row |= {"name": name, "workers": workers, "decode_threads": threads,
-                    "gateway_cores": len(gateway_cores) or available}  # fmt: skip
+                    "gateway_cores": len(gateway_cores) or available,
+                    "gateway_cpus": list(gateway_cores)}  # fmt: skip
             rows.append(row)
             print(json.dumps({k: row.get(k) for k in ("name", "items_per_s",
-                              "gateway_cpu_us_per_item", "statuses")}), flush=True)  # fmt: skip
+                              "gateway_cpu_us_per_item", "triton_cpu_us_per_item",
+                              "statuses")}), flush=True)  # fmt: skip
     one = next((r for r in rows if r["workers"] == 1 and r["name"].startswith("1 ")), None)
     for row in rows:
         if one and one["items_per_s"]:
             row["speedup_vs_1"] = round(row["items_per_s"] / one["items_per_s"], 2)
             row["efficiency"] = round(row["speedup_vs_1"] / row["gateway_cores"], 2)
-    return {"rows": rows}
+    return {"calibration": calibration, "cores_split": asdict(cores), "rows": rows}
 
 
 def engine(
-    model: str, sweep: Sweep, cores: Cores, work: Path, export_dir: Path, gpu: bool
+    model: str,
+    sweep: Sweep,
+    machine: Machine,
+    cores: Cores,
+    work: Path,
+    export_dir: Path,
+    gpu: bool,
 ) -> dict[str, Any]:
-    """The model's graphs served by Triton through the gateway: the sweep, texts, parity."""
+    """The model's graphs served by Triton through the gateway: the sweep, texts, parity; the
+    cores split by a first calibration cell through this engine."""
     from clip_gateway.config.plan import worker_plan
     from clip_gateway.config.settings import RepositorySettings
     from clip_gateway.launcher.local import LocalTriton
@@ -380,8 +437,6 @@ def engine(
     else:
         settings = RepositorySettings(profile="cpu", max_batch_size=sweep.max_batch_size)
     repo = render(settings, export_dir, work / f"repo-{model}")
-    plan = worker_plan(cores.gateway_count(), sweep.workers_engine, sweep.threads_engine)
-    env = gateway_env(plan.workers, plan.decode_threads)
     result: dict[str, Any] = {
         "profile": settings.profile,
         "triton_backend": "python (ONNX Runtime CUDA EP)"
@@ -390,7 +445,6 @@ def engine(
         "graph": "FP16" if gpu else "FP32",
         "max_batch_size": settings.max_batch_size,
         "instances": settings.instance_count or 1,
-        "gateway": {"workers": plan.workers, "decode_threads": plan.decode_threads},
         "images": [],
         "texts": [],
     }
@@ -398,23 +452,40 @@ def engine(
     started = time.perf_counter()
     with (
         pinned(cores.triton),
-        LocalTriton(repo, log_path=work / f"triton-{model}.log") as triton,
+        LocalTriton(repo, log_path=work / f"triton-{model}.log") as server,
     ):
+        assert server.process is not None
         result["triton_ready_s"] = round(time.perf_counter() - started, 1)
+        triton = TritonSide(server.process.pid, server.metrics_url, "clip_image", size * size * 3,
+                            server.grpc_url)  # fmt: skip
+        plan = worker_plan(cores.gateway_count(), sweep.workers_engine, sweep.threads_engine)
+        cores, result["calibration"] = calibrate(
+            machine, cores, triton, gateway_env(plan.workers, plan.decode_threads),
+            (sweep.calibration_batch, max(sweep.concurrency), sweep.calibration_seconds), work,
+        )  # fmt: skip
+        plan = worker_plan(cores.gateway_count(), sweep.workers_engine, sweep.threads_engine)
+        env = gateway_env(plan.workers, plan.decode_threads)
+        result["gateway"] = {"workers": plan.workers, "decode_threads": plan.decode_threads}
+        result["cores_split"] = asdict(cores)
+        text = replace(triton, model="clip_text", row_bytes=4 * int(manifest.get(
+            "context_length", 77)))  # fmt: skip
         with gateway(triton.grpc_url, env, cores.gateway, work) as gw:
             pid = gw.process.pid
             result["parity"] = parity(gw.url, model, size)
             for batch in sweep.batches:
                 for concurrency in sweep.concurrency:
-                    row = measured(gw.url, pid, batch, concurrency, sweep.cell_seconds, cores)
+                    row = measured(gw.url, pid, batch, concurrency, sweep.cell_seconds, cores,
+                                   triton)  # fmt: skip
                     result["images"].append(row)
                     print(json.dumps({"model": model} | {k: row.get(k) for k in (
                         "batch", "concurrency", "items_per_s", "p50_ms", "p99_ms",
-                        "gpu_util_pct", "statuses")}), flush=True)  # fmt: skip
+                        "gpu_util_pct", "gateway_cpu_us_per_item", "triton_cpu_us_per_item",
+                        "triton_rows_per_execution", "triton_copies_per_row", "statuses")}),
+                        flush=True)  # fmt: skip
             if "text" in manifest.get("towers", {}):
                 for concurrency in sweep.text_concurrency:
                     row = measured(gw.url, pid, 32, concurrency, sweep.cell_seconds, cores,
-                                   texts=True)  # fmt: skip
+                                   text, texts=True)  # fmt: skip
                     result["texts"].append(row)
     return result
 
@@ -493,12 +564,15 @@ def has_gpu() -> bool:
 # -- the run ---------------------------------------------------------------------------------
 
 
-def environment(gpu: bool, cores: Cores) -> dict[str, Any]:
-    from bench.harness.machine import record as machine
+def environment(gpu: bool, machine: Machine, cores: Cores) -> dict[str, Any]:
+    """The machine's record, its CPU topology and the split before anything is measured (each
+    phase's measured split is in its own results)."""
+    from bench.harness.machine import record
     from clip_gateway.imaging import paths
 
-    found = machine() | {"cores_split": asdict(cores), "pinned": cores.pinned,
-                         "imaging": paths.current().__dict__}  # fmt: skip
+    found = record() | {"cpu_topology": machine.topology.record(),
+                        "cores_split": asdict(cores), "pinned": cores.pinned,
+                        "imaging": paths.current().__dict__}  # fmt: skip
     try:
         import onnxruntime as ort
 
@@ -544,9 +618,10 @@ def run(
     from clip_gateway.export.build import ensure_exported
     from clip_gateway.model.spec import Weights
 
-    cores = Cores.split(sorted(os.sched_getaffinity(0)))
+    machine = Machine.here()
+    cores = machine.split()  # Triton's before it is measured; each phase measures its own
     state = Run(sweep, out, cache, gpu, phases)
-    state.results = {"environment": environment(gpu, cores), "sweep": asdict(sweep),
+    state.results = {"environment": environment(gpu, machine, cores), "sweep": asdict(sweep),
                      "models": {}}  # fmt: skip
     state.save()
     exports = {}
@@ -566,12 +641,13 @@ def run(
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-host-")))
         if "wall" in phases:
-            state.phase("cpu_wall", lambda: cpu_wall(sweep, cores, work, exports[sweep.models[0]]))
+            state.phase("cpu_wall", lambda: cpu_wall(sweep, machine, cores, work,
+                                                     exports[sweep.models[0]]))  # fmt: skip
         for model in sweep.models:
             if "engine" in phases:
                 state.phase(
                     f"engine:{model}",
-                    lambda m=model: engine(m, sweep, cores, work, exports[m], gpu),
+                    lambda m=model: engine(m, sweep, machine, cores, work, exports[m], gpu),
                 )
             if "ceilings" in phases:
                 state.phase(f"ceilings:{model}",
@@ -587,6 +663,30 @@ def _cell(row: dict[str, Any] | None, key: str, fmt: str = ",.0f") -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def _triton(row: dict[str, Any]) -> str:
+    """Triton's CPU per image, and how much of it the server and the stubs spent."""
+    if row.get("triton_cpu_us_per_item") is None:
+        return "–"
+    return (f"{_cell(row, 'triton_cpu_us_per_item')} ({_cell(row, 'triton_server_cpu_us_per_item')}"
+            f" + {_cell(row, 'triton_stub_cpu_us_per_item')})")  # fmt: skip
+
+
+def _calibration(found: dict[str, Any] | None) -> list[str]:
+    """The phase's first cell and the core split it gave."""
+    if not found:
+        return []
+    split = found.get("cores_split") or {}
+    where = "not pinned (under 12 CPUs)"
+    if found.get("pinned"):
+        where = (f"gateway on CPUs {split.get('gateway')}, Triton on {split.get('triton')}, "
+                 f"load on {split.get('load')}")  # fmt: skip
+    return [f"Calibration (batch {found.get('batch')} x {found.get('concurrency')}, "
+            f"{found.get('workers')} "
+            f"worker(s) x {found.get('decode_threads')} threads): gateway "
+            f"{_cell(found, 'gateway_cpu_us_per_item')} µs/image, Triton {_triton(found)} "
+            f"µs/image: Triton's share {found.get('triton_share')}; {where}.", ""]  # fmt: skip
+
+
 def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if "error" in found:
@@ -594,17 +694,23 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
     lines += [f"## {model} through the gateway ({found['triton_backend']}, {found['graph']})",
               "", f"Triton max batch {found['max_batch_size']}, {found['instances']} "
               f"instances; gateway {found['gateway']}; parity vs open_clip FP32: "
-              f"{found.get('parity')}.", "",
+              f"{found.get('parity')}.", "", *_calibration(found.get("calibration")),
               "| batch | clients | images/s | p50 ms | p99 ms | GPU util % | "
-              "gateway CPU µs/image | graph alone (ORT) images/s | statuses |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "gateway CPU µs/image | Triton CPU µs/image (server + stubs) | rows/execution | "
+              "copies/row in model.py | graph alone (ORT) images/s | statuses |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in found["images"]:
         alone = (ceiling.get("ort") or {}).get(str(row["batch"]))
         lines.append(f"| {row['batch']} | {row['concurrency']} | {_cell(row, 'items_per_s')} | "
                      f"{_cell(row, 'p50_ms', '.1f')} | {_cell(row, 'p99_ms', '.1f')} | "
                      f"{_cell(row, 'gpu_util_pct', '.0f')} | "
-                     f"{_cell(row, 'gateway_cpu_us_per_item')} | "
+                     f"{_cell(row, 'gateway_cpu_us_per_item')} | {_triton(row)} | "
+                     f"{_cell(row, 'triton_rows_per_execution', '.1f')} | "
+                     f"{_cell(row, 'triton_copies_per_row', '.2f')} | "
                      f"{_cell(alone, 'items_per_s')} | {row['statuses']} |")  # fmt: skip
+    pinned = {row.get("triton_buffer_pinned") for row in found["images"]} - {None}
+    if pinned:
+        lines.append(f"\nmodel.py's batch buffer page-locked: {sorted(pinned)}.")
     for row in found.get("texts", []):
         lines.append(f"\nTexts, batch 32 x {row['concurrency']} clients: "
                      f"{_cell(row, 'items_per_s')} texts/s, p50 {_cell(row, 'p50_ms', '.1f')} "
@@ -634,20 +740,21 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["# One host end to end: gateway → Triton → engine", "",
              f"Machine: {env.get('cpu')} ({env.get('cores')} cores), GPU: "
              f"{env.get('nvidia_smi') or env.get('gpu') or 'none'}; Python {env.get('python')}, "
-             f"{env.get('versions')}; imaging: {env.get('imaging')}; cores pinned: "
-             f"{env.get('pinned')} {env.get('cores_split')}; commit {env.get('git_commit')}, "
-             f"{env.get('when')}.", ""]  # fmt: skip
+             f"{env.get('versions')}; imaging: {env.get('imaging')}; CPU topology: "
+             f"{env.get('cpu_topology')}; cores pinned: {env.get('pinned')} (each phase's "
+             f"split below); commit {env.get('git_commit')}, {env.get('when')}.", ""]  # fmt: skip
     wall = results.get("cpu_wall", {})
     if wall.get("rows"):
         lines += ["## CPU wall: the gateway alone (null model), uploads at batch 32", "",
+                  *_calibration(wall.get("calibration")),
                   "| gateway | cores | decode threads/worker | images/s | CPU µs/image | "
-                  "speed-up vs 1 | per-core efficiency | statuses |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "Triton CPU µs/image (server + stubs) | speed-up vs 1 | per-core efficiency | "
+                  "statuses |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for row in wall["rows"]:
             lines.append(f"| {row['name']} | {row['gateway_cores']} | {row['decode_threads']} | "
                          f"{_cell(row, 'items_per_s')} | {_cell(row, 'gateway_cpu_us_per_item')} | "
-                         f"{_cell(row, 'speedup_vs_1', '.2f')} | {_cell(row, 'efficiency', '.2f')} "
-                         f"| {row['statuses']} |")  # fmt: skip
+                         f"{_triton(row)} | {_cell(row, 'speedup_vs_1', '.2f')} | "
+                         f"{_cell(row, 'efficiency', '.2f')} | {row['statuses']} |")  # fmt: skip
         lines.append("")
     elif wall:
         lines += [f"CPU wall: {wall}", ""]

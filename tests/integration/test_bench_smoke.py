@@ -111,6 +111,8 @@ def test_host_smoke(tmp_path: Path) -> None:
     for row in rows:
         assert row["ok"] == row["requests"] > 0 and row["gateway_cpu_us_per_item"] > 0
         assert row["speedup_vs_1"] > 0 and row["efficiency"] > 0  # per-worker scaling reported
+        # Triton's side of the hop beside the gateway's: the server and its Python-backend stubs
+        assert row["triton_server_cpu_us_per_item"] > 0 and row["triton_stub_cpu_us_per_item"] > 0
     engine = results["engine:ViT-B-32"]
     assert engine["profile"] == "cpu" and engine["parity"]["image_cos_min"] > 0.9999
     assert engine["parity"]["text_cos_min"] > 0.9999
@@ -121,8 +123,20 @@ def test_host_smoke(tmp_path: Path) -> None:
         (8, 2),
     }
     assert all(r["ok"] == r["requests"] > 0 for r in engine["images"] + engine["texts"])
+    for row in engine["images"] + engine["texts"]:
+        assert row["triton_cpu_us_per_item"] > 0 and row["triton_rows_per_execution"] >= 1
+        # model.py copies a batch at most once (requests merged by Triton), never twice
+        assert 0 <= row["triton_copies_per_row"] <= 1 and row["triton_buffer_pinned"] is False
+    # each phase measured both sides first and split the cores by it (not pinned here: 2 CPUs)
+    for phase in (results["cpu_wall"], engine):
+        calibration = phase["calibration"]
+        assert calibration["ok"] == calibration["requests"] > 0
+        assert 0 < calibration["triton_share"] < 1 and calibration["pinned"] is False
+    topology = results["environment"]["cpu_topology"]
+    assert topology["physical_cores"] >= 1 and "smt_siblings" in topology
     ceilings = results["ceilings:ViT-B-32"]
     assert ceilings["provider"] == "CPUExecutionProvider" and set(ceilings["ort"]) == {"1", "8"}
     report = (out / "host.md").read_text()
     assert "## CPU wall" in report and "## ViT-B-32 through the gateway" in report
+    assert report.count("Calibration (batch") == 2 and "Triton CPU µs/image" in report
     assert (out / "host.png").stat().st_size > 10_000
