@@ -102,12 +102,14 @@ SMOKE = Sweep(
 
 
 def uploads(count: int, size: int) -> list[bytes]:
-    """What the client SDK uploads for a ``size``-px model (clip_gateway/client/compact.py)."""
+    """What the client SDK uploads for a ``size``-px model that resizes the short side and
+    crops the centre, as ``/v1/models`` says (clip_gateway/client/compact.py): the square."""
     from bench.harness.photos import jpeg
     from clip_gateway.client.compact import CompactOptions, compact
     from clip_gateway.model.calibration import photo
 
-    options = CompactOptions(short_side=size)
+    card = {"image_size": size, "preprocessing": {"resize_mode": "shortest"}}
+    options = CompactOptions().for_model(card)
     return [compact(jpeg(photo(1600, 1200, 1000 + i)), options) for i in range(count)]
 
 

@@ -547,4 +547,3 @@ def test_a_jpeg_decoded_to_another_size_than_its_header_gives_is_refused() -> No
     assert raised.value.reason == (
         "JPEG decoded to 341x256, not the 340x255 its header gives at this scale"
     )
-
