@@ -54,8 +54,11 @@ JPEG_OUTPUT_S_PER_PIXEL = 1.1e-9
 #: CPU seconds per decoded pixel the resize reads (Pillow's antialiased filter over its box).
 RESIZE_S_PER_PIXEL = 0.9e-9
 #: Scans assumed for a progressive JPEG whose scans lie beyond the prefix read (libjpeg's
-#: default script for three components; six for one).
+#: default script for three components; six for one), and of those the DC scans (the first
+#: pass and its refinement, the seventh scan: a camera's 3 MB file has it beyond the prefix, and
+#: without it a 12 MP photo's DC-only decode was priced at half its cost, issue 42).
 STANDARD_SCANS = 10
+STANDARD_DC_SCANS = 2
 #: A base64 item is decoded this far to read its header (a JPEG's frame header follows its
 #: APP segments: EXIF and ICC profiles, rarely over a few hundred KB); a JPEG's scans are
 #: counted this far too (the walk is bounded: ``jpeg.MAX_SEGMENTS``, compiled regex skips).
@@ -133,7 +136,8 @@ def worst(data: bytes, encoded_bytes: int, plan: Plan = DEFAULT_PLAN) -> Work:
     coding of its format (or as refused, when no accepted format's signature starts it)."""
     side = math.isqrt(WORST_PIXELS)
     if data.startswith(b"\xff\xd8\xff"):
-        layout = jpeg.JpegLayout(side, side, ((1, 1),) * 3, True, STANDARD_SCANS, 2, True, None)
+        layout = jpeg.JpegLayout(side, side, ((1, 1),) * 3, True, STANDARD_SCANS,
+                                 STANDARD_DC_SCANS, True, None)  # fmt: skip
         return Work("jpeg", "jpeg-progressive", jpeg_seconds(layout, "jpeg-progressive",
                                                              encoded_bytes, plan))  # fmt: skip
     if data.startswith(b"\x89PNG\r\n\x1a\n"):
@@ -266,7 +270,8 @@ def _jpeg(data: bytes, size: int, plan: Plan) -> Work:
         whole = False
     if layout.progressive and not whole:
         # scans beyond the prefix are not counted: at least the standard script's
-        layout = replace(layout, scans=max(layout.scans, STANDARD_SCANS))
+        layout = replace(layout, scans=max(layout.scans, STANDARD_SCANS),
+                         dc_scans=max(layout.dc_scans, STANDARD_DC_SCANS))  # fmt: skip
     check_budget(layout.width, layout.height, jpeg_peak_bytes(layout, plan), plan)
     coding = jpeg_coding(layout.progressive, layout.arithmetic)
     seconds = jpeg_seconds(layout, coding, size, plan)
