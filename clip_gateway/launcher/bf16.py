@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from clip_gateway.config.machine import cpu_flags as cpu_flags  # the CPU's units, read here
 from clip_gateway.model import calibration, gate
 
 log = logging.getLogger(__name__)
@@ -39,19 +40,6 @@ CHECK_SECONDS = 600.0
 
 class Bf16Unavailable(RuntimeError):
     """The gate could not be measured: no OpenVINO, or it failed; the message says why."""
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first processor's flags (empty where there is no /proc/cpuinfo or no flags line)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
 
 
 def bf16_flag(flags: frozenset[str]) -> str | None:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clip_gateway.config.machine import cpu_model as cpu_model  # what the record holds for
 from clip_gateway.config.settings import Profile
 from clip_gateway.launcher.calibrate import time_each
 
@@ -74,18 +75,6 @@ class Choice:
             "measured_s": round(self.seconds, 1),
             "machine": {k: self.signature[k] for k in ("cpu", "cpus", "runtimes")},
         }
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The first processor's model name (``unknown`` where there is none)."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def runtime_versions(python: Path | None) -> dict[str, str]:
