@@ -105,6 +105,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def decode_speed_here() -> dict[str, float]:
+    """This machine's decode speed per coding (pipeline/decode_speed.py), measured in this run:
+    what a gateway started here prices decodes by. A test whose verdict rests on a decode's CPU
+    time against its price uses it, never the factors alone: they were measured on another CPU
+    (issue 42)."""
+    from clip_gateway.pipeline import decode_speed
+
+    return decode_speed.measure().speeds
+
+
+@pytest.fixture(scope="session")
 def exported():  # -> clip_gateway.model.spec.ExportedModel
     """ViT-B/32 with random weights (seed 0), FP32 + FP16, from the export cache when present
     (else exported in a child process: tests/exports.py)."""

@@ -148,6 +148,19 @@ class ServerSettings(BaseSettings):
     max_decode_mib: int = Field(256, ge=16)
     #: Progressive JPEGs decoded at 1/8 scale skip their AC scans (see imaging/jpeg.py).
     progressive_dc_only: bool = True
+    #: Decode prices against this CPU: ``measure`` decodes reference files of every coding at
+    #: the HTTP process's start, once per machine (about a CPU-second; kept in
+    #: ``decode_speed_record``, so later starts measure nothing), and admission prices decodes
+    #: and the decode meter holds them by what it found (pipeline/decode_speed.py): the factors
+    #: were measured on another CPU. ``factors``: the factors as they are.
+    decode_speed_check: Literal["measure", "factors"] = "measure"
+    #: Where the measured decode speed is kept (unset: ``decode-speed.json`` in the export cache,
+    #: ``$CLIP_GATEWAY_CACHE`` or ``~/.cache/clip-gateway``; the launcher names its cache volume).
+    decode_speed_record: Path | None = None
+    #: This machine's decode speed per coding, as multiples of the factors, e.g.
+    #: ``{"jpeg-progressive": 2.5}``: set by the HTTP process for its workers from what it
+    #: measured; set it to pin them (nothing is measured).
+    decode_speed: dict[str, float] = Field(default={})
 
     # --- limits -----------------------------------------------------------------------------
     #: Largest request body; a bigger Content-Length is refused before the body is read.

@@ -1,14 +1,19 @@
 """``python -m clip_gateway.http``: the gateway's HTTP process (uvicorn, its workers, the app).
 
 Started by the supervisor (launcher/supervisor.py) with its listening socket and worker plan in
-the environment; run by hand, it binds ``GATEWAY_HOST:GATEWAY_PORT`` and plans for itself.
+the environment; run by hand, it binds ``GATEWAY_HOST:GATEWAY_PORT`` and plans for itself. Before
+its workers start it finds this machine's decode speed (pipeline/decode_speed.py: recorded, or
+measured now and kept) and hands it to them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import sys
+from pathlib import Path
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
@@ -17,7 +22,11 @@ from uvicorn.supervisors import Multiprocess
 from clip_gateway.config.plan import plan_for
 from clip_gateway.config.settings import ServerSettings, exposure_problem, use_new_names
 from clip_gateway.http.app import ServerConfig
+from clip_gateway.model.spec import default_cache_dir
 from clip_gateway.observability.logs import configure, logging_config
+from clip_gateway.pipeline import decode_speed
+
+log = logging.getLogger("gateway.http")
 
 
 def main() -> int:
@@ -32,6 +41,8 @@ def main() -> int:
     use_new_names(os.environ)
     os.environ["GATEWAY_WORKERS"] = str(planned.workers)
     os.environ["GATEWAY_DECODE_THREADS"] = str(planned.decode_threads)
+    if settings.decode_speed_check == "measure" and not settings.decode_speed:
+        os.environ["GATEWAY_DECODE_SPEED"] = json.dumps(measured_decode_speed(settings))
     if planned.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         raise SystemExit(
             "several workers need PROMETHEUS_MULTIPROC_DIR (a private, empty directory) for "
@@ -60,6 +71,16 @@ def main() -> int:
     if config.workers == 1 and not server.started:
         return STARTUP_FAILURE
     return 0
+
+
+def measured_decode_speed(settings: ServerSettings) -> dict[str, float]:
+    """This machine's decode speed per coding, recorded or measured now (and kept), logged."""
+    records = [default_cache_dir() / decode_speed.RECORD]
+    if settings.decode_speed_record is not None:
+        records.insert(0, Path(settings.decode_speed_record))
+    speed, source = decode_speed.for_this_machine(records)
+    log.info("decode speed here, as multiples of the factors (%s): %s", source, speed.summary())
+    return speed.speeds
 
 
 if __name__ == "__main__":

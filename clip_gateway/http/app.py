@@ -89,6 +89,7 @@ def pipeline_options(settings: ServerSettings, decode_threads: int) -> PipelineO
         body_timeout_s=settings.body_timeout_s,
         key_share=settings.admission_key_share,
         decode_overspend=settings.admission_decode_overspend,
+        decode_speed=settings.decode_speed,
     )
 
 

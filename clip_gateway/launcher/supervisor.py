@@ -68,6 +68,7 @@ from clip_gateway.model import gate
 from clip_gateway.model.contract import TEXT_MODEL_NAME, TRITON_MODEL_NAME
 from clip_gateway.model.spec import immich_name, model_identity
 from clip_gateway.observability.logs import configure
+from clip_gateway.pipeline import decode_speed
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -667,6 +668,12 @@ class Supervisor:
                 env["GATEWAY_IMMICH_NAME"] = immich_name(manifest) or ""
             if server.immich_upstream:  # --immich-upstream reaches it too
                 env["GATEWAY_IMMICH_UPSTREAM"] = ",".join(server.immich_upstream)
+        if "decode_speed_record" not in server.model_fields_set:
+            # the decode speed measured at the gateway's first start here, kept in the cache
+            # volume beside the engines and the CPU profile choice (the user's cache otherwise)
+            env["GATEWAY_DECODE_SPEED_RECORD"] = str(
+                Path(self.settings.repository.trt_cache_path) / decode_speed.RECORD
+            )
         if workers.workers > 1:
             # each worker counts for itself; prometheus-client sums them through files here
             metrics_dir = self.scratch / "metrics"

@@ -20,6 +20,9 @@ from prometheus_client.openmetrics import exposition as openmetrics
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DECODE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: Shares of a request's decode budget (the meter's: 3x its price by default, so 1/3 is the
+#: price itself).
+BUDGET_BUCKETS = (0.05, 0.1, 0.2, 1 / 3, 0.5, 0.75, 1.0, 2.0)
 
 
 def multiprocess_dir() -> str | None:
@@ -76,6 +79,13 @@ class Metrics:
             buckets=DECODE_BUCKETS,
             registry=r,
         )
+        self.decode_budget_used = Histogram(
+            "gateway_decode_budget_used",
+            "Share of its decode budget a request's image decodes spent (thread CPU seconds over "
+            "the decode meter's budget; over 1: stopped)",
+            buckets=BUDGET_BUCKETS,
+            registry=r,
+        )
         self.triton_seconds = Histogram(
             "gateway_triton_request_duration_seconds",
             "One gRPC inference call to Triton",
@@ -110,7 +120,8 @@ class Metrics:
         )
         self.decode_rate = Gauge(
             "gateway_admission_decode_rate",
-            "Measured decode seconds per second of header price, per coding (1 = the factors)",
+            "Measured decode seconds per second of header price, per coding (1 = the factors; from "
+            "this machine's measured decode speed on)",
             ["format"],
             registry=r,
             multiprocess_mode="livemax",

@@ -6,9 +6,11 @@ from each image's header before anything is decoded (imaging/work.py: source pix
 bytes times a measured factor per format and coding, so a 300-byte file that decodes to 30 MP
 costs what its decode costs), for the decode plan that will run (the target size, the DCT scale,
 Immich's full-size decode), times a rate learned per coding from the decodes this process ran,
-spread over the decode threads. One sample moves a coding's rate by at most ``MAX_STEP``, in
-proportion to the work it measured, and the rate stays within ``RATE_BOUNDS`` of the measured
-factors: one odd image cannot make every later photo look unaffordable. A price is a promise the
+spread over the decode threads. The rates start at this machine's decode speed, measured once
+per machine against the factors at the HTTP process's start (pipeline/decode_speed.py: the
+factors were measured on another CPU). One sample moves a coding's rate by at most ``MAX_STEP``,
+in proportion to the work it measured, and the rate stays within ``RATE_BOUNDS`` of that speed:
+one odd image cannot make every later photo look unaffordable. A price is a promise the
 decode is held to: each request's decodes are metered as they run (pipeline/batching.py), and a
 request that spends more than ``overspend`` times its decode price is stopped. Model work is the
 backend busy seconds per image, learned from the backend calls (or pinned by the operator). A
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Self
 
@@ -75,7 +77,8 @@ METER_FLOOR_S = 0.02
 MAX_STEP = 0.25
 #: ...and only in proportion to the CPU seconds it measured, up to this much (full weight).
 FULL_WEIGHT_S = 0.1
-#: The learned rate stays within these multiples of the measured factors.
+#: The learned rate stays within these multiples of this machine's speed (of the factors where
+#: none was measured).
 RATE_BOUNDS = (0.25, 8.0)
 
 
@@ -91,14 +94,20 @@ class Admission:
         body_timeout_s: float = 30.0,
         key_share: float = 1.0,
         overspend: float = 3.0,
+        decode_speed: Mapping[str, float] | None = None,
     ) -> None:
         self.horizon_s = horizon_s
         self.decode_threads = max(1, decode_threads)
         self.pinned = infer_s_per_image > 0
         self.infer_s = infer_s_per_image if self.pinned else _PRIOR_INFER_S
         self.text_infer_s = _PRIOR_TEXT_INFER_S
-        #: Per coding: measured decode seconds per second of header price.
-        self.decode_rate = dict.fromkeys(CODINGS, 1.0)
+        #: Per coding: this machine's decode seconds per second of the factors' price, measured
+        #: at start (pipeline/decode_speed.py); 1 where none was (the factors as they are).
+        self.decode_speed = {c: (decode_speed or {}).get(c, 1.0) for c in CODINGS}
+        #: Per coding: measured decode seconds per second of header price, from that speed on.
+        self.decode_rate = dict(self.decode_speed)
+        for coding, rate in self.decode_rate.items():
+            metrics.decode_rate.labels(coding).set(rate)
         #: A request is stopped once its decodes spent this multiple of their price.
         self.overspend = overspend
         #: How admission prices an image's decode (the served model's input size and resize).
@@ -126,10 +135,12 @@ class Admission:
 
     def meter_cost(self, work: Work) -> float:
         """What the meter holds one image's decode to: its price, but never at a rate below the
-        measured factors (a machine that decodes faster than they say learns a rate under 1;
-        that must not make the backstop stricter than the factors, or a loaded machine's slower
-        decodes of the same images would be stopped as overspent)."""
-        return _DECODE_S_PER_ITEM + max(self.decode_rate.get(work.coding, 1.0), 1.0) * work.seconds
+        factors nor below this machine's measured speed (a machine that decodes faster than
+        they say learns a rate under either; that must not make the backstop stricter than
+        they are, or a loaded machine's slower decodes of the same images would be stopped as
+        overspent; a slower machine's speed over 1 raises it)."""
+        rate = max(self.decode_rate.get(work.coding, 1.0), self.decode_speed.get(work.coding, 1.0))
+        return _DECODE_S_PER_ITEM + max(rate, 1.0) * work.seconds
 
     def image_cost(self, work: Work) -> float:
         """Seconds one image of header price ``work`` adds to the backlog."""
@@ -218,7 +229,7 @@ class Admission:
         weight = _ALPHA * min(1.0, cpu_seconds / FULL_WEIGHT_S)
         moved = rate + weight * (work / priced_s - rate)
         moved = min(max(moved, rate * (1 - MAX_STEP)), rate * (1 + MAX_STEP))
-        low, high = RATE_BOUNDS
+        low, high = (bound * self.decode_speed[coding] for bound in RATE_BOUNDS)
         self.decode_rate[coding] = min(max(moved, low), high)
         self._metrics.decode_rate.labels(coding).set(self.decode_rate[coding])
 

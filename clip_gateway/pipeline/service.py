@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, TypeVar
@@ -79,6 +79,9 @@ class PipelineOptions:
     key_share: float = 1.0
     #: A request whose decodes spend more than this multiple of their price is stopped.
     decode_overspend: float = 3.0
+    #: This machine's decode speed per coding, as multiples of imaging/work.py's factors
+    #: (pipeline/decode_speed.py); a coding not named: the factors as they are.
+    decode_speed: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ class EmbeddingService:
             body_timeout_s=options.body_timeout_s,
             key_share=options.key_share,
             overspend=options.decode_overspend,
+            decode_speed=options.decode_speed,
         )
         self._trimmer = memory.Trimmer(pool.submit)
         self._decoder = BatchDecoder(pool, tracer or NoOpTracer(), self._metrics, self._decoded)
@@ -448,15 +452,19 @@ class EmbeddingService:
         # it has one free for a call's worth); given back however this ends
         with self._backend.image_batch(len(images)) as image_batch:
             started = time.perf_counter()
-            decoded = await self._decoder.decode(
-                images,
-                options,
-                skip_invalid=skip_invalid,
-                indices=indices,
-                out=image_batch.pixels,
-                meter=meter,
-                priced=priced,
-            )
+            try:
+                decoded = await self._decoder.decode(
+                    images,
+                    options,
+                    skip_invalid=skip_invalid,
+                    indices=indices,
+                    out=image_batch.pixels,
+                    meter=meter,
+                    priced=priced,
+                )
+            finally:  # how close requests come to the meter, stopped or not
+                if meter is not None:
+                    self._metrics.decode_budget_used.observe(meter.spent_s / meter.budget_s)
             decoded_at = time.perf_counter()
             if decoded.rows:
                 kept = image_batch.keep(decoded.rows)

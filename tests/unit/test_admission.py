@@ -722,3 +722,37 @@ def test_a_url_item_that_gave_no_image_costs_no_model_work() -> None:
             request.add(ImageItem(url="http://x.example/", error=UrlFailed("dead")))
         request.body_read()
         assert request.cost == pytest.approx(9 * CACHE_HIT_S)  # nine model calls: 9 s before
+
+
+def test_rates_start_at_this_machines_decode_speed_and_are_bounded_by_it() -> None:
+    """Issue 42: the factors were measured on another CPU. A coding measured 2.5x slower here
+    is priced 2.5x from the first request (the gauge says so), learns within RATE_BOUNDS of
+    that speed, and a coding not measured keeps the factors."""
+    a = Admission(1.0, 2, Metrics(), decode_speed={"jpeg-progressive": 2.5, "png": 0.5})
+    strip, photo = priced(0.04, "jpeg-progressive"), priced(0.2, "webp-lossy")
+    assert a.decode_cost(strip) == pytest.approx(3e-4 + 2.5 * 0.04)
+    assert a.decode_cost(photo) == pytest.approx(3e-4 + 0.2)  # not measured: the factors
+    assert a.decode_cost(priced(0.2, "png")) == pytest.approx(3e-4 + 0.5 * 0.2)
+    gauge = a._metrics.decode_rate.labels("jpeg-progressive")._value.get()
+    assert (gauge, a.decode_rate["jpeg-progressive"]) == (2.5, 2.5)
+    for _ in range(100):  # far slower still, then far faster: held within the bounds of 2.5
+        a.observe_decode("jpeg-progressive", cpu_seconds=100.0, priced_s=0.001, items=1)
+    assert a.decode_rate["jpeg-progressive"] == pytest.approx(2.5 * RATE_BOUNDS[1])
+    for _ in range(100):
+        a.observe_decode("jpeg-progressive", cpu_seconds=0.1 + 3e-4, priced_s=1000.0, items=1)
+    assert a.decode_rate["jpeg-progressive"] == pytest.approx(2.5 * RATE_BOUNDS[0])
+
+
+def test_the_meter_holds_a_decode_to_this_machines_speed_when_it_is_slower() -> None:
+    """A machine 2.5x slower than the factors: the meter allows 2.5x the factors' price (3x of
+    that before it stops a request), even once the rate has learned less; a faster machine's
+    speed never makes the meter stricter than the factors."""
+    a = Admission(1.0, 2, Metrics(), decode_speed={"jpeg-progressive": 2.5, "png": 0.5})
+    strip, png = priced(0.04, "jpeg-progressive"), priced(0.2, "png")
+    assert a.meter_cost(strip) == pytest.approx(3e-4 + 2.5 * 0.04)
+    a.decode_rate["jpeg-progressive"] = 1.0  # learned from fast decodes since
+    assert a.meter_cost(strip) == pytest.approx(3e-4 + 2.5 * 0.04)
+    a.decode_rate["jpeg-progressive"] = 4.0  # learned from slow ones: more budget
+    assert a.meter_cost(strip) == pytest.approx(3e-4 + 4.0 * 0.04)
+    assert a.decode_cost(png) == pytest.approx(3e-4 + 0.5 * 0.2)  # priced at its speed...
+    assert a.meter_cost(png) == pytest.approx(3e-4 + 0.2)  # ...metered at the factors at least
