@@ -19,8 +19,11 @@ def fake(clip_tokenizer_file: Path) -> FakeBackend:
 
 
 @pytest.fixture
-def settings() -> ServerSettings:
+def settings(decode_speed_here: dict[str, float]) -> ServerSettings:
+    """A gateway's settings as its HTTP process would start it here: priced at this machine's
+    decode speed (tests/conftest.py), so no decode's verdict rests on the factors alone."""
     return ServerSettings(
+        decode_speed=decode_speed_here,
         max_items_per_request=16,
         max_body_bytes=2 << 20,
         max_image_bytes=1 << 20,
