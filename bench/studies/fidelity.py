@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from bench.harness.clients import post
 from bench.harness.machine import cpu_load as machine
 from bench.harness.output import write_results
 from bench.harness.systems import gateway
@@ -92,8 +93,8 @@ def served(url: str, files: list[bytes]) -> tuple[np.ndarray, dict[str, Any] | N
     rows = []
     for start in range(0, len(files), 16):
         body, content_type = multipart(files[start : start + 16], "image/png")
-        response = httpx.post(f"{url}/v1/embeddings", content=body, timeout=300,
-                              headers={"Content-Type": content_type})  # fmt: skip
+        response = post(f"{url}/v1/embeddings", content=body, timeout=300,
+                        headers={"Content-Type": content_type})  # fmt: skip
         response.raise_for_status()
         rows += [row["embedding"] for row in response.json()["data"]]
     choice = None

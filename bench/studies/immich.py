@@ -37,6 +37,7 @@ from bench.harness.load import Reply
 from bench.harness.output import figure, write_results
 from bench.harness.photos import immich_previews
 from bench.harness.stack import running
+from clip_gateway.client.core import retry_after
 from tests.immich_upstream import UpstreamProcess
 from tests.immich_upstream import answer as upstream_answer
 
@@ -88,8 +89,9 @@ class Caller:
         body, content_type = self.route.bodies[slot]
         path = "/predict" if self.route.name == "predict" else "/v1/embeddings"
         response = await self.http.post(path, content=body, headers={"Content-Type": content_type})
-        if response.status_code == 429:  # admission: a client waits as it is told
-            await asyncio.sleep(min(float(response.headers.get("retry-after", 1)), 2.0))
+        if response.status_code == 429:  # admission: a client waits as it is told (at most 2 s:
+            # a closed loop's next request is its retry, counted as such)
+            await asyncio.sleep(min(retry_after(response) or 1.0, 2.0))
         if response.status_code != 200:
             return response.status_code, None
         answer = response.json()

@@ -26,6 +26,7 @@ from bench.harness.load import Reply
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
 from bench.harness.stack import running
+from clip_gateway.client.core import retry_after
 
 #: Words the generated queries are made of: search queries as people type them.
 _WORDS = (
@@ -102,8 +103,9 @@ class Caller:
             content=body,
             headers={"Content-Type": content_type, "Accept": "application/octet-stream"},
         )
-        if response.status_code == 429:  # admission: a client waits as it is told, then retries
-            await asyncio.sleep(min(float(response.headers.get("retry-after", 1)), 2.0))
+        if response.status_code == 429:  # admission: a client waits as it is told (at most
+            # 2 s), then retries: its next request, counted as such
+            await asyncio.sleep(min(retry_after(response) or 1.0, 2.0))
         if response.status_code != 200:
             return response.status_code, None, {}
         rows, dim = map(int, response.headers["x-embedding-shape"].split(","))

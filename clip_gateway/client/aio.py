@@ -18,16 +18,16 @@ from clip_gateway.client.core import (
     ClientSettings,
     Embedded,
     ItemError,
+    Retries,
     T,
     chunks,
     embed_request,
     merge,
-    outcome,
     parse,
     parse_json,
     prepare,
     problem,
-    should_retry,
+    send_async,
     skip_invalid_request,
     text_request,
 )
@@ -49,7 +49,7 @@ class AsyncClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.settings = ClientSettings(
-            url, api_key, batch_size, concurrency, timeout, retries, dtype=dtype
+            url, api_key, batch_size, concurrency, timeout, Retries(retries), dtype=dtype
         )
         self.compact = compact if isinstance(compact, CompactOptions) else CompactOptions(compact)
         #: ``compact`` sized for the served model, once asked (``_compact_options``)
@@ -134,22 +134,17 @@ class AsyncClient:
         return models[0]
 
     async def _send(self, request: dict[str, Any], read: Callable[[httpx.Response], T]) -> T:
-        attempt = 0
-        while True:
-            attempt += 1
+        """``Client._send``; each attempt holds one of the ``concurrency`` slots, the waits
+        between them none."""
+
+        async def attempt() -> httpx.Response:
             async with self._slots:
-                try:
-                    response: httpx.Response | None = await self._http.post(
-                        "/v1/embeddings", **request
-                    )
-                except httpx.TransportError:
-                    if not should_retry(None, attempt, self.settings):
-                        raise
-                    response = None
-            result = outcome(response, attempt, self.settings, read)
-            if not isinstance(result, float):
-                return result
-            await self._sleep(result)
+                return await self._http.post("/v1/embeddings", **request)
+
+        response = await send_async(attempt, self.settings.retries, self._sleep)
+        if response.status_code != 200:
+            raise ClientError(response.status_code, problem(response))
+        return read(response)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import random
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import httpx
@@ -83,6 +87,95 @@ def prepare(index: int, image: ImageLike, options: CompactOptions) -> bytes | It
 
 
 @dataclass(frozen=True)
+class Retries:
+    """When a request is sent again: after a 429, 502, 503 or 504 answer or a dropped
+    connection, never sooner than the answer's Retry-After (full-jitter exponential backoff
+    where it gives none), at most ``times`` times and ``max_wait_s`` seconds of waiting in all.
+    A Retry-After that would pass that bound ends the retries: the caller gets the answer."""
+
+    times: int = 6
+    backoff: float = 0.5
+    max_backoff: float = 20.0
+    max_wait_s: float = 120.0
+
+    def wait(self, response: httpx.Response | None, attempt: int, waited: float) -> float | None:
+        """Seconds to wait after attempt ``attempt`` (1-based) ended with ``response`` (None:
+        no answer), ``waited`` seconds having been waited already; None: do not send again."""
+        if attempt > self.times:
+            return None
+        if response is not None and response.status_code not in RETRY_STATUSES:
+            return None
+        ceiling = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+        wait = random.uniform(0, ceiling)  # jitter, not cryptography
+        asked = retry_after(response) if response is not None else None
+        if asked is not None:
+            wait = max(wait, asked)
+        return wait if waited + wait <= self.max_wait_s else None
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a response's ``Retry-After`` asks for (delay-seconds or an HTTP date, RFC
+    9110 10.2.3); None when it has none or it cannot be read."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def send(
+    request: Callable[[], httpx.Response],
+    retries: Retries = Retries(),
+    sleep: Callable[[float], None] = time.sleep,
+) -> httpx.Response:
+    """``request()`` again while ``retries`` says so: the answer that ends it (whatever its
+    status); a dropped connection on the last attempt is raised."""
+    attempt, waited = 0, 0.0
+    while True:
+        attempt += 1
+        try:
+            response = request()
+        except httpx.TransportError:
+            if (wait := retries.wait(None, attempt, waited)) is None:
+                raise
+        else:
+            if (wait := retries.wait(response, attempt, waited)) is None:
+                return response
+        sleep(wait)
+        waited += wait
+
+
+async def send_async(
+    request: Callable[[], Awaitable[httpx.Response]],
+    retries: Retries = Retries(),
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> httpx.Response:
+    """``send`` for an asyncio caller."""
+    attempt, waited = 0, 0.0
+    while True:
+        attempt += 1
+        try:
+            response = await request()
+        except httpx.TransportError:
+            if (wait := retries.wait(None, attempt, waited)) is None:
+                raise
+        else:
+            if (wait := retries.wait(response, attempt, waited)) is None:
+                return response
+        await sleep(wait)
+        waited += wait
+
+
+@dataclass(frozen=True)
 class ClientSettings:
     url: str
     api_key: str | None = None
@@ -91,10 +184,8 @@ class ClientSettings:
     #: Requests in flight at once.
     concurrency: int = 4
     timeout: float = 120.0
-    #: Retries of 429/5xx answers and connection errors, with exponential backoff and jitter.
-    retries: int = 6
-    backoff: float = 0.5
-    max_backoff: float = 20.0
+    #: When a 429/5xx answer or a dropped connection is retried (after its Retry-After).
+    retries: Retries = Retries()
     dtype: str = "float32"
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -142,24 +233,6 @@ def text_request(texts: Sequence[str], settings: ClientSettings) -> dict[str, An
     return {"json": body, "headers": headers}
 
 
-def outcome(
-    response: httpx.Response | None,
-    attempt: int,
-    settings: ClientSettings,
-    read: Callable[[httpx.Response], T],
-) -> T | float:
-    """After attempt ``attempt`` (``None``: a connection error worth retrying): the answer
-    ``read`` from the response, or the seconds to wait before trying again; raises
-    ClientError when no retry is left."""
-    if response is not None and response.status_code == 200:
-        return read(response)
-    if not should_retry(response, attempt, settings):
-        assert response is not None
-        raise ClientError(response.status_code, problem(response))
-    retry_after = response.headers.get("retry-after") if response is not None else None
-    return delay(attempt, settings, retry_after)
-
-
 def parse(response: httpx.Response, dtype: str) -> np.ndarray:
     """float32 ``[n, D]`` from a binary answer, or raise ClientError with the problem."""
     if response.status_code != 200:
@@ -201,23 +274,6 @@ def problem(response: httpx.Response) -> dict[str, Any]:
     if isinstance(body, dict):
         return body
     return {"status": response.status_code, "detail": response.text[:500]}
-
-
-def delay(attempt: int, settings: ClientSettings, retry_after: str | None) -> float:
-    """Seconds before retry ``attempt`` (1-based): full-jitter exponential backoff, never
-    shorter than the server's Retry-After."""
-    ceiling = min(settings.max_backoff, settings.backoff * 2 ** (attempt - 1))
-    wait = random.uniform(0, ceiling)  # jitter, not cryptography
-    try:
-        return max(wait, float(retry_after)) if retry_after else wait
-    except ValueError:
-        return wait
-
-
-def should_retry(response: httpx.Response | None, attempt: int, settings: ClientSettings) -> bool:
-    if attempt > settings.retries:
-        return False
-    return response is None or response.status_code in RETRY_STATUSES
 
 
 def chunks(items: list[T], size: int) -> list[list[T]]:

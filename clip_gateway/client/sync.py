@@ -19,16 +19,16 @@ from clip_gateway.client.core import (
     ClientSettings,
     Embedded,
     ItemError,
+    Retries,
     T,
     chunks,
     embed_request,
     merge,
-    outcome,
     parse,
     parse_json,
     prepare,
     problem,
-    should_retry,
+    send,
     skip_invalid_request,
     text_request,
 )
@@ -50,7 +50,7 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = ClientSettings(
-            url, api_key, batch_size, concurrency, timeout, retries, dtype=dtype
+            url, api_key, batch_size, concurrency, timeout, Retries(retries), dtype=dtype
         )
         self.compact = compact if isinstance(compact, CompactOptions) else CompactOptions(compact)
         #: ``compact`` sized for the served model, once asked (``_compact_options``)
@@ -131,19 +131,14 @@ class Client:
         return models[0]
 
     def _send(self, request: dict[str, Any], read: Callable[[httpx.Response], T]) -> T:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response: httpx.Response | None = self._http.post("/v1/embeddings", **request)
-            except httpx.TransportError:
-                if not should_retry(None, attempt, self.settings):
-                    raise
-                response = None
-            result = outcome(response, attempt, self.settings, read)
-            if not isinstance(result, float):
-                return result
-            self._sleep(result)
+        """One POST, sent again on 429/5xx and dropped connections (``Retries``): what ``read``
+        finds in the answer, or ClientError with its problem."""
+        response = send(
+            lambda: self._http.post("/v1/embeddings", **request), self.settings.retries, self._sleep
+        )
+        if response.status_code != 200:
+            raise ClientError(response.status_code, problem(response))
+        return read(response)
 
     def close(self, *, wait: bool = True) -> None:
         """Release the threads and connections; ``wait=False`` (an interrupted caller) does not

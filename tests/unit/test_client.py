@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import email.utils
 import io
 import json
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,7 @@ from PIL import Image
 
 from bench.harness.photos import CAMERA_SIZES, jpeg, photo
 from clip_gateway.client import AsyncClient, Client, ClientError, CompactOptions, compact
+from clip_gateway.client.core import Retries, retry_after, send
 from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from tests import samples
 
@@ -216,6 +219,61 @@ def test_gives_up_after_the_retry_budget() -> None:
     with client, pytest.raises(ClientError) as raised:
         client.embed([samples.compact(0)])
     assert raised.value.status == 503 and len(seen) == 4
+
+
+def test_a_retry_after_past_the_wait_bound_ends_the_retries_at_once() -> None:
+    """Retries are bounded in number and in total wait: a gateway asking for an hour is not
+    waited on (the answer is the caller's at once), nor are waits that add up past the bound."""
+    transport, seen = answers(
+        httpx.Response(429, headers={"Retry-After": "3600"}, json={"status": 429, "detail": "x"})
+    )
+    waits: list[float] = []
+    client = Client("http://gw", transport=transport, sleep=waits.append)
+    with client, pytest.raises(ClientError) as raised:
+        client.embed([samples.compact(0)])
+    assert raised.value.status == 429 and len(seen) == 1 and waits == []
+    transport, seen = answers(
+        *[httpx.Response(503, headers={"Retry-After": "50"}, json={"status": 503})] * 4
+    )
+    client = Client("http://gw", transport=transport, sleep=waits.append)
+    with client, pytest.raises(ClientError) as raised:
+        client.embed([samples.compact(0)])
+    assert waits == [50.0, 50.0] and len(seen) == 3  # a third wait would pass 120 s in all
+
+
+def test_retry_after_as_seconds_or_an_http_date() -> None:
+    def asked(value: str) -> float | None:
+        return retry_after(httpx.Response(429, headers={"Retry-After": value}))
+
+    assert asked("7") == 7.0 and asked(" 2.5 ") == 2.5 and asked("-3") == 0.0
+    later = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    assert 25 <= (asked(later) or 0) <= 30
+    assert asked("Sun, 06 Nov 1994 08:49:37 GMT") == 0.0  # past: at once
+    assert asked("soon") is None and retry_after(httpx.Response(429)) is None
+
+
+def test_send_retries_dropped_connections_and_returns_what_ends_it() -> None:
+    """``send`` is the one retry loop: the SDK's, the CLI's (through the SDK) and the bench's
+    one-off requests (bench/harness/clients.py ``post``)."""
+    calls: list[int] = []
+
+    def request() -> httpx.Response:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise httpx.ConnectError("refused")
+        if len(calls) == 2:
+            return httpx.Response(503, headers={"Retry-After": "4"})
+        return httpx.Response(422)  # not worth another try: returned as it is
+
+    waits: list[float] = []
+    assert send(request, Retries(max_backoff=0.0), waits.append).status_code == 422
+    assert len(calls) == 3 and waits[0] == 0.0 and waits[1] == 4.0
+
+    def dropped() -> httpx.Response:
+        raise httpx.ReadError("gone")
+
+    with pytest.raises(httpx.ReadError):
+        send(dropped, Retries(times=2), waits.append)
 
 
 def test_client_errors_are_not_retried_and_carry_the_problem() -> None:
