@@ -91,8 +91,12 @@ def test_triton_killed_and_restarted_under_load(cpu_repository: Path, tmp_path: 
                 for thread in threads:
                     thread.start()
                 wait_until(lambda: len(served_since(0)) >= 6, "steady load before the kill")
+                pid = triton.process.pid if triton.process else 0
+                triton.kill()  # SIGKILL to its process group; back once the server is reaped
+                assert not Path(f"/proc/{pid}").exists()  # gone: nothing can answer from here
+                # taken once the kill has taken effect, not before it (a request started in
+                # between was served by the dying server: 200 "after the kill")
                 killed_at = time.monotonic()
-                triton.kill()
                 wait_until(
                     lambda: any(o.started > killed_at and o.status >= 500 for o in list(outcomes)),
                     "the outage reaches the clients",
@@ -102,6 +106,9 @@ def test_triton_killed_and_restarted_under_load(cpu_repository: Path, tmp_path: 
                     lambda: (r := http.get("/readyz")).status_code == 503 and r, "unready"
                 )
                 assert int(down.headers["retry-after"]) >= 1
+                # from here the new server may answer (it serves before start() has seen it
+                # READY): the outage is what ended before this moment
+                restarting_at = time.monotonic()
                 # same ports: they stay reserved by the first server object until it is released
                 restarted = LocalTriton(
                     cpu_repository, log_path=tmp_path / "triton-2.log", **ports
@@ -121,7 +128,9 @@ def test_triton_killed_and_restarted_under_load(cpu_repository: Path, tmp_path: 
         triton.release_ports()
         if restarted is not None:
             restarted.stop()
-    during = [o for o in outcomes if killed_at < o.started < restarted_at]
+    # started once no server was left and ended before the next one was started: nothing could
+    # have served them (those across the restart may be either)
+    during = [o for o in outcomes if killed_at < o.started and o.ended < restarting_at]
     statuses = {o.status for o in outcomes}
     print(
         f"\nrequests {len(outcomes)}, statuses {sorted(statuses)}, outage answers "
