@@ -106,7 +106,9 @@ def test_ordinary_photos_of_every_coding_pass_the_meter(
 ) -> None:
     record = tmp_path / "decode-speed.json"
     env = {"GATEWAY_CANARY_INTERVAL_S": "0", "GATEWAY_DECODE_THREADS": "2",
-           "GATEWAY_DECODE_SPEED_RECORD": str(record)}  # fmt: skip
+           "GATEWAY_DECODE_SPEED_RECORD": str(record),
+           # not the user's cache, where another gateway of this run may have kept its own
+           "CLIP_GATEWAY_CACHE": str(tmp_path / "cache")}  # fmt: skip
     divisor = DIVISOR if make is FasterFactors else 1.0
     gateway = make(control_triton[0].grpc_url, env=env, log_path=tmp_path / "gateway.log")
     with gateway:
@@ -147,7 +149,8 @@ def test_the_speed_is_measured_once_per_machine_and_reused(control_triton, tmp_p
     """The second gateway on the same record measures nothing and prices by the same speeds;
     a record made for other factors (another signature) is measured again."""
     record = tmp_path / "decode-speed.json"
-    env = {"GATEWAY_CANARY_INTERVAL_S": "0", "GATEWAY_DECODE_SPEED_RECORD": str(record)}
+    env = {"GATEWAY_CANARY_INTERVAL_S": "0", "GATEWAY_DECODE_SPEED_RECORD": str(record),
+           "CLIP_GATEWAY_CACHE": str(tmp_path / "cache")}  # fmt: skip
     url = control_triton[0].grpc_url
     logs = [tmp_path / f"gateway-{i}.log" for i in range(3)]
     with GatewayProcess(url, env=env, log_path=logs[0]) as first:
