@@ -13,7 +13,7 @@ import base64
 import io
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from bench.harness.load import Reply
-from clip_gateway.client.core import multipart, send
+from clip_gateway.client.core import Retries, multipart, send, send_async
 
 SYSTEMS = ("gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http")
 _TIMING = re.compile(r"(\w+);dur=([\d.]+)")
@@ -52,6 +52,9 @@ class GatewayClient:
     url: str
     batches: Batches
     binary: bool = True
+    #: What a 429/503 gets: counted, as what an overload measures (None), or waited out as its
+    #: Retry-After says and sent again, as a study that measures something else needs it.
+    retries: Retries | None = None
     http: httpx.AsyncClient = field(init=False)
     bodies: list[tuple[bytes, str]] = field(init=False)
 
@@ -67,12 +70,14 @@ class GatewayClient:
         slot = index % len(self.bodies)
         body, content_type = self.bodies[slot]
         accept = "application/octet-stream" if self.binary else "application/json"
+        headers = {"Content-Type": content_type, "Accept": accept}
+
+        def request() -> Awaitable[httpx.Response]:
+            return self.http.post("/v1/embeddings", content=body, headers=headers)
+
         try:
-            response = await self.http.post(
-                "/v1/embeddings",
-                content=body,
-                headers={"Content-Type": content_type, "Accept": accept},
-            )
+            response = await (request() if self.retries is None
+                              else send_async(request, self.retries))  # fmt: skip
         except httpx.HTTPError:
             return Reply(599, 0, len(body))
         images = len(self.batches.batches[slot])
