@@ -193,7 +193,7 @@ def resize_pixels(width: int, height: int, plan: Plan) -> int:
 def jpeg_seconds(layout: jpeg.JpegLayout, coding: str, encoded_bytes: int, plan: Plan) -> float:
     """A JPEG's price under ``plan``: coefficient passes at full resolution, output at the
     decoded scale, the resize that follows, the entropy-coded bytes."""
-    fixed, share, _ = _jpeg_shape(_shape_of(layout), coding, plan)
+    fixed, share, _ = _jpeg_shape(_shape_of(layout), coding, plan, _factors(coding))
     decoded_bytes = float(encoded_bytes)
     if share is not None:  # the DC-only stream: its share of the scans' bytes
         decoded_bytes *= share
@@ -202,7 +202,13 @@ def jpeg_seconds(layout: jpeg.JpegLayout, coding: str, encoded_bytes: int, plan:
 
 def jpeg_peak_bytes(layout: jpeg.JpegLayout, plan: Plan) -> int:
     """libjpeg's coefficient buffer and the decoded RGBX array (Pillow maps it, no copy)."""
-    return _jpeg_shape(_shape_of(layout), "jpeg-baseline", plan)[2]
+    return _jpeg_shape(_shape_of(layout), "jpeg-baseline", plan, _factors("jpeg-baseline"))[2]
+
+
+def _factors(coding: str) -> tuple[float, float, float]:
+    """The factors a JPEG's fixed part is priced with, part of its cache key: a price follows
+    the factors it is computed with, even once they change (a test's, or a slower machine's)."""
+    return FACTORS[coding][0], JPEG_OUTPUT_S_PER_PIXEL, RESIZE_S_PER_PIXEL
 
 
 _Shape = tuple[int, int, tuple[tuple[int, int], ...], bool, bool, int, int]
@@ -215,7 +221,9 @@ def _shape_of(layout: jpeg.JpegLayout) -> _Shape:
 
 
 @functools.lru_cache(maxsize=4096)
-def _jpeg_shape(shape: _Shape, coding: str, plan: Plan) -> tuple[float, float | None, int]:
+def _jpeg_shape(
+    shape: _Shape, coding: str, plan: Plan, factors: tuple[float, float, float]
+) -> tuple[float, float | None, int]:
     """The part of a JPEG's price its bytes do not change (passes over its blocks, output and
     resize), the share of its bytes decoded (None: all), and the decoder's peak memory: one
     computation per frame shape and plan (every image is priced on the event loop, and most
@@ -223,7 +231,7 @@ def _jpeg_shape(shape: _Shape, coding: str, plan: Plan) -> tuple[float, float | 
     width, height, sampling, progressive, multi_scan, scans, dc_scans = shape
     layout = jpeg.JpegLayout(width, height, sampling, progressive, scans, dc_scans, multi_scan,
                              None)  # fmt: skip
-    per_block = FACTORS[coding][0]
+    per_block, per_output_pixel, per_resized_pixel = factors
     divisor = scale(width, height, plan)
     share = None
     if not progressive:
@@ -236,8 +244,8 @@ def _jpeg_shape(shape: _Shape, coding: str, plan: Plan) -> tuple[float, float | 
     out_width, out_height = -(-width // divisor), -(-height // divisor)
     fixed = (
         per_block * layout.blocks * passes
-        + JPEG_OUTPUT_S_PER_PIXEL * out_width * out_height
-        + RESIZE_S_PER_PIXEL * resize_pixels(out_width, out_height, plan)
+        + per_output_pixel * out_width * out_height
+        + per_resized_pixel * resize_pixels(out_width, out_height, plan)
     )
     peak = layout.coefficient_bytes + out_width * out_height * 4 + DECODER_OVERHEAD
     return fixed, share, peak

@@ -98,6 +98,24 @@ def test_a_progressive_jpeg_past_the_prefix_pays_both_dc_scans_of_the_standard_s
     )
 
 
+def test_a_jpegs_price_follows_the_factors_it_is_priced_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The part of a price that depends on the frame alone is kept per frame shape: once the
+    factors change (a test's, tests/faster_factors.py's), the same shape is priced by the new
+    ones, never by those it was first priced with (test_decode_meter's strips priced at a tenth
+    were priced so for every later request of the run)."""
+    data = hostile.jpeg_progressive_strip(224, 40_000)
+    before = work.estimate(data)
+    per_block, per_byte = work.FACTORS["jpeg-progressive"]
+    monkeypatch.setitem(work.FACTORS, "jpeg-progressive", (per_block / 10, per_byte / 10))
+    monkeypatch.setattr(work, "JPEG_OUTPUT_S_PER_PIXEL", work.JPEG_OUTPUT_S_PER_PIXEL / 10)
+    monkeypatch.setattr(work, "RESIZE_S_PER_PIXEL", work.RESIZE_S_PER_PIXEL / 10)
+    assert work.estimate(data).seconds == pytest.approx(before.seconds / 10)
+    monkeypatch.undo()
+    assert work.estimate(data) == before
+
+
 def test_immichs_full_size_decode_is_priced_as_it_runs() -> None:
     """/predict decodes every pixel and resizes the centre square in one step (issue 31: a
     62 MP flat JPEG was priced as a 1/8 decode, 0.02 s, and cost ~0.15-0.6 CPU-s)."""
