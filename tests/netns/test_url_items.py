@@ -35,6 +35,7 @@ from clip_gateway.http.guard import Allowlist
 from clip_gateway.http.streams import StreamBackend
 from clip_gateway.http.urls import parse
 from tests import samples
+from tests.controlled import wait_until
 from tests.fakes import FakeBackend
 from tests.metrics import sample
 
@@ -377,10 +378,9 @@ def test_fetches_beyond_the_cap_are_refused_at_once(server: str) -> None:
         holder.start()
         fetcher = app_context(app.state).fetcher
         assert fetcher is not None
-        for _ in range(200):  # until the stalled fetch holds the one slot
-            if fetcher.in_flight:
-                break
-            time.sleep(0.01)
+        # the stalled fetch holds the one slot (observed, not assumed after a while: a loaded
+        # machine may not have started it yet, and the next request would be fetched)
+        wait_until(lambda: fetcher.in_flight, "the stalled fetch holds the one slot")
         refused = post(client, {"image": f"{server}/img/1"})
         holder.join()
         assert refused.status_code == 429 and "Retry-After" in refused.headers
