@@ -92,7 +92,8 @@ class AsyncClient:
             if exc.status != 413:
                 raise
             if len(batch) == 1:
-                error = ItemError(0, "too large", str(exc.problem.get("detail", "")), 413)
+                detail, kind = str(exc.problem.get("detail", "")), exc.problem.get("type")
+                error = ItemError(0, "too large", detail, 413, kind)
                 return Embedded(np.empty((0, 0), np.float32), [], [error]).at(input_indices)
             half = len(batch) // 2
             halves = await asyncio.gather(

@@ -8,7 +8,7 @@ import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
@@ -38,12 +38,14 @@ class ClientError(Exception):
 @dataclass(frozen=True)
 class ItemError:
     """One input that could not be embedded: refused by the gateway (``status`` set, ``title``
-    the problem's title) or not readable on the client (``status`` is None)."""
+    the problem's title, ``type`` its RFC 9457 type URI) or not readable on the client
+    (``status`` and ``type`` are None)."""
 
     index: int
     title: str
     detail: str
     status: int | None = None
+    type: str | None = None
 
     def __str__(self) -> str:
         text = f"{self.title.lower()}: {self.detail}" if self.detail else self.title.lower()
@@ -63,7 +65,7 @@ class Embedded:
         return Embedded(
             self.vectors,
             [input_indices[i] for i in self.indices],
-            [ItemError(input_indices[e.index], e.title, e.detail, e.status) for e in self.errors],
+            [replace(e, index=input_indices[e.index]) for e in self.errors],
         )
 
 
@@ -250,7 +252,13 @@ def parse_json(response: httpx.Response) -> Embedded:
     rows = sorted(body["data"], key=lambda row: int(row["index"]))
     vectors = [_vector(row["embedding"]) for row in rows]
     errors = [
-        ItemError(int(e["index"]), str(e.get("title", "")), str(e.get("detail", "")), e["status"])
+        ItemError(
+            int(e["index"]),
+            str(e.get("title", "")),
+            str(e.get("detail", "")),
+            e["status"],
+            e.get("type"),
+        )
         for e in body.get("errors", [])
     ]
     return Embedded(

@@ -348,7 +348,13 @@ def json_answer(rows: dict[int, float], errors: dict[int, str]) -> httpx.Respons
         for i, value in rows.items()
     ]  # fmt: skip
     problems = [
-        {"index": i, "status": 422, "type": "t", "title": "Invalid image", "detail": detail}
+        {
+            "index": i,
+            "status": 422,
+            "type": "https://clip-gateway.dev/problems/invalid-image",
+            "title": "Invalid image",
+            "detail": detail,
+        }
         for i, detail in errors.items()
     ]
     return httpx.Response(200, json={"object": "list", "data": data, "errors": problems})
@@ -374,6 +380,8 @@ def test_embed_valid_keeps_the_good_and_names_the_bad() -> None:
         (4, "invalid image: not an image"),
         (5, "cannot read: No such file or directory"),
     ]
+    invalid = "https://clip-gateway.dev/problems/invalid-image"
+    assert [e.type for e in answer.errors] == [invalid, invalid, None]  # the gateway's kind
 
 
 def test_embed_valid_splits_a_request_too_large_as_a_whole() -> None:
@@ -383,7 +391,8 @@ def test_embed_valid_splits_a_request_too_large_as_a_whole() -> None:
         parts = request.content.split(b'name="image"')[1:]
         sizes.append(len(parts))
         if any(b"huge" in p for p in parts):
-            too_large = {"status": 413, "title": "Request too large", "detail": "body too large"}
+            too_large = {"status": 413, "title": "Request too large", "detail": "body too large",
+                         "type": "https://clip-gateway.dev/problems/payload-too-large"}  # fmt: skip
             return httpx.Response(413, json=too_large)
         return json_answer({i: float(i) for i in range(len(parts))}, {})
 
@@ -392,8 +401,8 @@ def test_embed_valid_splits_a_request_too_large_as_a_whole() -> None:
                 compact=CompactOptions(enabled=False)) as client:  # fmt: skip
         answer = client.embed_valid(images)
     assert answer.indices == [0, 1, 3]
-    assert [(e.index, e.status, str(e)) for e in answer.errors] == [
-        (2, 413, "too large: body too large")
+    assert [(e.index, e.status, str(e), e.type) for e in answer.errors] == [
+        (2, 413, "too large: body too large", "https://clip-gateway.dev/problems/payload-too-large")
     ]
     assert sizes == [4, 2, 2, 1, 1]  # halves, then the half holding the huge one
 
