@@ -1,6 +1,6 @@
 """``clip-gateway``: the client's commands (``embed``, ``search``, ``dupes``:
-clip_gateway/photos/cli.py) and the server's (``serve`` and the maintenance commands: serve.py,
-tools.py) under one root.
+clip_gateway/photos/cli.py; ``bulk``: clip_gateway/bulk/cli.py) and the server's (``serve`` and
+the maintenance commands: serve.py, tools.py) under one root.
 
 The server's commands are imported only when named, so the client install (``pip install
 clip-gateway``, no server extra) runs its own commands and answers a server command with the
@@ -27,6 +27,9 @@ CLIENT_COMMANDS = {
     "embed": "clip_gateway.photos.cli:embed",
     "search": "clip_gateway.photos.cli:search",
     "dupes": "clip_gateway.photos.cli:dupes",
+    # the bulk extra's job; the command itself imports neither Ray nor pyarrow, and says so
+    # when they are missing
+    "bulk": "clip_gateway.bulk.cli:bulk",
 }
 #: The server's commands: name -> (module:attribute, the one line ``--help`` shows for it).
 SERVER_COMMANDS = {
@@ -100,7 +103,8 @@ def _needs_the_server_extra(name: str, summary: str, missing: str) -> click.Comm
 @click.version_option(_version(), "--version", prog_name="clip-gateway")
 def cli() -> None:
     """Embed a photo folder through a clip-gateway, search it with words or a photo, and
-    review its near-duplicates; run the gateway itself (serve) and its maintenance commands."""
+    review its near-duplicates; embed a whole collection on Ray through a fleet of gateways
+    (bulk); run the gateway itself (serve) and its maintenance commands."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,230 @@
+"""The driver: the plan (made once, kept in the output), the shards not yet committed handed
+to Ray Data (one row per shard, a fixed pool of ``ShardWorker`` actors; Ray restarts a worker
+that dies and gives its shard to another), progress, and the summary.
+
+Why one row per shard and not Ray's file readers feeding a map: a reader's blocks mix and
+split files as Ray sees fit, so nothing downstream knows when every item of an input shard has
+passed (only a shuffle at the very end would), and a job killed at 90 % would keep nothing.
+With the shard as the unit, each worker reads its shard as a stream, and commits it whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from clip_gateway.bulk import output, sources
+from clip_gateway.bulk.work import JobSpec, ShardWorker
+
+#: Environment passed on to Ray's workers: object storage credentials and endpoint.
+FORWARDED_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "CLIP_GATEWAY_API_KEY",
+)
+
+
+class PlanMismatch(ValueError):
+    """The output folder holds another job's plan (another source, format or dtype)."""
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    #: Join this cluster (``ray://...`` or ``auto``); None: start a local Ray here.
+    address: str | None = None
+    workers: int = 2
+    #: CPUs reserved by each worker (reading, compacting and parsing answers).
+    worker_cpus: float = 1.0
+    #: A local Ray's CPUs and object store (None: Ray's defaults).
+    num_cpus: int | None = None
+    object_store_bytes: int | None = None
+
+
+@dataclass
+class Summary:
+    shards: int = 0
+    skipped: int = 0  # committed by an earlier run
+    committed: int = 0  # by this run
+    rows: int = 0  # this run
+    failures: Counter[str] = field(default_factory=Counter)  # this run, by reason
+    bytes_read: int = 0
+    seconds: float = 0.0
+    errors: dict[str, str] = field(default_factory=dict)  # shards left, and why
+    total_rows: int = 0  # the whole job, every run
+    total_failures: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return not self.errors and self.skipped + self.committed == self.shards
+
+    def lines(self) -> list[str]:
+        rate = self.rows / self.seconds if self.seconds else 0.0
+        failed = ", ".join(f"{kind}: {n}" for kind, n in sorted(self.failures.items()))
+        lines = [f"shard {name} not done: {why}" for name, why in sorted(self.errors.items())]
+        lines.append(
+            f"{self.committed} shards written, {self.skipped} done before, "
+            f"{self.shards - self.committed - self.skipped} left; this run: {self.rows} images "
+            f"embedded, {sum(self.failures.values())} failed"
+            + (f" ({failed})" if failed else "")
+            + f", {self.bytes_read / 1e6:.1f} MB read in {self.seconds:.1f} s, {rate:.1f} images/s"
+        )
+        lines.append(f"the job: {self.total_rows} rows, {self.total_failures} failures")
+        return lines
+
+
+def load_plan(spec: JobSpec, shard_size: int) -> list[sources.Shard]:
+    """The job's shards: from the output's plan when a run made one, else made and saved."""
+    out = output.Output.at(spec.output, spec.output_options)
+    fixed = {
+        "source": spec.source.url,
+        "format": spec.source.format,
+        "dtype": spec.dtype,
+        "columns": asdict(spec.source.columns),
+    }
+    saved = out.read_json(output.PLAN)
+    if saved is not None:
+        differs = {k: (saved.get(k), v) for k, v in fixed.items() if saved.get(k) != v}
+        if differs:
+            said = "; ".join(
+                f"{k}: {old!r} there, {new!r} here" for k, (old, new) in differs.items()
+            )
+            raise PlanMismatch(f"{spec.output} holds another job ({said}); use another output")
+        return [sources.Shard.from_json(s) for s in saved["shards"]]
+    shards = sources.plan(spec.source, shard_size)
+    captions = spec.captions and sources.has_captions(spec.source, shards[0])
+    out.write_json(
+        output.PLAN, {**fixed, "captions": captions, "shards": [s.to_json() for s in shards]}
+    )
+    return shards
+
+
+def captions_of(spec: JobSpec) -> bool:
+    saved = output.Output.at(spec.output, spec.output_options).read_json(output.PLAN)
+    return bool(saved and saved.get("captions"))
+
+
+def run(
+    spec: JobSpec,
+    ray_options: RayOptions,
+    *,
+    shard_size: int = 10_000,
+    progress: Callable[[dict[str, int]], None] = lambda counts: None,
+) -> Summary:
+    started = time.monotonic()
+    shards = load_plan(spec, shard_size)
+    spec = JobSpec(**{**spec.__dict__, "captions": captions_of(spec)})
+    out = output.Output.at(spec.output, spec.output_options)
+    out.sweep()
+    done = out.done()
+    pending = [s for s in shards if s.name not in done]
+    summary = Summary(shards=len(shards), skipped=len(shards) - len(pending))
+    if pending:
+        _run_on_ray(spec, ray_options, pending, summary, progress)
+    summary.seconds = time.monotonic() - started
+    for record in out.done().values():
+        summary.total_rows += int(record["rows"])
+        summary.total_failures += sum(record["failures"].values())
+    return summary
+
+
+def _run_on_ray(
+    spec: JobSpec,
+    options: RayOptions,
+    pending: list[sources.Shard],
+    summary: Summary,
+    progress: Callable[[dict[str, int]], None],
+) -> None:
+    import ray
+    import ray.data
+
+    env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+    init: dict[str, Any] = {
+        "runtime_env": {"env_vars": env},
+        "logging_level": logging.WARNING,
+        "log_to_driver": True,
+        "include_dashboard": False,
+    }
+    if options.address is None:
+        init |= {"num_cpus": options.num_cpus, "object_store_memory": options.object_store_bytes}
+    else:
+        init["address"] = options.address
+    ray.init(**init)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines: our bars say it
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
+        tally = ray.remote(num_cpus=0)(Tally).remote()
+        rows = [{"shard": json.dumps(s.to_json())} for s in pending]
+        dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+            ShardWorker,
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=options.workers),
+            fn_constructor_kwargs={"spec": spec, "tally": tally},
+            num_cpus=options.worker_cpus,
+        )
+        stop = threading.Event()
+        watcher = threading.Thread(
+            target=_watch, args=(tally, stop, progress, summary), daemon=True
+        )
+        watcher.start()
+        try:
+            for row in dataset.iter_rows():
+                if row["error"]:
+                    summary.errors[row["name"]] = row["error"]
+                    continue
+                summary.committed += 1
+                summary.rows += int(row["rows"])
+                summary.failures.update(json.loads(row["failures"]))
+                summary.bytes_read += int(row["bytes_read"])
+        finally:
+            stop.set()
+            watcher.join()
+            _report(tally, progress, summary)  # the bars' last state: every shard counted
+    finally:
+        ray.shutdown()
+
+
+def _watch(
+    tally: Any, stop: threading.Event, progress: Callable[[dict[str, int]], None], summary: Summary
+) -> None:
+    while not stop.wait(0.5):
+        _report(tally, progress, summary)
+
+
+def _report(tally: Any, progress: Callable[[dict[str, int]], None], summary: Summary) -> None:
+    import ray
+
+    try:
+        counts: dict[str, int] = ray.get(tally.read.remote(), timeout=5)
+    except Exception:  # the progress bars are best effort; the job goes on without them
+        return
+    shards = summary.committed + summary.skipped
+    progress({**counts, "shards": shards, "shards_total": summary.shards})
+
+
+class Tally:
+    """A Ray actor the workers report to as they go, for the driver's progress bars."""
+
+    def __init__(self) -> None:
+        self.counts = {"rows": 0, "failed": 0, "bytes": 0}
+
+    def add(self, rows: int, failed: int, read: int) -> None:
+        self.counts["rows"] += rows
+        self.counts["failed"] += failed
+        self.counts["bytes"] += read
+
+    def read(self) -> dict[str, int]:
+        return dict(self.counts)
