@@ -246,6 +246,47 @@ def test_the_pod_requires_an_api_key(
     assert not any(k.startswith("prometheus.io/") for k in labels.get("annotations", {}))
 
 
+RAYJOB = K8S / "bulk" / "rayjob.yaml"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_bulk_rayjob_runs_the_bulk_command_on_restricted_pods_against_the_service(
+    rendered: list[dict[str, Any]], version: str
+) -> None:
+    """deploy/k8s/bulk/rayjob.yaml (docs/BULK.md): KubeRay's CRD is not in the schemas, so its
+    pod templates are validated as PodTemplates, held to the namespace's restricted standard;
+    its command is parsed by the command itself and sends to deploy/k8s's Service."""
+    from clip_gateway.bulk.cli import bulk
+
+    (job,) = [d for d in yaml.safe_load_all(RAYJOB.read_text()) if d]
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    assert job["metadata"]["namespace"] == by_kind(rendered, "Namespace")["metadata"]["name"]
+    cluster = job["spec"]["rayClusterSpec"]
+    ray = next(line for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines()
+               if line.startswith("ray=="))  # fmt: skip
+    assert cluster["rayVersion"] == ray.removeprefix("ray==")
+    templates = [cluster["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["workerGroupSpecs"]]
+    for template in templates:
+        wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "bulk"},
+                   "template": template}  # fmt: skip
+        kubernetes_validate.validate(wrapped, version, strict=True)
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        (container,) = spec["containers"]
+        assert container["image"].endswith(f":{cluster['rayVersion']}-py311")
+        own = container["securityContext"]
+        assert own["allowPrivilegeEscalation"] is False and own["capabilities"]["drop"] == ["ALL"]
+    words = job["spec"]["entrypoint"].split()
+    assert words[:2] == ["clip-gateway", "bulk"]
+    context = bulk.make_context("bulk", words[2:])  # the command's own parser takes it
+    service = by_kind(rendered, "Service")
+    namespace = service["metadata"]["namespace"]
+    assert service["spec"]["ports"][0]["port"] == 80
+    assert context.params["gateways"] == [f"http://{service['metadata']['name']}.{namespace}.svc"]
+
+
 def test_hpa_pdb_and_service_select_and_scale_the_pods(rendered: list[dict[str, Any]]) -> None:
     deployment = by_kind(rendered, "Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
