@@ -16,7 +16,17 @@ from clip_gateway.client import AsyncClient, Client, ClientError, compact
 
 @pytest.mark.parametrize(
     "module",
-    ["litestar", "uvicorn", "tritonclient", "opentelemetry", "torch", "open_clip", "msgspec"],
+    [
+        "litestar",
+        "uvicorn",
+        "tritonclient",
+        "opentelemetry",
+        "torch",
+        "open_clip",
+        "msgspec",
+        "ray",
+        "pyarrow",
+    ],
 )
 def test_no_server_or_export_dependency_is_installed(module: str) -> None:
     assert importlib.util.find_spec(module) is None
@@ -80,6 +90,14 @@ def test_serve_says_which_extra_it_needs() -> None:
     assert done.returncode == 2
     assert "clip-gateway[server]" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_bulk_says_which_extra_it_needs(tmp_path: Path) -> None:
+    done = clip_gateway("bulk", str(tmp_path), str(tmp_path / "out"), "--gateway", "http://gw")
+    assert done.returncode == 2
+    assert "bulk needs the bulk extra: pip install 'clip-gateway[bulk]'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_embed_against_a_real_server(url: str, jpegs: list[bytes]) -> None:
