@@ -22,10 +22,7 @@ def spec_of(src: str, dst: str, gateways: list[str], options: dict[str, Any]) ->
         options["image_column"], options["caption_column"], options["key_column"]
     )
     source = sources.Source(src, sources.detect(src) if form == "auto" else form, columns)
-    workers = options["workers"]
-    fleet = FleetOptions(
-        in_flight=max(1, options["in_flight"] // workers), give_up_s=options["give_up_s"]
-    )
+    fleet = FleetOptions(in_flight=options["in_flight"], give_up_s=options["give_up_s"])
     return JobSpec(
         source,
         dst,

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from clip_gateway.bulk import output, sources
@@ -124,7 +124,7 @@ def run(
 ) -> Summary:
     started = time.monotonic()
     shards = load_plan(spec, shard_size)
-    spec = JobSpec(**{**spec.__dict__, "captions": captions_of(spec)})
+    spec = replace(spec, captions=captions_of(spec))
     out = output.Output.at(spec.output, spec.output_options)
     out.sweep()
     done = out.done()
@@ -168,11 +168,15 @@ def _run_on_ray(
         context.print_on_execution_start = False
         tally = ray.remote(num_cpus=0)(Tally).remote()
         rows = [{"shard": json.dumps(s.to_json())} for s in pending]
+        # no more workers than shards, and the job's requests in flight per gateway shared by
+        # the workers there are (each has at least one)
+        workers = min(options.workers, len(pending))
+        share = replace(spec.fleet, in_flight=max(1, spec.fleet.in_flight // workers))
         dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
             ShardWorker,
             batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=options.workers),
-            fn_constructor_kwargs={"spec": spec, "tally": tally},
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            fn_constructor_kwargs={"spec": replace(spec, fleet=share), "tally": tally},
             num_cpus=options.worker_cpus,
         )
         stop = threading.Event()
