@@ -80,6 +80,39 @@ def test_429_and_503_slow_the_work_for_their_retry_after_and_never_fail_it() -> 
     assert fleet.gateways[0].events[1].startswith(f"gateway {A} back in rotation")
 
 
+def test_a_429_shrinks_the_share_and_the_admitted_requests_keep_the_gateway_busy() -> None:
+    """The refused request waits its Retry-After (1 s) while the gateway, which admitted the
+    others, is sent the rest one at a time: it is never left idle for the Retry-After."""
+    sent: list[str] = []
+    admitted = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        name = request.content.decode()
+        sent.append(name)
+        if name == "first" and sent.count("first") == 1:
+            await admitted.wait()  # refused while another request of ours is in flight
+            return httpx.Response(429, headers={"Retry-After": "1"})
+        admitted.set()
+        await asyncio.sleep(0.01)
+        return httpx.Response(200)
+
+    fleet = fleet_of(handler, in_flight=2)
+
+    async def main() -> None:
+        try:
+            first = asyncio.create_task(fleet.post({"content": b"first"}, read))
+            await asyncio.sleep(0)  # "first" goes out before the others
+            await asyncio.gather(first, *(fleet.post({"content": f"{i}".encode()}, read)
+                                          for i in range(8)))  # fmt: skip
+        finally:
+            await fleet.aclose()
+
+    asyncio.run(main())
+    assert sent[0] == "first" and sent[-1] == "first"  # tried again after the Retry-After only
+    assert sorted(sent[1:-1]) == [str(i) for i in range(8)]  # every other one answered meanwhile
+    assert fleet.gateways[0].limit == 2  # grown back to the whole share
+
+
 def test_a_gateway_that_goes_away_leaves_the_rotation_and_comes_back() -> None:
     state = {"a_up": False, "a_calls": 0}
 
