@@ -42,6 +42,7 @@ OWN_ARGUMENTS = {
     "rolling-restart": ("rolling_restart", "deploy/compose under load, one gateway restarted"),
     "cpu-instances": ("cpu_instances", "the CPU profiles' model plans alone (in .triton-env)"),
     "openvino-eval": ("openvino_eval", "OpenVINO beside ONNX Runtime on the image graph"),
+    "bulk": ("bulk", "the bulk job on a local Ray beside `clip-gateway embed`: rate and CPU"),
 }
 
 RESULTS = Path(__file__).resolve().parent / "results"

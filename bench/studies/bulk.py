@@ -89,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench bulk", description=__doc__)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--in-flight", type=int, default=4, help="both clients, per gateway")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=2,
+        help="both clients, per gateway (docs/BULK.md: 1-2 on a CPU profile)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="the job's Ray workers")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
