@@ -159,24 +159,35 @@ def main(argv: list[str] | None = None) -> int:
             ],
             watch,
         )
+    ratios(results, watch)
+    write_results(args.out, "bulk", results, markdown=_markdown(results))
+    print(_markdown(results))
+    return 0
+
+
+def ratios(results: dict[str, Any], watch: list[int]) -> None:
+    """Per-image figures and the two bars. A run that did not finish (``embed`` gives up on a
+    429 its retries do not outlast) has no rate: its wall time is when it gave up."""
+    images = results["images"]
     for run in ("embed", "bulk"):
         figures = results[run]
-        figures["images_per_s"] = round(args.images / figures["wall_s"], 2)
+        finished = figures["exit"] in (0, 3)
+        figures["images_per_s"] = round(images / figures["wall_s"], 2) if finished else None
         gateway_s, triton_s = (figures["served_cpu_s"][str(p)] for p in watch)
-        figures["gateway_cpu_ms_per_image"] = round(1000 * gateway_s / args.images, 3)
-        figures["triton_cpu_ms_per_image"] = round(1000 * triton_s / args.images, 3)
-        figures["client_cpu_ms_per_image"] = round(1000 * figures["client_cpu_s"] / args.images, 3)
+        figures["gateway_cpu_ms_per_image"] = round(1000 * gateway_s / images, 3)
+        figures["triton_cpu_ms_per_image"] = round(1000 * triton_s / images, 3)
+        figures["client_cpu_ms_per_image"] = round(1000 * figures["client_cpu_s"] / images, 3)
     bulk, embed = results["bulk"], results["embed"]
-    results["job_rate_vs_embed"] = round(bulk["images_per_s"] / embed["images_per_s"], 3)
+    both = bulk["images_per_s"] and embed["images_per_s"]
+    results["job_rate_vs_embed"] = (
+        round(bulk["images_per_s"] / embed["images_per_s"], 3) if both else None
+    )
     results["job_cpu_vs_gateway"] = round(
         bulk["client_cpu_ms_per_image"] / bulk["gateway_cpu_ms_per_image"], 3
     )
     results["job_workers_cpu_vs_gateway"] = round(
-        bulk["ray_workers_cpu_s"] / args.images * 1000 / bulk["gateway_cpu_ms_per_image"], 3
+        bulk["ray_workers_cpu_s"] / images * 1000 / bulk["gateway_cpu_ms_per_image"], 3
     )
-    write_results(args.out, "bulk", results, markdown=_markdown(results))
-    print(_markdown(results))
-    return 0
 
 
 def _markdown(r: dict[str, Any]) -> str:
@@ -185,7 +196,8 @@ def _markdown(r: dict[str, Any]) -> str:
         f = r[run]
         workers = f"{1000 * f['ray_workers_cpu_s'] / r['images']:.2f}" if run == "bulk" else "–"
         rows.append(
-            f"| `clip-gateway {run}` | {f['exit']} | {f['wall_s']} | {f['images_per_s']} | "
+            f"| `clip-gateway {run}` | {f['exit']} | {f['wall_s']} | "
+            f"{f['images_per_s'] or 'did not finish'} | "
             f"{f['client_cpu_ms_per_image']} | {workers} | {f['gateway_cpu_ms_per_image']} "
             f"| {f['triton_cpu_ms_per_image']} | {f['load_avg_at_start'][0]:.2f} |"
         )
@@ -205,7 +217,8 @@ def _markdown(r: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            f"The job's images/s against `embed`'s: {r['job_rate_vs_embed']}x (bar: >= 0.9x). The "
+            f"The job's images/s against `embed`'s: {r['job_rate_vs_embed'] or 'none'} (bar: >= "
+            "0.9x; none: a run did not finish). The "
             f"job's CPU per image against the gateway's: {r['job_cpu_vs_gateway']} with Ray's own "
             f"processes and start-up, {r['job_workers_cpu_vs_gateway']} for its workers alone "
             "(bar: <= 0.25).",
