@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.cpu import _cpu, _tree, cpu_seconds
+from bench.harness.cpu import _cpu, cpu_seconds, tree
 from bench.harness.machine import cpu_load, record
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
@@ -46,7 +46,7 @@ class Sampler:
 
     def _run(self) -> None:
         while not self.stop.wait(0.2):
-            for member in _tree(self.pid):
+            for member in tree(self.pid):
                 try:
                     title = Path(f"/proc/{member}/cmdline").read_bytes().replace(b"\0", b" ")
                     seconds = _cpu(Path(f"/proc/{member}/stat"))  # its own threads
