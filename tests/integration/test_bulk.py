@@ -46,6 +46,24 @@ def bulk_gateway(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[G
         yield process
 
 
+@pytest.fixture(scope="module")
+def quick_gateway(
+    control_triton, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:  # type: ignore[no-untyped-def]
+    """A real gateway in front of a real Triton serving the control model (tests/models/
+    control.py: a cheap embedding bound to each image's pixels and each text's tokens), for the
+    2,048-image job: the bulk job's reading, batching, fleet and output are what it tests, and
+    ViT-B/32 on two CPUs would spend minutes of CI on the model alone (the smaller jobs below
+    run on it)."""
+    server, _ = control_triton
+    log = tmp_path_factory.mktemp("quick-gateway") / "gateway.log"
+    env = {"GATEWAY_MAX_ITEMS_PER_REQUEST": "64", "GATEWAY_DECODE_THREADS": "2",
+           "GATEWAY_CANARY_INTERVAL_S": "0"}  # fmt: skip
+    with GatewayProcess(server.grpc_url, env=env, log_path=log) as process:
+        process.wait_ready()
+        yield process
+
+
 class RayHead(NamedTuple):
     address: str
     #: What a driver needs to join it: the head's own token (not ~/.ray's, which other Ray
@@ -183,8 +201,9 @@ def direct_texts(url: str, texts: list[str]) -> np.ndarray:
 
 
 def test_webdataset_2000_images_in_8_shards_then_a_second_run_does_nothing(
-    bulk_gateway: GatewayProcess, ray_head: RayHead, tmp_path: Path
+    quick_gateway: GatewayProcess, ray_head: RayHead, tmp_path: Path
 ) -> None:
+    bulk_gateway = quick_gateway
     found = bulk_data.collection(2048, seed=1)
     bulk_data.write_webdataset(tmp_path / "in", found, 8)
     dst = tmp_path / "out"
