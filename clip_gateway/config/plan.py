@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -61,14 +63,65 @@ def usable_cpus(root: Path = CGROUP) -> int:
 
 
 @dataclass(frozen=True)
+class CoreFigures:
+    """What the worker plan is fed: CPU per image measured on each side of the hop, and the
+    decode threads per worker that measured best per core."""
+
+    #: The gateway's CPU per image (all its processes: HTTP, parsing, decode, resize, gRPC) at
+    #: batch 32, microseconds.
+    gateway_us: float
+    #: The model side's CPU per image, microseconds: on a GPU host Triton's (its process and the
+    #: backend stubs); on a CPU profile the model's own (all usable CPUs over its images/s).
+    model_us: float
+    #: Decode threads per worker that gave the most images/s per core.
+    decode_threads: int
+    #: Where the figures come from (a measurement here, or the committed run they default to).
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gateway_us_per_image": round(self.gateway_us), "model_us_per_image":
+                round(self.model_us), "decode_threads": self.decode_threads,
+                "source": self.source}  # fmt: skip
+
+
+#: The GPU host's figures until one is measured there (bench/results/host, the H200 host with 16
+#: Xeon cores, ViT-B/32 uploads at batch 32): the gateway's CPU per image with 8 single-thread
+#: workers, 960 us; Triton, on the 3 cores it was pinned to, delivered 4,335 images/s through 8
+#: such workers, so it spent at most 3 / 4,335 s = 692 us per image. Per core, 8 single-thread
+#: workers reached 0.65 of one worker's images/s, 2 workers x 4 threads (the fixed rule's shape
+#: on 9 cores) 0.39: a decode thread added to a worker is worth less than a worker.
+GPU_FIGURES = CoreFigures(960.0, 692.0, 1, "bench/results/host (H200 host, 16 Xeon cores)")
+#: A CPU profile's figures until its plan is measured here: the gateway's as above, the model's
+#: from the fastest CPU profile measured through the gateway (bench/results/plans/openvino:
+#: cpu-int8-openvino, 57.4 images/s at batch 32 x 4 on 2 CPUs, 2 / 57.4 s = 34,843 us per image).
+CPU_FIGURES = CoreFigures(960.0, 34_843.0, 1, "bench/results/plans (2-CPU EPYC, cpu-int8-openvino)")
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     workers: int
     decode_threads: int
+    #: cores left to Triton by the split (0: not split, the gateway's cores were given)
+    triton_cores: int = 0
 
 
 #: What one worker holds besides its decodes (interpreter, app, pools, shm regions): measured
 #: ~110 MB warm (bench/results/footprint), with room.
 WORKER_BASE_BYTES = 192 << 20
+#: At most this many workers: each holds its own pools, shared-memory regions and gRPC channel,
+#: and more than 8 were never measured.
+MAX_WORKERS = 32
+
+
+def core_split(cpus: int, figures: CoreFigures) -> tuple[int, int]:
+    """(gateway cores, Triton's cores) of ``cpus``, in proportion to each side's CPU per image:
+    at full load each side needs ``images/s x its CPU per image`` cores. The gateway's share is
+    rounded up (it feeds everything after it); Triton keeps at least one core when there are
+    two. On a CPU profile the model's share is nearly everything, and its instances' threads
+    span every usable CPU anyway (the gateway's decodes take their share when they run)."""
+    share = figures.gateway_us / (figures.gateway_us + figures.model_us)
+    gateway = max(1, min(cpus - 1 if cpus > 1 else 1, math.ceil(cpus * share - 1e-9)))
+    return gateway, cpus - gateway
 
 
 def worker_plan(
@@ -78,21 +131,29 @@ def worker_plan(
     *,
     memory_bytes: int | None = None,
     decode_bytes: int = 256 << 20,
+    figures: CoreFigures = GPU_FIGURES,
 ) -> WorkerPlan:
-    """Workers and decode threads per worker for ``cpus`` CPUs, where not set (0).
+    """Workers and decode threads per worker on the gateway's ``cpus``, where not set (0).
 
-    HTTP parsing, multipart and the gRPC client run on each worker's event loop and hold about
-    one core at full load, while decoding releases the GIL and scales with threads. One worker
-    per four CPUs (at most 8) with threads filling the rest keeps every CPU busy without
-    oversubscribing: 16 CPUs -> 4 workers x 4 threads; 2 CPUs -> 1 x 2. With a memory limit,
-    at most half of it goes to the gateway (Triton and the model need the rest): threads are
-    cut until every worker's base plus one worst-case decode per thread fits.
+    Thin workers: ``figures.decode_threads`` (1 as measured) threads each, one worker per that
+    many cores (at most ``MAX_WORKERS``). Each worker's event loop (HTTP, multipart, pricing,
+    gRPC) holds the GIL for a good part of an image's CPU, so per core a second worker outruns
+    a second decode thread (the H200 host: 8 x 1 on 9 cores 7,905 images/s, 2 x 4 5,383). A
+    worker count set without threads shares the cores between them; threads set without
+    workers get as many workers as fit. With a memory limit, at most half of it goes to the
+    gateway (Triton and the model need the rest): workers, then threads, are cut until every
+    worker's base plus one worst-case decode per thread fits.
     """
-    workers = workers or max(1, min(8, cpus // 4))
-    threads = threads or max(1, cpus // workers)
+    if workers and not threads:
+        threads = max(1, cpus // workers)
+    threads = threads or max(1, min(figures.decode_threads, cpus))
+    workers = workers or max(1, min(MAX_WORKERS, cpus // threads))
     if memory_bytes:
-        share = memory_bytes // 2 // workers - WORKER_BASE_BYTES
-        threads = max(1, min(threads, share // decode_bytes))
+        share = memory_bytes // 2
+        fits = share // (WORKER_BASE_BYTES + threads * decode_bytes)
+        workers = max(1, min(workers, fits))
+        per_worker = share // workers - WORKER_BASE_BYTES
+        threads = max(1, min(threads, per_worker // decode_bytes))
     return WorkerPlan(workers, threads)
 
 
@@ -101,28 +162,37 @@ class ModelPlan:
     instances: int
     threads: int
 
+    @property
+    def name(self) -> str:
+        return f"{self.instances}x{self.threads}"
 
-#: Model instances per tower on the CPU profiles, where not set (bench/results/plans, 2 CPUs).
-#: ``cpu-int8``: two single-thread instances beat one two-thread instance (+12-24 % img/s
-#: with 4 clients; single-image p50 31 vs 28 ms): while one batch is in the single-threaded
-#: stretches between the INT8 GEMMs (dynamic quantization, LayerNorm, softmax, the Python
-#: backend's hand-off), the other computes. ``cpu`` (FP32): the GEMMs are nearly all of the
-#: time and scale over threads, so one instance with every thread is as fast with 4 clients and
-#: far better for one client (single image ~58 vs ~94 ms) and in memory (each instance holds
-#: a copy of the model: ~600 MB for both FP32 towers). More than two was not measured.
-#: The OpenVINO profiles (``cpu-bf16``, ``cpu-int8-openvino``): one instance with every thread.
-#: Through the whole gateway (bench/results/plans/openvino, 2-CPU EPYC) it is 1.57-1.63x the
-#: two single-thread instances at batch 32 x 4 (57.4 vs 36.5 img/s INT8, 34.5 vs 21.2 BF16) and
-#: better for one client too (single image 31 vs 38 ms, 41 vs 63 ms): OpenVINO runs its own
-#: stretches between the matrix products in parallel, so a second instance buys nothing but a
-#: second copy of the model.
+    @classmethod
+    def parse(cls, name: str) -> ModelPlan:
+        instances, threads = name.split("x")
+        return cls(int(instances), int(threads))
+
+
+#: Model instances per tower on the CPU profiles before their plan is measured here (the
+#: provisional plan, and the one ``auto`` times each profile with: bench/results/plans, 2 CPUs).
+#: ``cpu-int8``: two single-thread instances beat one two-thread instance on the EPYC (+12-24 %
+#: img/s with 4 clients; single-image p50 31 vs 28 ms). ``cpu`` (FP32) and the OpenVINO
+#: profiles (``cpu-bf16``, ``cpu-int8-openvino``): one instance with every thread (through the
+#: whole gateway on the EPYC, bench/results/plans/openvino, 1.57-1.63x two single-thread
+#: instances at batch 32 x 4, and better for one client). Which plan serves on a given machine
+#: is measured there (``plan_candidates``, ``choose_model_plan``, launcher/core_plan.py).
 CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2, "cpu-bf16": 1,
                                        "cpu-int8-openvino": 1}  # fmt: skip
+#: Most model instances a candidate plan has: each holds a copy of the model (~240 MB for both
+#: INT8 towers, ~600 MB FP32), and more than two were never faster anywhere measured.
+MAX_INSTANCES = 4
+#: A plan within this fraction of the best batch throughput counts as tied on throughput, and
+#: the single-image latency decides (``choose_model_plan``).
+THROUGHPUT_TOLERANCE = 0.05
 
 
 def model_plan(profile: str, cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:
     """Model instances and ONNX Runtime intra-op threads per instance on the CPU profiles,
-    where not set (0).
+    where not set (0): the provisional plan (``CPU_MODEL_INSTANCES``).
 
     ORT's own default is one thread per physical core of the *host*, blind to the cgroup quota:
     a pod limited to 2 CPUs on a 64-core node would run 64 threads per instance. The plan shares
@@ -134,12 +204,60 @@ def model_plan(profile: str, cpus: int, instances: int = 0, threads: int = 0) ->
     return ModelPlan(instances, threads or max(1, cpus // instances))
 
 
-def plan_for(workers: int, threads: int, decode_mib: int, root: Path = CGROUP) -> WorkerPlan:
-    """The plan for this container: its CPU quota and memory limit, the settings' overrides."""
-    return worker_plan(
-        usable_cpus(root),
-        workers,
-        threads,
-        memory_bytes=cgroup_memory_limit(root),
-        decode_bytes=decode_mib << 20,
+def plan_candidates(cpus: int) -> list[ModelPlan]:
+    """The plans measured on ``cpus`` CPUs: 1 x N, 2 x N/2, 4 x N/4 (at most ``MAX_INSTANCES``
+    instances, at least one thread each)."""
+    found, instances = [], 1
+    while instances <= min(cpus, MAX_INSTANCES):
+        found.append(ModelPlan(instances, cpus // instances))
+        instances *= 2
+    return found
+
+
+@dataclass(frozen=True)
+class PlanTiming:
+    """One candidate plan, measured: batch-32 images/s from 4 callers, one image's p50."""
+
+    images_per_s: float
+    single_p50_ms: float
+
+
+def choose_model_plan(timings: Mapping[ModelPlan, PlanTiming]) -> tuple[ModelPlan, str]:
+    """The plan with the lowest single-image p50 among those within ``THROUGHPUT_TOLERANCE``
+    of the best batch-32 throughput (fewer instances on a tie: less memory); and why.
+
+    Batches are what a library import or a backfill sends, one image at a time what a person
+    waiting on a search or an upload sees. A plan that loses more than 5 % of the batch
+    throughput is never chosen for its latency; within 5 % the two throughputs are as good as
+    tied (the rounds of one plan spread by about that on a quiet 2-CPU machine), and the
+    latency, which differs between plans by up to 2x (one instance's single image runs on every
+    thread, one of two instances' on half of them), decides."""
+    best = max(t.images_per_s for t in timings.values())
+    floor = best * (1 - THROUGHPUT_TOLERANCE)
+    tied = [p for p, t in timings.items() if t.images_per_s >= floor]
+    chosen = min(tied, key=lambda p: (timings[p].single_p50_ms, p.instances))
+    summary = "; ".join(f"{p.name}: {t.images_per_s:.1f} img/s at batch 32 x 4, single image "
+                        f"p50 {t.single_p50_ms:.1f} ms" for p, t in timings.items())  # fmt: skip
+    return chosen, (
+        f"{chosen.name}: the lowest single-image p50 of the plans within "
+        f"{THROUGHPUT_TOLERANCE:.0%} of the best batch throughput ({summary})"
     )
+
+
+def plan_for(
+    workers: int,
+    threads: int,
+    decode_mib: int,
+    root: Path = CGROUP,
+    figures: CoreFigures | None = None,
+) -> WorkerPlan:
+    """The plan for this container: its CPU quota and memory limit, the settings' overrides.
+    With ``figures`` (the launcher: Triton runs beside the gateway) the usable CPUs are split
+    first (``core_split``) and the workers planned on the gateway's share; without, every
+    usable CPU is the gateway's."""
+    cpus = usable_cpus(root)
+    gateway, triton = core_split(cpus, figures) if figures is not None else (cpus, 0)
+    planned = worker_plan(gateway, workers, threads, memory_bytes=cgroup_memory_limit(root),
+                          decode_bytes=decode_mib << 20,
+                          figures=figures or GPU_FIGURES)  # fmt: skip
+    return WorkerPlan(planned.workers, planned.decode_threads, triton)

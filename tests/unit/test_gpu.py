@@ -198,14 +198,15 @@ def test_without_calibration_the_table_decides(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("cpus", "workers", "threads", "plan"),
     [
-        (2, 0, 0, (1, 2)),
-        (16, 0, 0, (4, 4)),
-        (64, 0, 0, (8, 8)),
+        (2, 0, 0, (2, 1)),
+        (16, 0, 0, (16, 1)),
+        (64, 0, 0, (32, 1)),
         (16, 2, 0, (2, 8)),
         (8, 0, 3, (2, 3)),
     ],
 )
 def test_worker_plan(cpus: int, workers: int, threads: int, plan: tuple[int, int]) -> None:
+    """Thin workers on the gateway's cores (tests/unit/test_plan.py has the split and why)."""
     assert worker_plan(cpus, workers, threads) == WorkerPlan(*plan)
 
 
@@ -228,14 +229,6 @@ def test_auto_is_resolved_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_
         render_config(RepositorySettings(), 224, 512)
 
 
-@pytest.mark.parametrize(("memory_gib", "threads"), [(None, 4), (64, 4), (4, 3), (2, 1), (1, 1)])
-def test_a_memory_limit_caps_the_decode_threads(memory_gib: int | None, threads: int) -> None:
-    """8 CPUs: 2 workers x 4 threads; half the limit for the gateway, where each worker's base
-    and one 256 MiB decode per thread must fit."""
-    memory = memory_gib << 30 if memory_gib else None
-    assert worker_plan(8, memory_bytes=memory).decode_threads == threads
-
-
 def test_the_container_limits_are_read_from_cgroup_files(tmp_path: Path) -> None:
     from clip_gateway.config.plan import cgroup_cpu_quota, cgroup_memory_limit, plan_for
 
@@ -243,7 +236,7 @@ def test_the_container_limits_are_read_from_cgroup_files(tmp_path: Path) -> None
     (tmp_path / "memory.max").write_text(str(3 << 30))
     assert cgroup_cpu_quota(tmp_path) == 2.5
     assert cgroup_memory_limit(tmp_path) == 3 << 30
-    assert plan_for(0, 0, 256, tmp_path) == WorkerPlan(1, 2)
+    assert plan_for(0, 0, 256, tmp_path) == WorkerPlan(2, 1)
     (tmp_path / "cpu.max").write_text("max 100000\n")
     (tmp_path / "memory.max").write_text("max\n")
     assert cgroup_cpu_quota(tmp_path) is None and cgroup_memory_limit(tmp_path) is None
