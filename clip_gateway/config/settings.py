@@ -473,6 +473,13 @@ class LaunchSettings(BaseSettings):
     #: while the gateway already serves; the figures and the choice are kept beside the export,
     #: so later starts on the same machine serve the choice at once, measuring nothing.
     auto_measure_s: float = Field(120.0, gt=0)
+    #: A CPU profile's first start on this machine: seconds the background measurement may
+    #: spend timing its core plans (1 x N, 2 x N/2, ... model instances x threads; each in a
+    #: Triton of its own, batch-32 throughput and one image's latency) while the gateway already
+    #: serves with the table's plan; the choice is kept beside the export
+    #: (launcher/core_plan.py), so later starts here serve it at once, measuring nothing. 0: never
+    #: measured here (a plan recorded earlier still serves; else the table's).
+    plan_measure_s: float = Field(60.0, ge=0)
     #: ``cpu-int8`` when the quality gate refuses the export's INT8 files: serve the FP32 files
     #: (saying so in the log and in /v1/models) instead of refusing to start.
     int8_fallback: bool = False

@@ -190,6 +190,7 @@ def render(
     int8_fallback: str | None = None,
     bf16: dict[str, Any] | None = None,
     profile_choice: dict[str, Any] | None = None,
+    core_plan: dict[str, Any] | None = None,
     gate: dict[str, float] | None = None,
 ) -> Path:
     """Write ``out_dir/<model>/{config.pbtxt,1/...}`` for ``settings.profile``; return ``out_dir``.
@@ -212,16 +213,18 @@ def render(
     tower's figures and ``gate``, the thresholds the launcher held them to.
 
     ``profile_choice``: what ``auto`` measured on this CPU and chose (launcher/cpu_auto.py),
-    added to each tower's quantization parameter for /v1/models.
+    and ``core_plan``: the CPU profile's model plan and what it was chosen by
+    (launcher/core_plan.py), added to each tower's quantization parameter for /v1/models.
     """
     _render(settings, export_dir, out_dir, templates, link=link, int8_fallback=int8_fallback,
             bf16=bf16, gate=gate)  # fmt: skip
-    if profile_choice is not None:
-        _note_choice(out_dir, profile_choice)
+    notes = {"profile_choice": profile_choice, "core_plan": core_plan}
+    if notes := {key: value for key, value in notes.items() if value is not None}:
+        _note(out_dir, notes)
     return out_dir
 
 
-def _note_choice(out_dir: Path, choice: dict[str, Any]) -> None:
+def _note(out_dir: Path, notes: dict[str, Any]) -> None:
     for model_name in (TRITON_MODEL_NAME, TEXT_MODEL_NAME):
         path = out_dir / model_name / "config.pbtxt"
         if not path.exists():
@@ -229,9 +232,7 @@ def _note_choice(out_dir: Path, choice: dict[str, Any]) -> None:
         config = text_format.Parse(path.read_text(), mc.ModelConfig())
         known = config.parameters[QUANTIZATION_PARAMETER].string_value
         value = json.loads(known) if known else {"precision": "fp32"}
-        config.parameters[QUANTIZATION_PARAMETER].string_value = json.dumps(
-            value | {"profile_choice": choice}
-        )
+        config.parameters[QUANTIZATION_PARAMETER].string_value = json.dumps(value | notes)
         path.write_text(text_format.MessageToString(config))
 
 

@@ -23,6 +23,7 @@ Every bound comes from config/timings.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from clip_gateway.imaging import paths
 from clip_gateway.launcher import (
     bf16,
     calibrate,
+    core_plan,
     cpu_auto,
     engines,
     int8_openvino,
@@ -84,10 +86,15 @@ class Supervisor:
         progress: Callable[[str], None] | None = None,
         *,
         cpu_timer: cpu_auto.Timer | None = None,
+        plan_timer: core_plan.ProfileTimer | None = None,
     ) -> None:
         self.settings = settings
         #: ``auto`` without a GPU: times a CPU profile (default: through a Triton of its own)
         self.cpu_timer = cpu_timer
+        #: a CPU profile's core plan: times one plan (default: through a Triton of its own)
+        self.plan_timer = plan_timer
+        #: the CPU profiles' model plan: settings, record, or measured in the background
+        self.planner: core_plan.Planner | None = None
         self.progress = progress or (lambda line: log.info("%s", line))
         self.timings = timings.derive(settings)
         self.stop_requested = threading.Event()
@@ -108,6 +115,12 @@ class Supervisor:
         #: measured by ``switcher`` in the background)
         self.reloadable = False
         self.switcher: threading.Thread | None = None
+        #: how the gateway's workers were planned, for the ready line
+        self.worker_reason = ""
+        #: the served model's identity (model/spec.py ``model_identity``), once the export is found
+        self.identity = ""
+        #: the CPU runtimes' versions per CPU backend (a process start each to read)
+        self.runtimes_read: dict[str, dict[str, str]] = {}
 
     def request_stop(self, signum: int, _frame: FrameType | None = None) -> None:
         # only flags here: printing from a signal handler can re-enter a stream's write
@@ -175,6 +188,7 @@ class Supervisor:
         if self.settings.repository.profile == "cpu-int8":
             self.int8_fallback = self.int8_gate(export_dir)
         identity = model_identity(json.loads((export_dir / "manifest.json").read_text()))
+        self.identity = identity
         if gpu is not None:
             memory = "memory unknown" if gpu.memory_gib is None else f"{gpu.memory_gib:.0f} GiB"
             log.info("GPU: %s, compute capability %s, %s", gpu.name, gpu.compute_capability,
@@ -192,38 +206,57 @@ class Supervisor:
         engine_dir = engines.cache_dir(base.trt_cache_path, gpu.name if gpu else None, identity,
                                        build)  # fmt: skip
         repository = base.model_copy(update={"trt_cache_path": str(engine_dir)})
-        measure_later = False
+        choose_later = False
         if automatic and gpu is None:
             export_dir, profile, reason = self.auto_cpu(export_dir, identity, repository)
-            measure_later = self.reloadable
+            choose_later = self.reloadable
         else:
             profile, reason = self.choose_profile(export_dir, gpu, identity, repository, deadline)
         if profile == "cpu-bf16":
             profile, reason = self.bf16_gate(export_dir, reason, deadline)
         if profile == "cpu-int8-openvino":
             self.int8_openvino_gate(export_dir, repository.cpu_backend, deadline)
+        plan_later = self.plan_cpu(export_dir, repository, profile) and not choose_later
         self.scratch = Path(tempfile.mkdtemp(prefix="clip-gateway-", dir=launch.scratch_dir))
         profile, reason = self.start_model(repository, export_dir, profile, reason, deadline)
         assert self.triton is not None
-        self.progress(
-            f"Triton {profile} profile ({reason}) READY in {self.triton.ready_seconds:.1f} s"
-        )
-        self.gateway = gateway = self.gateway_process(export_dir)
+        planned = ""
+        if self.planner is not None and profile in CPU_PROFILES:
+            planned = f"; {self.planner.describe(self.served(profile))}"
+        self.progress(f"Triton {profile} profile ({reason}{planned}) READY in "
+                      f"{self.triton.ready_seconds:.1f} s")  # fmt: skip
+        self.gateway = gateway = self.gateway_process(export_dir, profile)
         gateway.start(timeout=deadline - time.monotonic())
         gateway.wait_ready(timeout=deadline - time.monotonic())
-        workers, threads = gateway.env["GATEWAY_WORKERS"], gateway.env["GATEWAY_DECODE_THREADS"]
-        imaging = paths.current()
-        self.progress(
-            f"ready on {gateway.url} ({workers} worker(s) x {threads} decode threads; resize: "
-            f"{imaging.resize}{'' if imaging.simd else ', NOT the SIMD fast path'}); "
-            "API docs at /docs"
-        )
-        if measure_later:
+        self.say_ready(gateway)
+        if choose_later or plan_later:
             self.switcher = threading.Thread(
-                target=self.measure_and_switch, args=(export_dir, identity, repository, profile),
+                target=self.measure_and_switch,
+                args=(export_dir, identity, repository, profile, choose_later),
                 name="auto-measure", daemon=True,
             )  # fmt: skip
             self.switcher.start()
+
+    def plan_cpu(self, export_dir: Path, repository: RepositorySettings, profile: Profile) -> bool:
+        """A CPU profile's model plan, looked up for this machine; True when it is still to be
+        measured: the table's plan serves at once (Triton reloadable), the measured one is
+        loaded in place later."""
+        if profile not in CPU_PROFILES:
+            return False
+        self.planner = self.make_planner(export_dir, repository)
+        later = self.planner.settle(self.served(profile), self.settings.launch.plan_measure_s > 0)
+        self.reloadable = self.reloadable or later
+        return later
+
+    def say_ready(self, gateway: GatewayProcess) -> None:
+        workers, threads = gateway.env["GATEWAY_WORKERS"], gateway.env["GATEWAY_DECODE_THREADS"]
+        imaging = paths.current()
+        self.progress(
+            f"ready on {gateway.url} ({workers} worker(s) x {threads} decode thread(s), "
+            f"{self.worker_reason}; resize: "
+            f"{imaging.resize}{'' if imaging.simd else ', NOT the SIMD fast path'}); "
+            "API docs at /docs"
+        )
 
     def start_model(
         self,
@@ -296,11 +329,13 @@ class Supervisor:
         """``repository.profile`` rendered into ``out_dir`` with the core plan's instances and
         threads (CPU profiles) and what the gates measured."""
         install = TritonInstall.discover()
+        section = None
         if repository.profile in CPU_PROFILES:
-            served = "cpu" if self.bf16 and self.bf16.get("fallback") else repository.profile
-            model = plan.model_plan(served, plan.usable_cpus(),
-                                    repository.instance_count,
-                                    repository.cpu_threads)  # fmt: skip
+            served = self.served(repository.profile)
+            if self.planner is None:  # made as soon as a CPU profile is chosen at start
+                self.planner = self.make_planner(export_dir, repository)
+            section = self.planner.section_for(served)
+            model = self.planner.plan(served)
             repository = repository.model_copy(
                 update={"instance_count": model.instances, "cpu_threads": model.threads}
             )
@@ -308,7 +343,7 @@ class Supervisor:
                      model.instances, model.threads)  # fmt: skip
         rendered = render(repository, export_dir, out_dir,
                           int8_fallback=self.int8_fallback, bf16=self.bf16,
-                          profile_choice=self.profile_choice,
+                          profile_choice=self.profile_choice, core_plan=section,
                           gate=self.thresholds().as_dict())  # fmt: skip
         backend = rendered_config(rendered).backend
         if not (install.backend_dir / backend).is_dir():
@@ -467,20 +502,34 @@ class Supervisor:
         return "cpu", f"auto, first start here: FP32 serves ({refused}) {later}"
 
     def measure_and_switch(
-        self, export_dir: Path, identity: str, repository: RepositorySettings, serving: Profile
+        self,
+        export_dir: Path,
+        identity: str,
+        repository: RepositorySettings,
+        serving: Profile,
+        choose: bool = True,
     ) -> None:
-        """``auto``'s first start, after ready: time the CPU profiles, then load the fastest
-        into the serving Triton in place (the configs carry the figures for /v1/models)."""
+        """After ready: time the CPU profiles (``choose``: ``auto``'s first start here), then
+        the chosen profile's core plans where none is recorded for this machine, then load the
+        result into the serving Triton in place (the configs carry the figures for
+        /v1/models)."""
         launch = self.settings.launch
         deadline = time.monotonic() + launch.startup_timeout_s
+        profile, reason = serving, "as configured"
         try:
-            # cpu-int8's files, quantized now if the export has none yet (as at a fresh start)
-            served_export.find_or_export(launch, self.progress, self.stop_requested, int8=True)
-            profile, reason = self.measure_cpu(export_dir, identity, repository, deadline)
-            if profile == "cpu-bf16":
-                profile, reason = self.bf16_gate(export_dir, reason, deadline)
-            if profile == "cpu-int8-openvino":
-                self.int8_openvino_gate(export_dir, repository.cpu_backend, deadline)
+            if choose:
+                # cpu-int8's files, quantized now if the export has none yet (as at a fresh
+                # start)
+                served_export.find_or_export(launch, self.progress, self.stop_requested,
+                                             int8=True)  # fmt: skip
+                profile, reason = self.measure_cpu(export_dir, identity, repository, deadline)
+                if profile == "cpu-bf16":
+                    profile, reason = self.bf16_gate(export_dir, reason, deadline)
+                if profile == "cpu-int8-openvino":
+                    self.int8_openvino_gate(export_dir, repository.cpu_backend, deadline)
+            assert self.planner is not None
+            if self.planner.settle(self.served(profile), launch.plan_measure_s > 0):
+                self.measure_plan(export_dir, repository, self.served(profile), deadline)
             if self.stop_requested.is_set():
                 return
             self.switch_to(repository.model_copy(update={"profile": profile}), export_dir,
@@ -488,11 +537,46 @@ class Supervisor:
         except Interrupted:
             return
         except Exception:  # whatever failed, what serves goes on serving
-            log.exception("auto: timing the CPU profiles or loading the fastest failed; %s "
-                          "goes on serving", serving)  # fmt: skip
+            log.exception("timing the CPU profiles or their plans, or loading the choice, "
+                          "failed; %s goes on serving", serving)  # fmt: skip
             return
-        change = "stays" if profile == serving else f"replaces {serving}"
-        self.progress(f"auto: Triton {profile} profile ({reason}) {change}, loaded in place")
+        planned = self.planner.describe(self.served(profile))
+        if choose:
+            change = "stays" if profile == serving else f"replaces {serving}"
+            self.progress(f"auto: Triton {profile} profile ({reason}; {planned}) {change}, "
+                          "loaded in place")  # fmt: skip
+        else:
+            self.progress(f"Triton {profile} profile: {planned}, loaded in place")
+
+    def measure_plan(
+        self, export_dir: Path, repository: RepositorySettings, profile: Profile, deadline: float
+    ) -> None:
+        """Time ``profile``'s candidate core plans within ``plan_measure_s`` (once per machine:
+        the choice is kept) and make the rule's choice the one rendered from now on."""
+        assert self.planner is not None
+        budget = min(self.settings.launch.plan_measure_s, deadline - time.monotonic())
+        names = ", ".join(p.name for p in plan.plan_candidates(self.planner.cpus))
+        self.progress(f"core plan: timing {profile} as {names} (instances x threads) through "
+                      f"Triton on this machine (at most {budget:.0f} s, once)")  # fmt: skip
+        settings = Settings(self.settings.server, repository, self.settings.launch)
+        timer = self.plan_timer or functools.partial(
+            core_plan.time_plan, export_dir=export_dir, settings=settings,
+            stop=self.stop_requested)  # fmt: skip
+        self.planner.measure(profile, functools.partial(timer, profile), budget)
+
+    def served(self, profile: Profile) -> Profile:
+        """What a CPU profile serves: ``cpu`` where BF16 was refused and FP32 falls back."""
+        fallback = profile == "cpu-bf16" and self.bf16 is not None and self.bf16.get("fallback")
+        return "cpu" if fallback else profile
+
+    def make_planner(self, export_dir: Path, repository: RepositorySettings) -> core_plan.Planner:
+        """The CPU profiles' model plan for this machine, model and runtimes (recorded beside
+        the export, as the profile choice)."""
+        machine, records = self.cpu_signature(self.identity, repository, export_dir)
+        base = {k: v for k, v in machine.items() if k not in ("gate", "plans")}
+        records = [record.with_name(core_plan.RECORD) for record in records]
+        return core_plan.Planner(repository.instance_count, repository.cpu_threads,
+                                 plan.usable_cpus(), base, records)  # fmt: skip
 
     def switch_to(self, repository: RepositorySettings, export_dir: Path, deadline: float) -> None:
         """Render ``repository.profile`` beside the live repository, put each model's directory
@@ -555,11 +639,7 @@ class Supervisor:
         self, identity: str, repository: RepositorySettings, export_dir: Path
     ) -> tuple[dict[str, Any], list[Path]]:
         """What a recorded CPU choice is valid for, and where it is kept."""
-        install = TritonInstall.discover()
-        python = (install.python_bin_dir or Path("/usr/bin")) / "python3"
-        runtimes = cpu_auto.runtime_versions(python)
-        if repository.cpu_backend == "onnxruntime":
-            runtimes["onnxruntime-backend"] = engines.runtime_versions(install.backend_dir)[1]
+        runtimes = dict(self.runtimes(repository.cpu_backend))
         flags = bf16.cpu_flags()
         # the gate's thresholds too: a stricter gate may refuse what was chosen
         cpus = plan.usable_cpus()
@@ -575,6 +655,18 @@ class Supervisor:
         records = [export_dir / cpu_auto.RECORD,
                    Path(repository.trt_cache_path) / cpu_auto.RECORD]  # fmt: skip
         return signature, records
+
+    def runtimes(self, cpu_backend: str) -> dict[str, str]:
+        """The CPU runtimes' versions in the Triton env (and the native backend's), read once."""
+        if cpu_backend in self.runtimes_read:
+            return self.runtimes_read[cpu_backend]
+        install = TritonInstall.discover()
+        python = (install.python_bin_dir or Path("/usr/bin")) / "python3"
+        runtimes = cpu_auto.runtime_versions(python)
+        if cpu_backend == "onnxruntime":
+            runtimes["onnxruntime-backend"] = engines.runtime_versions(install.backend_dir)[1]
+        self.runtimes_read[cpu_backend] = runtimes
+        return runtimes
 
     def cpu_candidates(
         self, export_dir: Path, cpu_backend: str, flags: frozenset[str], deadline: float
@@ -628,7 +720,8 @@ class Supervisor:
         budget with the engine cache serving will use, so its TensorRT build is not wasted."""
         settings = Settings(self.settings.server, repository, self.settings.launch)
         server = self.settings.server
-        workers = plan.worker_plan(plan.usable_cpus(), server.workers, server.decode_threads)
+        workers = plan.plan_for(self.planned_workers(), server.decode_threads,
+                                server.max_decode_mib, figures=plan.GPU_FIGURES)  # fmt: skip
         # several requests in flight per worker, as under load
         callers = max(4, 4 * workers.workers)
 
@@ -649,10 +742,27 @@ class Supervisor:
             ),
         )
 
-    def gateway_process(self, export_dir: Path) -> GatewayProcess:
+    def planned_workers(self) -> int:
+        """GATEWAY_WORKERS where it was set (its default, 1, is for the HTTP process run by
+        hand), else 0: the launcher plans them."""
+        server = self.settings.server
+        return server.workers if "workers" in server.model_fields_set else 0
+
+    def gateway_process(self, export_dir: Path, profile: Profile) -> GatewayProcess:
         assert self.triton is not None and self.scratch is not None
         server, launch = self.settings.server, self.settings.launch
-        workers = plan.plan_for(server.workers, server.decode_threads, server.max_decode_mib)
+        figures = (self.planner.figures(self.served(profile))
+                   if self.planner is not None and profile in CPU_PROFILES
+                   else plan.GPU_FIGURES)  # fmt: skip
+        workers = plan.plan_for(self.planned_workers(), server.decode_threads,
+                                server.max_decode_mib, figures=figures)  # fmt: skip
+        if "workers" in server.model_fields_set or server.decode_threads:
+            self.worker_reason = "as configured"
+        else:
+            self.worker_reason = (f"planned: {figures.gateway_us:.0f} us of gateway CPU per "
+                                  f"image against {figures.model_us:.0f} us of the model's "
+                                  f"({figures.source}), {plan.usable_cpus() - workers.triton_cores}"
+                                  f" of {plan.usable_cpus()} cores the gateway's")  # fmt: skip
         env = {
             "GATEWAY_WORKERS": str(workers.workers),
             "GATEWAY_DECODE_THREADS": str(workers.decode_threads),

@@ -13,6 +13,17 @@ from clip_gateway.launcher.local import LocalTriton
 from tests.controlled import Control, render_control_repository
 
 
+@pytest.fixture(scope="session", autouse=True)
+def plans_not_measured() -> Iterator[None]:
+    """Every launch here serves the CPU profiles' table plan (or one recorded earlier): a first
+    start's background timing of the core plans (a Triton per candidate, up to a minute of both
+    cores) would run beside whatever the test checks. tests/integration/test_core_plan.py
+    measures it, with a setting of its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GATEWAY_PLAN_MEASURE_S", "0")
+        yield
+
+
 @pytest.fixture(scope="session")
 def gateway(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"

@@ -52,14 +52,16 @@ def launcher(
     tmp_path: Path,
     timer: cpu_auto.Timer,
     flags: str = ZEN3,
+    plan_measure_s: float = 0.0,
     **repository: object,
 ) -> module.Supervisor:
-    """The launcher's profile step with this CPU's flags, and no Triton env to look at."""
+    """The launcher's profile step with this CPU's flags, and no Triton env to look at (the
+    core plan not measured unless ``plan_measure_s``: tests/unit/test_core_plan.py's)."""
     monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset(flags.split()))
     monkeypatch.setattr(module.TritonInstall, "discover", classmethod(lambda cls: FakeInstall()))
     settings = Settings.from_env(
         repository={"profile": "auto", "trt_cache_path": str(tmp_path / "cache")} | repository,
-        launch={"auto_measure_s": 60},
+        launch={"auto_measure_s": 60, "plan_measure_s": plan_measure_s},
     )
     return module.Supervisor(settings, progress=lambda line: None, cpu_timer=timer)
 

@@ -1,0 +1,279 @@
+"""A CPU profile's core plan measured once per machine (launcher/core_plan.py): each candidate
+timed (the timer is the seam: figures given here decide), the rule's choice kept beside the
+export and reused, measured again when the machine, its runtimes, the model or the profile
+change, never when the settings fix the plan; the chosen plan is what the model repository is
+rendered with, and /v1/models (each tower's quantization parameter) and the ready line say
+which and by what figures. The timing through a real Triton is
+tests/integration/test_core_plan.py's."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from clip_gateway.config import plan
+from clip_gateway.config.plan import ModelPlan, PlanTiming
+from clip_gateway.launcher import core_plan
+from clip_gateway.launcher import supervisor as module
+from clip_gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
+from tests.unit.test_cpu_auto import launcher, must_not_measure
+from tests.unit.test_repository import int8_export, read
+
+#: the issue's 2-core Xeon: two single-thread instances a little ahead on batches, one instance
+#: of both threads twice as fast for a single image
+XEON = {"2x1": PlanTiming(41.2, 59.8), "1x2": PlanTiming(40.4, 29.5)}
+
+
+class PlanTimer:
+    """Figures per plan, as if measured; records what it was asked to time."""
+
+    def __init__(self, figures: dict[str, PlanTiming]) -> None:
+        self.figures = figures
+        self.timed: list[tuple[str, str]] = []
+
+    def __call__(self, profile: str, candidate: ModelPlan, budget_s: float) -> PlanTiming:
+        assert budget_s > 0
+        self.timed.append((profile, candidate.name))
+        if candidate.name not in self.figures:
+            raise RuntimeError(f"{candidate.name} did not load")
+        return self.figures[candidate.name]
+
+
+def never(profile: str, candidate: ModelPlan, budget_s: float) -> PlanTiming:
+    raise AssertionError(f"timed {profile} {candidate.name} again")
+
+
+def cpu_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    timer: core_plan.ProfileTimer,
+    cpus: int = 2,
+    plan_measure_s: float = 60.0,
+    **repository: object,
+) -> module.Supervisor:
+    """A launcher on a machine with ``cpus`` usable CPUs, its plan timer the given one."""
+    monkeypatch.setattr(plan, "usable_cpus", lambda root=plan.CGROUP: cpus)
+    repository = {"cpu_backend": "python"} | repository
+    supervisor = launcher(monkeypatch, tmp_path, must_not_measure,
+                          plan_measure_s=plan_measure_s, **repository)  # fmt: skip
+    supervisor.plan_timer = timer
+    (tmp_path / "backends" / "python").mkdir(parents=True, exist_ok=True)
+    installed = Installed(tmp_path)
+    monkeypatch.setattr(module.TritonInstall, "discover", classmethod(lambda cls: installed))
+    return supervisor
+
+
+class Installed:
+    def __init__(self, root: Path) -> None:
+        self.python_bin_dir = root / "no-python"
+        self.backend_dir = root / "backends"
+
+
+def first_start(supervisor: module.Supervisor, export: Path, profile: str = "cpu-int8") -> bool:
+    """What start() does for a CPU profile: look the plan up; True when it is to be measured."""
+    return supervisor.plan_cpu(export, supervisor.settings.repository, profile)  # type: ignore[arg-type]
+
+
+def measure(supervisor: module.Supervisor, export: Path, profile: str = "cpu-int8") -> None:
+    supervisor.measure_plan(export, supervisor.settings.repository, profile, math.inf)  # type: ignore[arg-type]
+
+
+def rendered(supervisor: module.Supervisor, export: Path, tmp_path: Path,
+             profile: str = "cpu-int8") -> Path:  # fmt: skip
+    repository = supervisor.settings.repository.model_copy(update={"profile": profile})
+    return supervisor.render_profile(repository, export, tmp_path / "repo")
+
+
+def plan_of(repo: Path, model: str) -> tuple[int, str, dict[str, object]]:
+    """(instance count, intra-op threads, core_plan section) of a rendered model."""
+    config = read(repo, model)
+    section = json.loads(config.parameters[QUANTIZATION_PARAMETER].string_value)["core_plan"]
+    return (config.instance_group[0].count, config.parameters["intra_op_threads"].string_value,
+            section)  # fmt: skip
+
+
+def test_the_first_start_measures_and_the_chosen_plan_is_rendered_and_shown(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    export = int8_export(tmp_path / "e")
+    timer = PlanTimer(XEON)
+    supervisor = cpu_launcher(monkeypatch, tmp_path, timer)
+    lines: list[str] = []
+    supervisor.progress = lines.append
+    assert first_start(supervisor, export)
+    assert supervisor.reloadable  # the table's plan serves at once, the measured one later
+    assert supervisor.planner is not None
+    assert supervisor.planner.describe("cpu-int8").startswith(
+        "core plan 2 instance(s) x 1 thread(s) per tower (the table"
+    )
+    # until measured, the table's plan (cpu-int8: 2 x 1) is rendered and says so
+    count, threads, section = plan_of(rendered(supervisor, export, tmp_path / "a"),
+                                      TRITON_MODEL_NAME)  # fmt: skip
+    assert (count, threads) == (2, "1") and "until measured here" in str(section["by"])
+    measure(supervisor, export)
+    assert timer.timed == [("cpu-int8", "1x2"), ("cpu-int8", "2x1")]
+    assert "core plan: timing cpu-int8 as 1x2, 2x1" in lines[0]
+    for model in (TRITON_MODEL_NAME, TEXT_MODEL_NAME):  # both towers get the plan
+        count, threads, section = plan_of(rendered(supervisor, export, tmp_path / "b"), model)
+        assert (count, threads) == (1, "2")
+        assert (section["instances"], section["threads"]) == (1, 2)
+        assert str(section["by"]).startswith("measured now")
+        assert section["measured"] == {
+            "1x2": {"images_per_s": 40.4, "single_p50_ms": 29.5},
+            "2x1": {"images_per_s": 41.2, "single_p50_ms": 59.8},
+        }
+        assert "within 5 % of the best" in str(section["rule"])
+    assert supervisor.planner.describe("cpu-int8") == (
+        "core plan 1 instance(s) x 2 thread(s) per tower, measured here: single image p50 "
+        "29.5 ms, 40.4 img/s at batch 32 x 4"
+    )
+    kept = json.loads((export / core_plan.RECORD).read_text())["plans"]["cpu-int8"]
+    assert kept["plan"] == "1x2" and kept["signature"]["profile"] == "cpu-int8"
+    assert kept["signature"]["cpus"] == 2
+
+
+def test_the_next_start_serves_the_recorded_plan_without_measuring(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    export = int8_export(tmp_path / "e")
+    first = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
+    assert first_start(first, export)
+    measure(first, export)
+    again = cpu_launcher(monkeypatch, tmp_path, never)
+    assert not first_start(again, export)
+    assert not again.reloadable
+    count, threads, section = plan_of(rendered(again, export, tmp_path), TRITON_MODEL_NAME)
+    assert (count, threads) == (1, "2")
+    assert str(section["by"]).startswith(f"measured here earlier ({export / core_plan.RECORD})")
+
+
+def another_machine(kept: dict[str, object], field: str, value: object) -> None:
+    signature = kept["signature"]
+    assert isinstance(signature, dict)
+    signature[field] = value
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("cpu", "Another CPU"), ("flags", "0" * 16), ("cpus", 64),
+     ("runtimes", {"onnxruntime": "0.1"}), ("backend", "onnxruntime"), ("model", "other"),
+     ("profile", "cpu")],
+)  # fmt: skip
+def test_a_changed_signature_measures_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, field: str, value: object
+) -> None:
+    export = int8_export(tmp_path / "e")
+    first = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
+    first_start(first, export)
+    measure(first, export)
+    record = export / core_plan.RECORD
+    data = json.loads(record.read_text())
+    another_machine(data["plans"]["cpu-int8"], field, value)  # as if measured elsewhere
+    record.write_text(json.dumps(data))
+    timer = PlanTimer({"2x1": PlanTiming(50.0, 59.8), "1x2": PlanTiming(40.0, 29.5)})
+    again = cpu_launcher(monkeypatch, tmp_path, timer)
+    assert first_start(again, export)
+    measure(again, export)
+    assert len(timer.timed) == 2
+    assert json.loads(record.read_text())["plans"]["cpu-int8"]["plan"] == "2x1"
+
+
+def test_each_profile_keeps_its_own_plan(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    export = int8_export(tmp_path / "e")
+    supervisor = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
+    first_start(supervisor, export, "cpu-int8")
+    measure(supervisor, export, "cpu-int8")
+    timer = PlanTimer({"2x1": PlanTiming(30.0, 60.0), "1x2": PlanTiming(14.0, 90.0)})
+    other = cpu_launcher(monkeypatch, tmp_path, timer)
+    assert first_start(other, export, "cpu")  # cpu-int8's plan says nothing about FP32's
+    measure(other, export, "cpu")
+    kept = json.loads((export / core_plan.RECORD).read_text())["plans"]
+    assert {p: c["plan"] for p, c in kept.items()} == {"cpu-int8": "1x2", "cpu": "2x1"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [({"instance_count": 1}, (1, "2")), ({"cpu_threads": 1}, (2, "1")),
+     ({"instance_count": 2, "cpu_threads": 2}, (2, "2"))],
+)  # fmt: skip
+def test_settings_fix_the_plan_and_nothing_is_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, setting: dict[str, int],
+    expected: tuple[int, str],
+) -> None:  # fmt: skip
+    export = int8_export(tmp_path / "e")
+    supervisor = cpu_launcher(monkeypatch, tmp_path, never, **setting)
+    assert not first_start(supervisor, export)
+    count, threads, section = plan_of(rendered(supervisor, export, tmp_path), TRITON_MODEL_NAME)
+    assert (count, threads) == expected
+    assert "settings" in str(section["by"])
+    assert not (export / core_plan.RECORD).exists()
+
+
+def test_plan_measure_s_0_serves_the_table_and_measures_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    export = int8_export(tmp_path / "e")
+    supervisor = cpu_launcher(monkeypatch, tmp_path, never, plan_measure_s=0)
+    assert not first_start(supervisor, export)
+    _, _, section = plan_of(rendered(supervisor, export, tmp_path), TRITON_MODEL_NAME)
+    assert "GATEWAY_PLAN_MEASURE_S=0" in str(section["by"])
+
+
+def test_one_cpu_has_one_plan_and_nothing_is_timed() -> None:
+    choice = core_plan.measure("cpu-int8", plan.plan_candidates(1), lambda p, b: never("", p, b),
+                               {}, budget_s=60, provisional=ModelPlan(1, 1))  # fmt: skip
+    assert choice.plan == "1x1" and choice.reason == "the only plan on one CPU"
+
+
+def test_a_plan_that_fails_loses_and_nothing_measured_keeps_the_table() -> None:
+    timer = PlanTimer({"2x1": PlanTiming(30.0, 60.0)})
+    candidates = plan.plan_candidates(2)
+    choice = core_plan.measure("cpu-int8", candidates, lambda p, b: timer("cpu-int8", p, b), {},
+                               budget_s=60, provisional=ModelPlan(2, 1))  # fmt: skip
+    assert choice.plan == "2x1" and choice.failures == {"1x2": "1x2 did not load"}
+    nothing = PlanTimer({})
+    choice = core_plan.measure("cpu-int8", candidates, lambda p, b: nothing("cpu-int8", p, b),
+                               {}, budget_s=60, provisional=ModelPlan(2, 1))  # fmt: skip
+    assert choice.plan == "2x1" and "nothing measured" in choice.reason
+
+
+def test_each_candidate_gets_an_equal_share_of_the_budget() -> None:
+    budgets: list[float] = []
+
+    def timer(candidate: ModelPlan, budget_s: float) -> PlanTiming:
+        budgets.append(budget_s)
+        return PlanTiming(10.0, 10.0)
+
+    core_plan.measure("cpu", plan.plan_candidates(16), timer, {}, budget_s=90,
+                      provisional=ModelPlan(1, 16))  # fmt: skip
+    assert budgets == [30.0, 30.0, 30.0]
+
+
+def test_the_measured_plan_feeds_the_worker_plan(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The model's CPU per image is every usable CPU over the chosen plan's images/s."""
+    export = int8_export(tmp_path / "e")
+    supervisor = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
+    first_start(supervisor, export)
+    assert supervisor.planner is not None
+    assert supervisor.planner.figures("cpu-int8") == plan.CPU_FIGURES  # until measured
+    measure(supervisor, export)
+    figures = supervisor.planner.figures("cpu-int8")
+    assert figures.model_us == pytest.approx(2 * 1e6 / 40.4)
+    assert figures.source == "the cpu-int8 plan measured here"
+    assert plan.core_split(2, figures) == (1, 1)
+
+
+def test_a_read_only_export_keeps_the_plan_in_the_cache_volume(tmp_path: Path) -> None:
+    choice = core_plan.PlanChoice("cpu", "1x2", "why", {"cpu": "x"})
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where a directory should be: not writable there
+    kept = core_plan.keep(choice, [blocked / "sub" / core_plan.RECORD, tmp_path / "v" / "r.json"])
+    assert kept == tmp_path / "v" / "r.json"
+    assert core_plan.recorded([blocked / "sub" / core_plan.RECORD, kept], "cpu",
+                              {"cpu": "x"}) == choice  # fmt: skip
+    assert core_plan.recorded([kept], "cpu-int8", {"cpu": "x"}) is None
