@@ -21,6 +21,7 @@ only (run from the repository's root, ``python -m`` finds bench there).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -89,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="bBxcC",
         help="only these cells, e.g. b1xc1 b32xc4 (default: all six)",
     )
+    peers.add_argument("--quiet-wait", type=float, default=None, metavar="S",
+                       help="wait at most S s for a quiet machine before each system "
+                       "(default 600); gateway-PROFILE@IxT: a fixed plan")  # fmt: skip
     peers.add_argument("--out", type=Path, default=None)
     quantization = commands.add_parser(
         "quantization", help="ONNX Runtime's INT8 methods on both towers"
@@ -223,6 +227,8 @@ def _peers(args: argparse.Namespace) -> int:
     from bench.studies import peers as peer_bench
 
     limits = systems.SMOKE if args.smoke else systems.FULL
+    if args.quiet_wait is not None:
+        limits = dataclasses.replace(limits, quiet_wait_s=args.quiet_wait)
     out = args.out or RESULTS / ("peers-smoke" if args.smoke else "peers")
     cells = tuple(c for c in systems.CELLS
                   if args.cells is None or systems.cell_name(*c) in args.cells)  # fmt: skip

@@ -169,11 +169,10 @@ def gateway(profile: str, export_dir: Path, work: Path, env: dict[str, str]) -> 
         } | env)  # fmt: skip
         try:
             supervisor.wait_ready(600, logged=False, every=0.5)
-            if profile == "auto":
-                # without a choice recorded here, auto serves at once and builds every candidate
-                # (NNCF's ~4.5 min on 2 cores), times them and switches in the background: what is
-                # measured is what it chose
-                switched(supervisor.url, 1500)
+            # without a choice recorded here, auto serves at once and builds every candidate
+            # (NNCF's ~4.5 min on 2 cores), times them and switches in the background, and a CPU
+            # profile times its core plans: what is measured is what they chose
+            switched(supervisor.url, 1500, auto=profile == "auto")
             yield supervisor.url
         finally:
             supervisor.close(grace=120)
@@ -216,24 +215,41 @@ def system(name: str, export_dir: Path, work: Path, limits: Limits,
         server = infinity(work)
         make: Client = lambda url: lambda b: InfinityClient(url, b)  # noqa: E731
     else:
-        server = gateway(name.removeprefix("gateway-"), export_dir, work, env or {})
+        profile, env = plan_env(name.removeprefix("gateway-"), env or {})
+        server = gateway(profile, export_dir, work, env)
         make = lambda url: lambda b: GatewayClient(url, b)  # noqa: E731
     # the machine quiet before this system starts (its own idle threads are its business)
     quiet = wait_quiet(limits.quiet_wait_s)
     with server as url:
         chose = _profile_choice(url) if name == "gateway-auto" else None
+        planned = _core_plan(url) if name != "infinity" else None
         started = time.monotonic()
         cells_found = asyncio.run(measure(make(url), limits, cells))
     found = {"before": quiet, "seconds": round(time.monotonic() - started, 1),
              "env": env or {}, "cells": cells_found}  # fmt: skip
     if chose is not None:
         found["profile_choice"] = chose
+    if planned is not None:
+        found["core_plan"] = planned
     return found
 
 
-def switched(url: str, timeout_s: float) -> None:
-    """Wait until ``auto`` serves what it chose: each tower's /v1/models entry names the choice
-    (at once where it was recorded here earlier; a GPU's profile is chosen before ready)."""
+def plan_env(name: str, env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """``PROFILE@IxT`` (e.g. ``cpu-int8@1x2``): the profile with its core plan fixed by
+    settings, I model instances x T threads; a plain profile name: its plan as the launcher
+    makes it."""
+    profile, _, plan = name.partition("@")
+    if not plan:
+        return profile, env
+    instances, threads = plan.split("x")
+    return profile, env | {"GATEWAY_TRITON_INSTANCE_COUNT": instances,
+                           "GATEWAY_TRITON_CPU_THREADS": threads}  # fmt: skip
+
+
+def switched(url: str, timeout_s: float, *, auto: bool = True) -> None:
+    """Wait until what serves is what was chosen: ``auto``'s profile (each tower's /v1/models
+    entry names the choice) and a CPU profile's core plan (no longer the table's until measured);
+    at once where both were recorded here earlier. A GPU's profile is chosen before ready."""
     from clip_gateway.launcher import profiles
 
     if profiles.detect() is not None:
@@ -241,12 +257,25 @@ def switched(url: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         (card,) = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
-        towers = (card.get("quantization") or {}).values()
-        if towers and all("profile_choice" in tower for tower in towers):
+        towers = list((card.get("quantization") or {}).values())
+        chosen = not auto or (towers and all("profile_choice" in tower for tower in towers))
+        planning = any("until measured" in tower.get("core_plan", {}).get("by", "")
+                       for tower in towers)  # fmt: skip
+        if chosen and not planning:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"auto did not switch to its choice within {timeout_s:g} s")
+            raise TimeoutError(f"the choice was not serving within {timeout_s:g} s")
         time.sleep(2)
+
+
+def _core_plan(url: str) -> dict[str, Any] | None:
+    """The CPU profile's core plan and what it was chosen by, as /v1/models says it."""
+    for model in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]:
+        image = (model.get("quantization") or {}).get("image") or {}
+        if "core_plan" in image:
+            planned: dict[str, Any] = image["core_plan"]
+            return planned
+    return None
 
 
 def _profile_choice(url: str) -> dict[str, Any] | None:
