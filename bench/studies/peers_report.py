@@ -65,7 +65,7 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     if best is not None and len(_profiles(results)) > 2:  # issue 25's: the best quantized one
         ours = _img_s(results, best, "b32xc4")
         ratio = ours / peer32 if peer32 else 0.0
-        rows.append((f"best CPU profile ({LABELS[best]}): batch 32 x 4 img/s vs Infinity's",
+        rows.append((f"best CPU profile ({label(results, best)}): batch 32 x 4 img/s vs Infinity's",
                      "≥ 5×", f"{ratio:.2f}× ({ours:.1f} vs {peer32:.1f})", ratio >= 5))  # fmt: skip
     if AUTO in results["systems"]:  # issue 33's goals: the default is the best, and fast
         rows += _default_goals(results, best, peer32)
@@ -103,7 +103,7 @@ def _default_goals(
     if best is not None:
         top = _img_s(results, best, "b32xc4")
         of_best = ours / top if top else 0.0
-        rows.append((f"{name}: batch 32 x 4 img/s vs the best profile's ({LABELS[best]})",
+        rows.append((f"{name}: batch 32 x 4 img/s vs the best profile's ({label(results, best)})",
                      "≥ 0.95×", f"{of_best:.2f}× ({ours:.1f} vs {top:.1f})",
                      of_best >= 0.95))  # fmt: skip
     of_peer = ours / peer32 if peer32 else 0.0

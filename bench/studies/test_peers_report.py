@@ -101,3 +101,28 @@ def test_the_default_is_held_to_the_best_profile_and_to_infinity(tmp_path: Path)
     assert not rows[f"{default}: batch 32 x 4 img/s vs the best profile's (gateway cpu-int8)"][1]
     peers_report.write(results, tmp_path)
     assert "chose cpu-int8 (measured)" in (tmp_path / "peers.md").read_text()
+
+
+def test_the_default_is_held_to_the_best_fixed_plan_of_its_profile(tmp_path: Path) -> None:
+    """Issue 41: the default's measured plan keeps >= 0.95x the batch throughput of the best
+    fixed plan of the profile it chose, and its single image <= 0.35x Infinity's."""
+    results = run_results(int8_b32=40.0, int8_p50=50.0, alone=60.0)
+    fixed = {"gateway-cpu-int8@2x1": (42.0, 60.0), "gateway-cpu-int8@1x2": (40.5, 30.0)}
+    for name, (rate, p50) in fixed.items():
+        cells = {"b1xc1": cell(30, p50), "b32xc4": cell(rate, 2000)}
+        results["systems"][name] = {"before": {"load_1m": 0.2}, "cells": cells}
+    results["systems"]["gateway-auto"] = {
+        "before": {"load_1m": 0.2}, "cells": {"b1xc1": cell(32, 31.0), "b32xc4": cell(40.3, 2100)},
+        "profile_choice": {"chosen": "cpu-int8", "by": "measured now", "images_per_s": {}},
+        "core_plan": {"instances": 1, "threads": 2, "by": "measured now", "rule": "the rule",
+                      "measured": {"1x2": {"images_per_s": 40.1, "single_p50_ms": 29.0}}},
+    }  # fmt: skip
+    rows = {g: (measured, met) for g, _, measured, met in peers_report.goals(results)}
+    name = "gateway default (auto → cpu-int8, 1x2)"
+    best = "gateway cpu-int8, fixed plan 2x1 (instances x threads)"
+    assert rows[f"{name}: batch 32 x 4 img/s vs the best fixed plan's ({best})"] == (
+        "0.96× (40.3 vs 42.0)", True)  # fmt: skip
+    assert rows[f"{name}: single-image p50 vs Infinity's"] == ("0.31× (31.0 vs 100.0 ms)", True)
+    peers_report.write(results, tmp_path)
+    text = (tmp_path / "peers.md").read_text()
+    assert "The default's core plan: 1 instance(s) x 2 thread(s) per tower (measured now" in text
