@@ -99,7 +99,9 @@ class ServerSettings(BaseSettings):
     host: str = "127.0.0.1"
     #: Port uvicorn listens on.
     port: int = Field(8000, ge=1, le=65535)
-    #: uvicorn worker processes; 0 = from the CPUs this container may use (config/plan.py).
+    #: uvicorn worker processes; 0 = from the CPUs this container may use (config/plan.py). The
+    #: launcher (``clip-gateway serve``, the entrypoint) plans them where this is not set: thin
+    #: single-thread workers on the gateway's share of the cores.
     workers: int = Field(1, ge=0)
     #: An inherited, already listening socket to serve on instead of binding host:port (set by
     #: launchers that bind the port themselves, so no other process can take it in between).
@@ -133,8 +135,9 @@ class ServerSettings(BaseSettings):
     triton_shm_regions: int = Field(8, ge=1)
 
     # --- preprocessing ----------------------------------------------------------------------
-    #: Decode/resize threads. Decoding releases the GIL, so threads scale across cores; 0 = one
-    #: per CPU this process may use (affinity and cgroup quota, config/plan.py).
+    #: Decode/resize threads per worker. Decoding releases the GIL; 0 = the core plan's
+    #: (config/plan.py: one per worker as measured, or the usable CPUs shared between the
+    #: workers when ``workers`` is set).
     decode_threads: int = Field(0, ge=0)
     #: Largest image (width x height, as its header claims) accepted; checked before decoding.
     max_image_pixels: int = Field(100_000_000, ge=1)
