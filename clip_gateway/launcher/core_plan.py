@@ -244,7 +244,7 @@ async def _timed(url: str, instances: int, deadline: float, stop: threading.Even
 
         async def caller(until: float) -> int:
             sent = await request()
-            while time.monotonic() < until:
+            while time.monotonic() < until and not stop.is_set():
                 sent += await request()
             return sent
 

@@ -756,13 +756,15 @@ class Supervisor:
                    else plan.GPU_FIGURES)  # fmt: skip
         workers = plan.plan_for(self.planned_workers(), server.decode_threads,
                                 server.max_decode_mib, figures=figures)  # fmt: skip
-        if "workers" in server.model_fields_set or server.decode_threads:
+        if self.planned_workers() or server.decode_threads:
             self.worker_reason = "as configured"
         else:
+            cpus = plan.usable_cpus()
+            shared = f"; the model's threads span all {cpus}" if profile in CPU_PROFILES else ""
             self.worker_reason = (f"planned: {figures.gateway_us:.0f} us of gateway CPU per "
                                   f"image against {figures.model_us:.0f} us of the model's "
-                                  f"({figures.source}), {plan.usable_cpus() - workers.triton_cores}"
-                                  f" of {plan.usable_cpus()} cores the gateway's")  # fmt: skip
+                                  f"({figures.source}), {cpus - workers.triton_cores} of {cpus} "
+                                  f"cores the gateway's{shared}")  # fmt: skip
         env = {
             "GATEWAY_WORKERS": str(workers.workers),
             "GATEWAY_DECODE_THREADS": str(workers.decode_threads),
