@@ -10,10 +10,8 @@ cannot be measured (does not load, times out) loses, with its reason logged and 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
-import math
 import statistics
 import tempfile
 import threading
@@ -37,9 +35,6 @@ MARGIN = 0.10
 ROUNDS = 3
 #: Requests per caller per round.
 REQUESTS_PER_CALLER = 8
-#: A time-boxed round's requests still in flight when its time is up may finish this long after
-#: the budget (one batch of 32 on a slow CPU takes seconds).
-TAIL_S = 60.0
 
 
 class CalibrationFailed(RuntimeError):
@@ -155,15 +150,10 @@ def measure(
     *,
     budget_s: float,
     callers: int,
-    timeboxed: bool = False,
 ) -> list[float]:
     """Images per second per round with ``profile`` loaded in a tritonserver of its own
     (started within ``budget_s`` and stopped here, in a private scratch directory).
-
-    ``timeboxed`` (the CPU profiles, launcher/cpu_auto.py): the budget left once the model is
-    READY is shared between the rounds, and each caller keeps sending until its round's time is
-    up (the requests in flight then finish, up to ``TAIL_S`` past the budget): however slow the
-    machine, each profile is measured in its share of the budget instead of timing out."""
+    """
     from clip_gateway.backend.protocol import ImageBatch
     from clip_gateway.backend.triton import TritonBackend
     from clip_gateway.launcher.local import LocalTriton
@@ -183,30 +173,19 @@ def measure(
                 b: ImageBatch(rng.integers(0, 256, (b, *shape), dtype=np.uint8)) for b in sizes
             }
 
-            async def caller(batches: list[int], until: float) -> int:
-                sent = 0
-                for batch in itertools.cycle(batches) if until < math.inf else batches:
-                    await backend.embed_images(pixels[batch], deadline=hard)
-                    sent += batch
-                    if time.monotonic() >= until:
-                        break
-                return sent
+            async def caller(batches: list[int]) -> int:
+                for batch in batches:
+                    await backend.embed_images(pixels[batch], deadline=deadline)
+                return sum(batches)
 
-            hard = deadline + TAIL_S if timeboxed else deadline
-            # a time-boxed round ends when its last requests do: the callers' last batches
-            # (the queue to drain) are allowed for from the previous round's rate
-            drain = 0.0
             found: list[float] = []
-            for left in range(ROUNDS + 1, 0, -1):  # the first round warms up, not counted
+            for _ in range(ROUNDS + 1):  # the first round warms up, not counted
                 if stop.is_set():
                     raise Interrupted("stop requested during calibration")
                 started = time.perf_counter()
-                window = max(0.0, (deadline - time.monotonic()) / left - drain)
-                until = time.monotonic() + window if timeboxed else math.inf
                 sent = workload(sizes, callers)
-                images = await asyncio.gather(*(caller(batches, until) for batches in sent))
+                images = await asyncio.gather(*(caller(batches) for batches in sent))
                 found.append(sum(images) / (time.perf_counter() - started))
-                drain = callers * statistics.mean(sizes) / found[-1]
             return found[1:]
         finally:
             await backend.close()

@@ -3,10 +3,11 @@ this machine, serve the fastest, and keep the figures beside the export for the 
 
 Model-alone figures do not predict the whole server (docs/PROFILES.md): ``cpu-bf16``'s graph beats
 ``cpu-int8``'s on a Xeon with AMX and loses to it through Triton. So each candidate is started in a
-tritonserver of its own with the core plan's instances and threads and sent the gateway's batch
-sizes from several callers (launcher/calibrate.py ``measure``), within one bounded budget. The
-record holds for one machine signature (CPU model, flags, usable cores, runtime versions, Triton
-backend, model identity, the gate's thresholds): any change measures again.
+tritonserver of its own at its best core plan (its candidate plans each timed and the rule's
+choice kept: launcher/core_plan.py) and sent batches of 32 from 4 callers, within one bounded
+budget. The record holds for one machine signature (CPU model, flags, usable cores, runtime
+versions, Triton backend, model identity, the gate's thresholds, how the plans are found): any
+change measures again.
 """
 
 from __future__ import annotations
@@ -35,9 +36,6 @@ RECORD = "cpu-choice.json"
 #: (``cpu``) last: it always passes the gate (it is the reference) and serves when nothing else
 #: could be measured. Each measured one gets an equal share of the budget.
 CANDIDATES: tuple[Profile, ...] = ("cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cpu")
-#: Callers at once while timing (launcher/calibrate.py ``measure``, time-boxed rounds of the
-#: gateway's batch sizes): as the issue's reference load, batch 32 x 4 clients.
-CALLERS = 4
 #: Python distributions in the Triton env whose versions decide the speed of a CPU profile (and
 #: ``nncf``, the fidelity and speed of ``cpu-int8-openvino``'s files).
 RUNTIMES = ("onnxruntime", "openvino", "nncf")
@@ -105,15 +103,17 @@ def signature(
     backend: str,
     model: str,
     gate: Mapping[str, float],
-    plans: Mapping[str, tuple[int, int]] | None = None,
+    plans: Mapping[str, tuple[int, int] | str] | None = None,
 ) -> dict[str, Any]:
     """What a measurement holds for; the flags as a digest (hundreds of them). ``plans``: the
-    core plan (instances, threads) each candidate is timed with: another plan, another race."""
+    core plan (instances, threads) each candidate is timed with, or how it is found (its
+    plans measured here: launcher/core_plan.py): another plan, another race."""
     digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
     found = {"cpu": cpu, "flags": digest, "cpus": cpus, "runtimes": dict(runtimes),
              "backend": backend, "model": model, "gate": dict(gate)}  # fmt: skip
     if plans is not None:
-        found["plans"] = {profile: list(pair) for profile, pair in plans.items()}
+        found["plans"] = {profile: pair if isinstance(pair, str) else list(pair)
+                          for profile, pair in plans.items()}  # fmt: skip
     return found
 
 

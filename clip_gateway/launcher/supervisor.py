@@ -626,7 +626,8 @@ class Supervisor:
                                          deadline)  # fmt: skip
         budget = min(self.settings.launch.auto_measure_s, deadline - time.monotonic())
         self.progress(f"auto: timing {', '.join(p for p, w in candidates.items() if w is None)} "
-                      f"through Triton on this machine (at most {budget:.0f} s, once)")  # fmt: skip
+                      "through Triton on this machine, each at its best core plan (at most "
+                      f"{budget:.0f} s, once)")  # fmt: skip
         choice = cpu_auto.measure(candidates, self.cpu_timer or self.triton_timer(
             export_dir, repository), signature, budget_s=budget)  # fmt: skip
         kept = cpu_auto.keep(choice, records)
@@ -643,14 +644,18 @@ class Supervisor:
         flags = bf16.cpu_flags()
         # the gate's thresholds too: a stricter gate may refuse what was chosen
         cpus = plan.usable_cpus()
-        plans = {profile: plan.model_plan(profile, cpus, repository.instance_count,
-                                          repository.cpu_threads)
-                 for profile in cpu_auto.CANDIDATES}  # fmt: skip
+        plans: dict[str, tuple[int, int] | str] = {}
+        for profile in cpu_auto.CANDIDATES:
+            fixed = plan.model_plan(profile, cpus, repository.instance_count,
+                                    repository.cpu_threads)  # fmt: skip
+            measured = self.settings.launch.plan_measure_s > 0 and not (
+                repository.instance_count or repository.cpu_threads
+            )
+            plans[profile] = "measured here" if measured else (fixed.instances, fixed.threads)
         signature = cpu_auto.signature(cpu=cpu_auto.cpu_model(), flags=flags, cpus=cpus,
                                        runtimes=runtimes, backend=repository.cpu_backend,
                                        model=identity, gate=self.thresholds().as_dict(),
-                                       plans={p: (m.instances, m.threads)
-                                              for p, m in plans.items()})  # fmt: skip
+                                       plans=plans)  # fmt: skip
         # beside the export (the model cache); a read-only baked export: the cache volume
         records = [export_dir / cpu_auto.RECORD,
                    Path(repository.trt_cache_path) / cpu_auto.RECORD]  # fmt: skip
@@ -691,20 +696,20 @@ class Supervisor:
         return found
 
     def triton_timer(self, export_dir: Path, repository: RepositorySettings) -> cpu_auto.Timer:
-        """Times a CPU profile as it would serve: the core plan's instances and threads, a
-        Triton of its own, the gateway's batch sizes from several callers."""
-        cpus = plan.usable_cpus()
+        """Times a CPU profile as it would serve, each plan in a Triton of its own, batches of
+        32 from several callers: at its best plan, its candidate plans measured now where none
+        is recorded or set (launcher/core_plan.py ``Planner.race``)."""
+        if self.planner is None:
+            self.planner = self.make_planner(export_dir, repository)
+        planner = self.planner
+        settings = Settings(self.settings.server, repository, self.settings.launch)
+        measuring = self.settings.launch.plan_measure_s > 0
 
         def timer(profile: Profile, budget: float) -> list[float]:
-            model = plan.model_plan(profile, cpus, repository.instance_count,
-                                    repository.cpu_threads)  # fmt: skip
-            planned = repository.model_copy(
-                update={"instance_count": model.instances, "cpu_threads": model.threads}
-            )
-            settings = Settings(self.settings.server, planned, self.settings.launch)
-            return calibrate.measure(profile, export_dir, settings, self.stop_requested,
-                                     budget_s=budget, callers=cpu_auto.CALLERS,
-                                     timeboxed=True)  # fmt: skip
+            one = self.plan_timer or functools.partial(
+                core_plan.time_plan, export_dir=export_dir, settings=settings,
+                stop=self.stop_requested)  # fmt: skip
+            return planner.race(profile, functools.partial(one, profile), budget, measuring)
 
         return timer
 

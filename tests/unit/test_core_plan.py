@@ -277,3 +277,60 @@ def test_a_read_only_export_keeps_the_plan_in_the_cache_volume(tmp_path: Path) -
     assert core_plan.recorded([blocked / "sub" / core_plan.RECORD, kept], "cpu",
                               {"cpu": "x"}) == choice  # fmt: skip
     assert core_plan.recorded([kept], "cpu-int8", {"cpu": "x"}) is None
+
+
+#: Figures per profile and plan (this machine's peers run, through the gateway).
+PROFILE_PLANS = {
+    "cpu-int8": {"1x2": PlanTiming(28.2, 40.0), "2x1": PlanTiming(16.2, 60.0)},
+    "cpu-bf16": {"1x2": PlanTiming(20.3, 93.1), "2x1": PlanTiming(25.0, 60.0)},
+    "cpu": {"1x2": PlanTiming(4.0, 300.0), "2x1": PlanTiming(3.4, 400.0)},
+}
+
+
+class ProfilePlans:
+    """Times a profile's plan from ``PROFILE_PLANS``; records what it was asked to time."""
+
+    def __init__(self) -> None:
+        self.timed: list[tuple[str, str]] = []
+
+    def __call__(self, profile: str, candidate: ModelPlan, budget_s: float) -> PlanTiming:
+        self.timed.append((profile, candidate.name))
+        return PROFILE_PLANS[profile][candidate.name]
+
+
+def test_auto_races_each_profile_at_its_best_plan_and_keeps_the_plans(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """At the table's plans cpu-bf16 (1 x 2: 20.3 images/s) would beat cpu-int8 (2 x 1: 16.2);
+    at each one's best plan cpu-int8 (1 x 2: 28.2) wins, and serves with that plan, measured
+    once: nothing is timed again for it after the race."""
+    from clip_gateway.launcher import cpu_auto
+
+    export = int8_export(tmp_path / "e")
+    timer = ProfilePlans()
+    supervisor = cpu_launcher(monkeypatch, tmp_path, timer)
+    first_start(supervisor, export)  # the provisional profile's planner
+    race = supervisor.triton_timer(export, supervisor.settings.repository)
+    candidates: dict[str, str | None] = {"cpu-int8": None, "cpu-bf16": None, "cpu": None}
+    choice = cpu_auto.measure(candidates, race, {}, budget_s=120)  # type: ignore[arg-type]
+    assert choice.profile == "cpu-int8"
+    assert choice.medians() == {"cpu-int8": 28.2, "cpu-bf16": 25.0, "cpu": 4.0}
+    assert len(timer.timed) == 6  # two plans of each
+    assert supervisor.planner is not None
+    assert not supervisor.planner.settle("cpu-int8")  # measured now: not again
+    count, threads, section = plan_of(rendered(supervisor, export, tmp_path), TRITON_MODEL_NAME)
+    assert (count, threads) == (1, "2") and str(section["by"]).startswith("measured now")
+    kept = json.loads((export / core_plan.RECORD).read_text())["plans"]
+    assert {p: c["plan"] for p, c in kept.items()} == {"cpu-int8": "1x2", "cpu-bf16": "2x1",
+                                                       "cpu": "1x2"}  # fmt: skip
+
+
+def test_a_fixed_plan_is_raced_as_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    export = int8_export(tmp_path / "e")
+    timer = ProfilePlans()
+    supervisor = cpu_launcher(monkeypatch, tmp_path, timer, instance_count=2)
+    first_start(supervisor, export)
+    race = supervisor.triton_timer(export, supervisor.settings.repository)
+    assert race("cpu-int8", 60) == [16.2] and race("cpu-bf16", 60) == [25.0]
+    assert timer.timed == [("cpu-int8", "2x1"), ("cpu-bf16", "2x1")]
+    assert not (export / core_plan.RECORD).exists()
