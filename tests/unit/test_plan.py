@@ -118,6 +118,12 @@ ONE, TWO = ModelPlan(1, 2), ModelPlan(2, 1)
         ({TWO: PlanTiming(45.0, 25.0), ONE: PlanTiming(44.0, 30.0)}, TWO),
         # the same latency: fewer instances (one copy of the model)
         ({TWO: PlanTiming(40.0, 30.0), ONE: PlanTiming(40.0, 30.0)}, ONE),
+        # measured beside other jobs: 6 % apart, but each plan's rounds spread 10 %: tied
+        ({TWO: PlanTiming(12.4, 68.4, 0.10), ONE: PlanTiming(11.7, 32.7, 0.04)}, ONE),
+        ({TWO: PlanTiming(12.4, 68.4, 0.02), ONE: PlanTiming(11.7, 32.7, 0.04)}, TWO),
+        # a spread past 20 % widens the tie to 20 % only
+        ({TWO: PlanTiming(50.0, 68.4, 0.60), ONE: PlanTiming(39.0, 32.7)}, TWO),
+        ({TWO: PlanTiming(50.0, 68.4, 0.60), ONE: PlanTiming(40.0, 32.7)}, ONE),
     ],
 )
 def test_the_lowest_single_image_p50_within_5_percent_of_the_best_throughput_wins(
