@@ -43,8 +43,9 @@ RECORD = "core-plan.json"
 #: reference load, as ``auto``'s profile timing).
 CALLERS = 4
 BATCH = 32
-#: Counted throughput rounds after a warm-up round, at most (at least one: the budget is
-#: overrun on a slow machine rather than nothing measured); the median counts.
+#: Counted throughput rounds after a warm-up round, at most (at least two, however short the
+#: budget: their spread says how far apart two plans must be to differ, config/plan.py
+#: ``choose_model_plan``; a slow machine overruns the budget instead); the median counts.
 ROUNDS = 3
 #: Of a candidate's time once READY: the share spent on single images (each one image, one
 #: caller, one after another); the rest on batches.
@@ -262,14 +263,14 @@ async def _timed(url: str, instances: int, deadline: float, stop: threading.Even
             started = time.perf_counter()
             await embed(single)
             latencies.append(time.perf_counter() - started)
-        # the first round warms up (not counted); then rounds while another fits in the budget
+        # the first round warms up (not counted); then two rounds, and a third if it fits
         rates: list[float] = []
         took = 0.0
         while len(rates) <= ROUNDS:
             if stop.is_set():
                 raise Interrupted("stop requested while timing the core plan")
             left = deadline - time.monotonic()
-            if len(rates) >= 2 and left < took:
+            if len(rates) >= 3 and left < took:
                 break
             started = time.perf_counter()
             until = time.monotonic() + max(0.0, left) / (ROUNDS + 1 - len(rates))
