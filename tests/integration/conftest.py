@@ -17,8 +17,8 @@ from tests.controlled import Control, render_control_repository
 def plans_not_measured() -> Iterator[None]:
     """Every launch here serves the CPU profiles' table plan (or one recorded earlier): a first
     start's background timing of the core plans (a Triton per candidate, up to a minute of both
-    cores) would run beside whatever the test checks. tests/integration/test_core_plan.py
-    measures it, with a setting of its own."""
+    cores) would run beside whatever the test checks.
+    tests/integration/test_core_plan_first_start.py measures it, with a setting of its own."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GATEWAY_PLAN_MEASURE_S", "0")
         yield

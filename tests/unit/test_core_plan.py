@@ -4,7 +4,7 @@ export and reused, measured again when the machine, its runtimes, the model or t
 change, never when the settings fix the plan; the chosen plan is what the model repository is
 rendered with, and /v1/models (each tower's quantization parameter) and the ready line say
 which and by what figures. The timing through a real Triton is
-tests/integration/test_core_plan.py's."""
+tests/integration/test_core_plan_first_start.py's."""
 
 from __future__ import annotations
 
