@@ -99,18 +99,6 @@ def openvino_version(python: Path) -> str:
     return done.stdout.strip()
 
 
-def stats(values: np.ndarray) -> dict[str, float | int]:
-    return {"mean": float(values.mean()), "min": float(values.min()), "count": len(values)}
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    result: np.ndarray = (a64 * b64).sum(-1) / (
-        np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
-    )
-    return result
-
-
 def measure(
     export_dir: Path,
     python: Path,
@@ -138,7 +126,9 @@ def measure(
     return {
         tower: {
             "set": sets[tower],
-            "vs_fp32": stats(cosine(embeddings[f"bf16_{tower}"], embeddings[f"fp32_{tower}"])),
+            "vs_fp32": gate.stats(
+                gate.cosine(embeddings[f"bf16_{tower}"], embeddings[f"fp32_{tower}"])
+            ),
         }
         for tower in inputs
     }
@@ -198,12 +188,8 @@ def figures(
 
 
 def refusal(measured: dict[str, Any], thresholds: gate.Thresholds) -> str | None:
-    """The INT8 gate's verdict (clip_gateway/model/gate.py) on BF16's figures, worded for BF16. (The
-    gate's module is left as it is: it is part of the INT8 files' code version, model/spec.py.)"""
-    if not measured:
-        return "no BF16 figures were measured"
-    why = gate.refusal(measured, thresholds)
-    return None if why is None else why.replace("INT8 refused", "BF16 refused", 1)
+    """The quality gate's verdict (clip_gateway/model/gate.py) on BF16's figures."""
+    return gate.refusal(measured, thresholds, "BF16", f"measure them again (remove {RECORD})")
 
 
 def section(

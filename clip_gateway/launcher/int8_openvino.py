@@ -118,8 +118,8 @@ def build(
     }
     found = {}
     for tower in checking:
-        cosine = bf16.cosine(embeddings[f"int8_{tower}"], embeddings[f"fp32_{tower}"])
-        found[tower] = {"set": sets[tower], "vs_fp32": bf16.stats(cosine)}
+        cosine = gate.cosine(embeddings[f"int8_{tower}"], embeddings[f"fp32_{tower}"])
+        found[tower] = {"set": sets[tower], "vs_fp32": gate.stats(cosine)}
     return found
 
 
@@ -147,11 +147,9 @@ def figures(
 
 
 def refusal(record: dict[str, Any], thresholds: gate.Thresholds) -> str | None:
-    """The INT8 gate's verdict (clip_gateway/model/gate.py) on the IR's figures."""
-    if not record.get("figures"):
-        return f"no OpenVINO INT8 figures were recorded: build it again (remove {RECORD})"
-    why = gate.refusal(record["figures"], thresholds)
-    return None if why is None else why.replace("INT8 refused", "OpenVINO INT8 refused", 1)
+    """The quality gate's verdict (clip_gateway/model/gate.py) on the IR's figures."""
+    return gate.refusal(record.get("figures") or {}, thresholds, "OpenVINO INT8",
+                        f"build it again (remove {RECORD})")  # fmt: skip
 
 
 def quantization(

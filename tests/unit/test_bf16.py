@@ -80,7 +80,9 @@ def test_the_gate_names_bf16_in_its_refusal() -> None:
     why = bf16.refusal(figures, Thresholds())
     assert why is not None and why.startswith("BF16 refused by the quality gate: image tower")
     assert "mean 0.99700 < 0.998" in why
-    assert bf16.refusal({}, Thresholds()) == "no BF16 figures were measured"
+    assert bf16.refusal({}, Thresholds()) == (
+        f"no BF16 figures were recorded: measure them again (remove {bf16.RECORD})"
+    )
     assert bf16.refusal(FIGURES, Thresholds()) is None
     # INT8's wording is unchanged
     assert refusal({}, Thresholds()) == "no INT8 figures were recorded: export again with --int8"
