@@ -250,9 +250,9 @@ def switched(url: str, timeout_s: float, *, auto: bool = True) -> None:
     """Wait until what serves is what was chosen: ``auto``'s profile (each tower's /v1/models
     entry names the choice) and a CPU profile's core plan (no longer the table's until measured);
     at once where both were recorded here earlier. A GPU's profile is chosen before ready."""
-    from clip_gateway.launcher import profiles
+    from clip_gateway.profiles import gpu
 
-    if profiles.detect() is not None:
+    if gpu.detect() is not None:
         return
     deadline = time.monotonic() + timeout_s
     while True:

@@ -1,11 +1,11 @@
 """The CPU profiles' model plans as triton/python/model.py runs them: ``cpu-bf16`` (OpenVINO,
 BF16 inference precision, FP32 graph) beside ``cpu-int8`` (ONNX Runtime, dynamic INT8 graph) and
 ``cpu`` (ONNX Runtime FP32), each as 1 instance x 2 threads and as 2 instances x 1 thread
-(clip_gateway/config/plan.py ``CPU_MODEL_INSTANCES``), on the image tower at batch 32.
+(clip_gateway/profiles/plans.py ``CPU_MODEL_INSTANCES``), on the image tower at batch 32.
 
 ``python -m bench cpu-instances MODEL.onnx INT8.onnx PIXELS.npy OUT_DIR [SECONDS]`` in the Triton
 env (``.triton-env``: numpy, onnxruntime, openvino). PIXELS.npy: uint8 [n, 224, 224, 3], n >= 32
-(docs/PERFORMANCE.md: the calibration photos' crops, clip_gateway/launcher/bf16.py). Each instance
+(docs/PERFORMANCE.md: the calibration photos' crops, clip_gateway/profiles/bf16.py). Each instance
 is a Python thread with its own session or compiled model, as Triton runs one stub process per
 instance; every instance runs batch after batch for SECONDS. Figures: images per CPU-second of this
 process (robust on a shared machine: CPU time spent, not wall time waited) and images/s (wall clock,

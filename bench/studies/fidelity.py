@@ -108,7 +108,8 @@ def run(
 ) -> dict[str, Any]:
     from clip_gateway.export.build import ensure_exported
     from clip_gateway.export.model import load
-    from clip_gateway.export.parity import cosine, reference
+    from clip_gateway.export.parity import reference
+    from clip_gateway.model.gate import cosine
     from clip_gateway.model.spec import Weights
 
     names, files, pixels = photo_set(photos)

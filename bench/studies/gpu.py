@@ -36,7 +36,7 @@ PROVIDER = "CUDAExecutionProvider"
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    from clip_gateway.export.parity import cosine
+    from clip_gateway.model.gate import cosine
 
     return cosine(a, b)
 

@@ -499,7 +499,8 @@ def parity(url: str, model: str, size: int) -> dict[str, Any]:
     from bench.harness.clients import post
     from clip_gateway.client.core import multipart
     from clip_gateway.export.model import load
-    from clip_gateway.export.parity import cosine, reference, reference_text
+    from clip_gateway.export.parity import reference, reference_text
+    from clip_gateway.model.gate import cosine
     from clip_gateway.model.spec import Weights
 
     files, pixels = parity_images(16, size)

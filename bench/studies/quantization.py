@@ -24,9 +24,9 @@ from bench.harness.ceilings import session
 from bench.harness.machine import cpu_load as machine
 from bench.harness.machine import wait_quiet
 from bench.harness.output import write_results
-from clip_gateway.export.parity import cosine
 from clip_gateway.export.quantize import Method, quantize
 from clip_gateway.model import calibration
+from clip_gateway.model.gate import cosine
 
 VARIANTS: dict[str, tuple[Method, bool]] = {
     "dynamic, per channel": ("dynamic", True),

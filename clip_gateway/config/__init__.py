@@ -1,1 +1,2 @@
-"""Configuration: settings, timings, the core plan, memory and process limits (the bottom layer)."""
+"""Configuration: settings, timings, the worker plan, memory and process limits (the bottom
+layer)."""

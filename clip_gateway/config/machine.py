@@ -1,6 +1,6 @@
 """What CPU this is, from ``/proc/cpuinfo``: what a measurement made here holds for (``auto``'s
-CPU profile choice, launcher/cpu_auto.py; the decode speed, pipeline/decode_speed.py) and which
-units it has (``cpu-bf16``, launcher/bf16.py)."""
+CPU profile choice, profiles/cpu_auto.py; the decode speed, pipeline/decode_speed.py) and which
+units it has (``cpu-bf16``, profiles/bf16.py)."""
 
 from __future__ import annotations
 

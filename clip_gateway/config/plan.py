@@ -5,17 +5,20 @@ that starts 16 workers x 4 threads spends its quota on contention, and one limit
 lets every thread decode a 256 MiB image at once is killed. The usable CPUs are the smallest of
 the affinity mask, the cgroup CPU quota (v2 ``cpu.max``, v1 ``cfs_quota_us``) and the host's
 cores; the memory limit (v2 ``memory.max``, v1 ``limit_in_bytes``) caps how many decodes may run
-at once.
+at once. Beside Triton they are split with the model's side by each side's CPU per image
+(``CoreFigures``); the model's side of a CPU profile (its instances x threads, the candidates and
+the rule that picks one) is the profiles' (clip_gateway/profiles/plans.py).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from clip_gateway.config.settings import ServerSettings
 
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -157,105 +160,6 @@ def worker_plan(
     return WorkerPlan(workers, threads)
 
 
-@dataclass(frozen=True)
-class ModelPlan:
-    instances: int
-    threads: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.instances}x{self.threads}"
-
-    @classmethod
-    def parse(cls, name: str) -> ModelPlan:
-        instances, threads = name.split("x")
-        return cls(int(instances), int(threads))
-
-
-#: Model instances per tower on the CPU profiles before their plan is measured here (the
-#: provisional plan, and the one ``auto`` times each profile with: bench/results/plans, 2 CPUs).
-#: ``cpu-int8``: two single-thread instances beat one two-thread instance on the EPYC (+12-24 %
-#: img/s with 4 clients; single-image p50 31 vs 28 ms). ``cpu`` (FP32) and the OpenVINO
-#: profiles (``cpu-bf16``, ``cpu-int8-openvino``): one instance with every thread (through the
-#: whole gateway on the EPYC, bench/results/plans/openvino, 1.57-1.63x two single-thread
-#: instances at batch 32 x 4, and better for one client). Which plan serves on a given machine
-#: is measured there (``plan_candidates``, ``choose_model_plan``, launcher/core_plan.py).
-CPU_MODEL_INSTANCES: dict[str, int] = {"cpu": 1, "cpu-int8": 2, "cpu-bf16": 1,
-                                       "cpu-int8-openvino": 1}  # fmt: skip
-#: Most model instances a candidate plan has: each holds a copy of the model (~240 MB for both
-#: INT8 towers, ~600 MB FP32), and more than two were never faster anywhere measured.
-MAX_INSTANCES = 4
-#: A plan within this fraction of the best batch throughput counts as tied on throughput, and
-#: the single-image latency decides (``choose_model_plan``); more where the plans' own rounds
-#: spread more, up to ``MAX_TOLERANCE``.
-THROUGHPUT_TOLERANCE = 0.05
-MAX_TOLERANCE = 0.20
-
-
-def model_plan(profile: str, cpus: int, instances: int = 0, threads: int = 0) -> ModelPlan:
-    """Model instances and ONNX Runtime intra-op threads per instance on the CPU profiles,
-    where not set (0): the provisional plan (``CPU_MODEL_INSTANCES``).
-
-    ORT's own default is one thread per physical core of the *host*, blind to the cgroup quota:
-    a pod limited to 2 CPUs on a 64-core node would run 64 threads per instance. The plan shares
-    the usable CPUs between the instances; they share those with the decode threads too, which
-    is why ORT's idle threads do not spin-wait (``RepositorySettings.cpu_spinning``) and why
-    inter-op parallelism stays off (one thread: the graphs run node after node).
-    """
-    instances = instances or max(1, min(CPU_MODEL_INSTANCES.get(profile, 1), cpus))
-    return ModelPlan(instances, threads or max(1, cpus // instances))
-
-
-def plan_candidates(cpus: int) -> list[ModelPlan]:
-    """The plans measured on ``cpus`` CPUs: 1 x N, 2 x N/2, 4 x N/4 (at most ``MAX_INSTANCES``
-    instances, at least one thread each)."""
-    found, instances = [], 1
-    while instances <= min(cpus, MAX_INSTANCES):
-        found.append(ModelPlan(instances, cpus // instances))
-        instances *= 2
-    return found
-
-
-@dataclass(frozen=True)
-class PlanTiming:
-    """One candidate plan, measured: batch-32 images/s from 4 callers, one image's p50, and
-    how far its counted rounds spread ((max - min) / median)."""
-
-    images_per_s: float
-    single_p50_ms: float
-    spread: float = 0.0
-
-
-def choose_model_plan(timings: Mapping[ModelPlan, PlanTiming]) -> tuple[ModelPlan, str]:
-    """The plan with the lowest single-image p50 among those within the tolerance of the best
-    batch-32 throughput (fewer instances on a tie: less memory); and why. The tolerance is
-    ``THROUGHPUT_TOLERANCE``, or the widest spread of any plan's rounds where that is more (at
-    most ``MAX_TOLERANCE``).
-
-    Batches are what a library import or a backfill sends, one image at a time what a person
-    waiting on a search or an upload sees. A plan that loses more than 5 % of the batch
-    throughput is never chosen for its latency; within 5 % the two throughputs are as good as
-    tied (the rounds of one plan spread by about that on a quiet 2-CPU machine), and the
-    latency, which differs between plans by up to 2x (one instance's single image runs on every
-    thread, one of two instances' on half of them), decides. On a busy machine the rounds spread
-    more, and a difference within that spread is the load's, not the plan's: measured beside
-    other jobs here, cpu-int8's 1 x 2 gave 11.7 images/s (p50 33 ms) and 2 x 1 12.4 (68 ms)."""
-    best = max(t.images_per_s for t in timings.values())
-    tolerance = min(
-        MAX_TOLERANCE, max([THROUGHPUT_TOLERANCE, *(t.spread for t in timings.values())])
-    )
-    floor = best * (1 - tolerance)
-    tied = [p for p, t in timings.items() if t.images_per_s >= floor]
-    chosen = min(tied, key=lambda p: (timings[p].single_p50_ms, p.instances))
-    summary = "; ".join(f"{p.name}: {t.images_per_s:.1f} img/s at batch 32 x 4 (rounds spread "
-                        f"{t.spread:.0%}), single image p50 {t.single_p50_ms:.1f} ms"
-                        for p, t in timings.items())  # fmt: skip
-    return chosen, (
-        f"{chosen.name}: the lowest single-image p50 of the plans within "
-        f"{tolerance:.0%} of the best batch throughput ({summary})"
-    )
-
-
 def plan_for(
     workers: int,
     threads: int,
@@ -273,3 +177,26 @@ def plan_for(
                           decode_bytes=decode_mib << 20,
                           figures=figures or GPU_FIGURES)  # fmt: skip
     return WorkerPlan(planned.workers, planned.decode_threads, triton)
+
+
+def planned_workers(server: ServerSettings) -> int:
+    """GATEWAY_WORKERS where it was set (its default, 1, is for the HTTP process run by hand),
+    else 0: the launcher plans them."""
+    return server.workers if "workers" in server.model_fields_set else 0
+
+
+def gateway_plan(
+    server: ServerSettings, figures: CoreFigures, *, model_spans_cpus: bool
+) -> tuple[WorkerPlan, str]:
+    """The launcher's plan for the gateway beside Triton, and how it was made (the ready line);
+    ``model_spans_cpus``: a CPU profile, whose threads span every usable CPU."""
+    workers = planned_workers(server)
+    planned = plan_for(workers, server.decode_threads, server.max_decode_mib, figures=figures)
+    if workers or server.decode_threads:
+        return planned, "as configured"
+    cpus = usable_cpus()
+    shared = f"; the model's threads span all {cpus}" if model_spans_cpus else ""
+    gateway = cpus - planned.triton_cores
+    return planned, (f"planned: {figures.gateway_us:.0f} us of gateway CPU per image against "
+                     f"{figures.model_us:.0f} us of the model's ({figures.source}), "
+                     f"{gateway} of {cpus} cores the gateway's{shared}")  # fmt: skip

@@ -32,8 +32,8 @@ MiB = 1 << 20
 #: Triton execution profiles (triton/profiles/*.pbtxt); ``cpu-int8`` is the ``cpu`` profile
 #: serving the export's INT8 files (``python -m clip_gateway.export --int8``); ``cpu-bf16`` the
 #: export's FP32 files on OpenVINO at BF16 inference precision (CPUs with AVX-512 BF16 or AMX,
-#: launcher/bf16.py); ``cpu-int8-openvino`` OpenVINO's own INT8 of the FP32 files, built by NNCF
-#: at the first start (launcher/int8_openvino.py).
+#: profiles/bf16.py); ``cpu-int8-openvino`` OpenVINO's own INT8 of the FP32 files, built by NNCF
+#: at the first start (profiles/int8_openvino.py).
 Profile = Literal["cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cuda", "tensorrt"]
 PROFILES: tuple[Profile, ...] = ("cpu", "cpu-int8", "cpu-bf16", "cpu-int8-openvino", "cuda",
                                  "tensorrt")  # fmt: skip
@@ -369,8 +369,8 @@ class RepositorySettings(BaseSettings):
     #: OpenVINO at BF16 inference precision, held to the same gate; CPUs with BF16 units only),
     #: ``cpu-int8-openvino`` (OpenVINO INT8 quantized by NNCF at the first start, held to the
     #: same gate), ``cuda`` (ORT CUDA EP), ``tensorrt`` (ORT TensorRT EP, FP16), or ``auto``:
-    #: chosen by the launcher for the GPU it finds (clip_gateway/launcher/profiles.py); without a
-    #: GPU by timing the gated CPU profiles on this machine (clip_gateway/launcher/cpu_auto.py).
+    #: chosen by the launcher for the GPU it finds (clip_gateway/profiles/gpu.py); without a
+    #: GPU by timing the gated CPU profiles on this machine (clip_gateway/profiles/cpu_auto.py).
     #: Rendering needs a concrete one.
     profile: Profile | Literal["auto"] = "auto"
     #: Largest batch Triton accepts; the gateway splits bigger requests to fit.
@@ -387,10 +387,10 @@ class RepositorySettings(BaseSettings):
     #: the CPU profile while admission allows 15 s), turning admission's 429s into 503s.
     max_queue_size: int = Field(0, ge=0)
     #: Model instances per tower (CPU: processes; GPU: execution contexts on the one GPU);
-    #: 0 = the core plan's on the CPU profiles (clip_gateway/config/plan.py), 1 on a GPU.
+    #: 0 = the core plan's on the CPU profiles (clip_gateway/profiles/plans.py), 1 on a GPU.
     instance_count: int = Field(0, ge=0)
     #: ORT intra-op threads per model instance on the CPU profiles; 0 = the core plan's (the
-    #: launcher derives it from the CPUs it may use, clip_gateway/config/plan.py; rendered by hand:
+    #: launcher derives it from the CPUs it may use, clip_gateway/profiles/plans.py; by hand:
     #: ORT's own default, every core).
     cpu_threads: int = Field(0, ge=0)
     #: ORT's idle intra-op threads spin-wait for work (the Python backend's ``cpu`` profiles).
@@ -412,7 +412,7 @@ class RepositorySettings(BaseSettings):
     #: interpreter needs onnxruntime-gpu; docs/GPU_HOST.md).
     gpu_backend: Literal["onnxruntime", "python"] = "onnxruntime"
     #: Where TensorRT engines and timing caches live; mount a volume here. The launcher uses a
-    #: subdirectory per GPU model and model identity (weights + export code, launcher/engines.py).
+    #: subdirectory per GPU model and model identity (weights + export code, profiles/engines.py).
     trt_cache_path: str = "/var/cache/clip-gateway/trt"
     #: TensorRT's builder workspace per engine, in bytes.
     trt_workspace_bytes: int = Field(4 << 30, ge=1 << 26)
@@ -472,7 +472,7 @@ class LaunchSettings(BaseSettings):
     #: Measure both GPU profiles on first start and keep the winner (cached with the engines).
     calibrate: bool = False
     #: ``auto`` without a GPU: seconds the first start's background measurement may spend
-    #: timing the CPU profiles that pass the quality gate through Triton (launcher/cpu_auto.py)
+    #: timing the CPU profiles that pass the quality gate through Triton (profiles/cpu_auto.py)
     #: while the gateway already serves; the figures and the choice are kept beside the export,
     #: so later starts on the same machine serve the choice at once, measuring nothing.
     auto_measure_s: float = Field(120.0, gt=0)
@@ -480,7 +480,7 @@ class LaunchSettings(BaseSettings):
     #: spend timing its core plans (1 x N, 2 x N/2, ... model instances x threads; each in a
     #: Triton of its own, batch-32 throughput and one image's latency) while the gateway already
     #: serves with the table's plan; the choice is kept beside the export
-    #: (launcher/core_plan.py), so later starts here serve it at once, measuring nothing. 0: never
+    #: (profiles/planner.py), so later starts here serve it at once, measuring nothing. 0: never
     #: measured here (a plan recorded earlier still serves; else the table's).
     plan_measure_s: float = Field(60.0, ge=0)
     #: ``cpu-int8`` when the quality gate refuses the export's INT8 files: serve the FP32 files

@@ -26,7 +26,7 @@ READY_CHECK_TIMEOUT_S = 5.0
 GATEWAY_EXIT_S = 5.0
 #: Before Triton is READY nothing is in flight and nothing is worth waiting for: a model load
 #: or TensorRT engine build is abandoned (the engines of a start-up that was stopped are
-#: removed, clip_gateway/launcher/engines.py), so Triton gets only this long before SIGKILL.
+#: removed, clip_gateway/profiles/engines.py), so Triton gets only this long before SIGKILL.
 TRITON_STARTUP_GRACE_S = 3.0
 #: Kept between our worst case and the orchestrator's kill: scheduling, a slow node, logs.
 HEADROOM_S = 10.0

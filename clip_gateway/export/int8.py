@@ -20,7 +20,6 @@ import onnxruntime as ort
 import torch
 
 from clip_gateway.export.model import LoadedModel
-from clip_gateway.export.parity import cosine
 from clip_gateway.export.quantize import DEFAULT_METHOD, Method, quantize
 from clip_gateway.model import calibration, gate
 from clip_gateway.model.contract import (
@@ -82,10 +81,6 @@ def build(
     }
 
 
-def _stats(values: np.ndarray) -> dict[str, float | int]:
-    return {"mean": float(values.mean()), "min": float(values.min()), "count": len(values)}
-
-
 def _image_figures(loaded: LoadedModel, fp32: Path, int8: Path) -> tuple[dict[str, Any], str]:
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
@@ -113,9 +108,9 @@ def _image_figures(loaded: LoadedModel, fp32: Path, int8: Path) -> tuple[dict[st
     return {
         "set": f"{PHOTOS} generated photos (clip_gateway/model/calibration.py), open_clip's resize"
         " and crop",
-        "vs_fp32": _stats(cosine(got, exact)),
-        "vs_open_clip": _stats(cosine(got, reference)),
-        "fp32_vs_open_clip": _stats(cosine(exact, reference)),
+        "vs_fp32": gate.stats(gate.cosine(got, exact)),
+        "vs_open_clip": gate.stats(gate.cosine(got, reference)),
+        "fp32_vs_open_clip": gate.stats(gate.cosine(exact, reference)),
     }, encode_reference(canary)
 
 
@@ -138,7 +133,7 @@ def _text_figures(
     return {
         "set": f"{TEXTS} generated captions (clip_gateway/model/calibration.py), 1/8 past the"
         " context length",
-        "vs_fp32": _stats(cosine(got, exact)),
-        "vs_open_clip": _stats(cosine(got, reference)),
-        "fp32_vs_open_clip": _stats(cosine(exact, reference)),
+        "vs_fp32": gate.stats(gate.cosine(got, exact)),
+        "vs_open_clip": gate.stats(gate.cosine(got, reference)),
+        "fp32_vs_open_clip": gate.stats(gate.cosine(exact, reference)),
     }, encode_reference(canary)

@@ -14,6 +14,7 @@ from torchvision.transforms import Normalize
 
 from clip_gateway.export.model import LoadedModel
 from clip_gateway.model.contract import INPUT_NAME, TEXT_INPUT_DTYPE, TEXT_INPUT_NAME
+from clip_gateway.model.gate import cosine
 
 FP32_MAX_ABS = 1e-4
 FP16_MIN_COSINE = 0.999
@@ -50,13 +51,6 @@ def session(path: Path) -> ort.InferenceSession:
     # graph (segfault at session creation); EXTENDED keeps every fusion and is what we compare.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    norms = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
-    result: np.ndarray = (a64 * b64).sum(-1) / norms
-    return result
 
 
 def measure(

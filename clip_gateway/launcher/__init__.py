@@ -1,4 +1,5 @@
-"""Two layers in one package: at the bottom settings, the timings and the worker plan derived
-from them, the allocator, child processes and ports; on top the launcher (the supervisor, the
-model to serve, GPU profiles, the local tritonserver, repository rendering). pyproject.toml's
-import contracts name which module is which."""
+"""The launcher: the one launch path (``supervisor.py``) and the processes it starts, supervises
+and stops: the exporter (``served_export.py``), tritonserver on its rendered model repository
+(``local.py``, ``repository.py``) and the gateway's HTTP process (``gateway.py``); ``host.py`` is
+what the profiles may ask of them. What to serve is the profiles' (clip_gateway/profiles);
+settings, timings and the worker plan are the configuration's (clip_gateway/config)."""

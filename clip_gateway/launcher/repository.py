@@ -14,7 +14,6 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from clip_gateway.config.settings import CPU_PROFILES, RepositorySettings
-from clip_gateway.launcher import int8_openvino
 from clip_gateway.model.contract import (
     CANARY_PARAMETER,
     CONTEXT_LENGTH_PARAMETER,
@@ -32,6 +31,7 @@ from clip_gateway.model.contract import (
     TOKENIZER_PARAMETER,
     TRITON_MODEL_NAME,
 )
+from clip_gateway.profiles import int8_openvino
 
 #: triton/python/model.py's parameters: which runtime runs the ONNX file, at which precision.
 RUNTIME_PARAMETER = "runtime"
@@ -111,7 +111,7 @@ def render_tower_config(
     """One tower's config; ``rest``: ``cpu-int8-openvino``'s precision for the operations NNCF
     left unquantized (its build record's)."""
     if settings.profile == "auto":
-        raise ValueError("profile 'auto' must be resolved (launcher/profiles.py) before rendering")
+        raise ValueError("profile 'auto' must be resolved (profiles/choice.py) before rendering")
     templates = templates or settings.templates_dir or default_templates()
     values = {
         "model_name": tower.model_name,
@@ -205,16 +205,16 @@ def render(
     INT8 is not served) the FP32 files instead, the configs saying so.
 
     ``cpu-bf16`` renders the FP32 files for OpenVINO at BF16; ``bf16`` is what the launcher's
-    gate measured (launcher/bf16.py ``section``), shown per tower in /v1/models; with its
+    gate measured (profiles/bf16.py ``section``), shown per tower in /v1/models; with its
     ``fallback`` set (why BF16 is not served) the ``cpu`` profile instead, the configs saying so.
 
     ``cpu-int8-openvino`` renders the OpenVINO IR its build kept beside the export
-    (launcher/int8_openvino.py), at the precision it was built for, each config with its
+    (profiles/int8_openvino.py), at the precision it was built for, each config with its
     tower's figures and ``gate``, the thresholds the launcher held them to.
 
-    ``profile_choice``: what ``auto`` measured on this CPU and chose (launcher/cpu_auto.py),
+    ``profile_choice``: what ``auto`` measured on this CPU and chose (profiles/cpu_auto.py),
     and ``core_plan``: the CPU profile's model plan and what it was chosen by
-    (launcher/core_plan.py), added to each tower's quantization parameter for /v1/models.
+    (profiles/planner.py), added to each tower's quantization parameter for /v1/models.
     """
     _render(settings, export_dir, out_dir, templates, link=link, int8_fallback=int8_fallback,
             bf16=bf16, gate=gate)  # fmt: skip

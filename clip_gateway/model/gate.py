@@ -1,15 +1,19 @@
-"""The INT8 quality gate: per tower, the cosine of INT8 vs FP32 embeddings on the calibration set
-(calibration.py) must reach documented thresholds, else INT8 is refused with the numbers.
+"""The quality gate: per tower, the cosine of a cheaper precision's embeddings (INT8 files, BF16
+inference, OpenVINO's INT8) vs FP32's on the calibration set (calibration.py) must reach
+documented thresholds, else it is refused with the numbers.
 
-Torch-free and pure: the exporter records the figures in the manifest and says whether they
-pass; the launcher (``cpu-int8`` profile) checks the same figures against its own thresholds
-before it serves an INT8 file, so an operator can tighten the gate without exporting again.
+Torch-free and pure, and the one place the figures are computed and judged: the exporter records
+the INT8 figures in the manifest and says whether they pass; the launcher holds every kind's
+figures to the launch's own thresholds before it serves them, so an operator can tighten the gate
+without exporting again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 #: Mean cosine, INT8 vs FP32, each tower must reach on the calibration set. Measured on random
 #: weights (seed 0): 0.9998+ for both towers (docs/PROFILES.md "The cpu-int8 profile").
@@ -29,14 +33,33 @@ class Thresholds:
         return {"min_mean_cosine": self.mean, "min_cosine": self.min}
 
 
-def refusal(figures: dict[str, Any], thresholds: Thresholds) -> str | None:
-    """Why INT8 must not be served (every failing tower, with its numbers), or None.
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row by row, in float64."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
+    result: np.ndarray = (a64 * b64).sum(-1) / norms
+    return result
 
-    ``figures`` is the manifest's ``int8.figures``: per tower, ``vs_fp32`` with ``mean``,
-    ``min`` and ``count``. A tower without figures fails: nothing was measured.
+
+def stats(cosines: np.ndarray) -> dict[str, float | int]:
+    """What the gate reads of a tower's cosines (``vs_fp32``): their mean, minimum and count."""
+    return {"mean": float(cosines.mean()), "min": float(cosines.min()), "count": len(cosines)}
+
+
+def refusal(
+    figures: dict[str, Any],
+    thresholds: Thresholds,
+    subject: str = "INT8",
+    remedy: str = "export again with --int8",
+) -> str | None:
+    """Why ``subject`` must not be served (every failing tower, with its numbers), or None.
+
+    ``figures``: per tower, ``vs_fp32`` with ``mean``, ``min`` and ``count`` (the manifest's
+    ``int8.figures``, or what a launcher gate measured). A tower without figures fails: nothing
+    was measured; no figures at all say how to measure them (``remedy``).
     """
     if not figures:
-        return "no INT8 figures were recorded: export again with --int8"
+        return f"no {subject} figures were recorded: {remedy}"
     problems = []
     for tower, measured in sorted(figures.items()):
         cosine = measured.get("vs_fp32") or {}
@@ -54,4 +77,4 @@ def refusal(figures: dict[str, Any], thresholds: Thresholds) -> str | None:
             problems.append(f"{tower} tower cosine vs FP32 {', '.join(failed)} ({items} items)")
     if not problems:
         return None
-    return "INT8 refused by the quality gate: " + "; ".join(problems)
+    return f"{subject} refused by the quality gate: " + "; ".join(problems)

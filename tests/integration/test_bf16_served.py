@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from clip_gateway.launcher import bf16
 from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
+from clip_gateway.profiles import bf16
 from tests import reference, samples
 from tests.integration.test_int8 import launch, model_card, wait_ready  # noqa: F401
 
@@ -85,7 +85,7 @@ def test_the_bf16_fallback_serves_fp32_and_says_so(exported, gateway, launch) ->
     served = bf16_launch(launch, exported, GATEWAY_INT8_MIN_MEAN_COSINE="0.999999",
                          GATEWAY_BF16_FALLBACK="true")  # fmt: skip
     wait_ready(served)
-    assert "serving the cpu profile's FP32 graphs" in served.log.read_text()
+    assert "serving the FP32 files instead (the cpu profile's" in served.log.read_text()
     card = model_card(served.url)
     for tower in ("image", "text"):
         value = card["quantization"][tower]
@@ -115,9 +115,9 @@ def test_auto_without_a_gpu_serves_at_once_then_switches_to_the_fastest_with_no_
     each CPU profile that passes the gate is timed through Triton, and the fastest is loaded into
     the serving Triton in place while requests keep coming, none of them failing; its figures
     reach /v1/models; the next start measures nothing (the choice is kept beside the export)."""
-    from clip_gateway.launcher import cpu_auto, profiles
+    from clip_gateway.profiles import cpu_auto, gpu
 
-    if profiles.detect() is not None:
+    if gpu.detect() is not None:
         pytest.skip("a GPU is present: auto picks a GPU profile")
     (exported_int8.directory / cpu_auto.RECORD).unlink(missing_ok=True)
     env = {"GATEWAY_MODEL_DIR": str(exported_int8.directory), "GATEWAY_TRITON_PROFILE": "auto",

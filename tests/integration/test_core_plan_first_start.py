@@ -3,7 +3,7 @@ core plan serves at once; in the background each candidate plan (1 x N, 2 x N/2)
 tritonserver of its own, the rule's choice is loaded into the serving Triton in place and kept
 beside the export; /v1/models and the log name the plan and its figures; the next start serves
 the kept plan at once, timing nothing. The rule and the record's signature are
-tests/unit/test_core_plan.py's and tests/unit/test_plan.py's."""
+tests/unit/profiles/test_planner.py's and tests/unit/profiles/test_plans.py's."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from clip_gateway.config import plan
-from clip_gateway.launcher import core_plan
 from clip_gateway.model.contract import TRITON_MODEL_NAME
+from clip_gateway.profiles import planner as core_plan
+from clip_gateway.profiles import plans
 from tests import samples
 from tests.integration.test_int8 import launch, model_card  # noqa: F401
 
@@ -51,9 +52,9 @@ def test_the_first_start_measures_the_plan_in_the_background_and_the_next_reuses
     launch,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    from clip_gateway.launcher import profiles
+    from clip_gateway.profiles import gpu
 
-    if profiles.detect() is not None:
+    if gpu.detect() is not None:
         pytest.skip("a GPU is present: the CPU profiles' plan is not what serves")
     export = linked_export(exported_int8.directory, tmp_path / "export")
     env = {"GATEWAY_MODEL_DIR": str(export), "GATEWAY_TRITON_PROFILE": "cpu-int8",
@@ -77,11 +78,11 @@ def test_the_first_start_measures_the_plan_in_the_background_and_the_next_reuses
     chosen = card["image"]["core_plan"]
     print(f"core plan on this machine: {json.dumps(chosen)}")
     assert card["text"]["core_plan"] == chosen  # both towers get the plan
-    candidates = {p.name for p in plan.plan_candidates(plan.usable_cpus())}
+    candidates = {p.name for p in plans.plan_candidates(plan.usable_cpus())}
     assert set(chosen["measured"]) | set(chosen["failed"]) == candidates
-    figures = {plan.ModelPlan.parse(name): plan.PlanTiming(**found)
+    figures = {plans.ModelPlan.parse(name): plans.PlanTiming(**found)
                for name, found in chosen["measured"].items()}  # fmt: skip
-    rule, _ = plan.choose_model_plan(figures)  # the rule, applied to what it measured
+    rule, _ = plans.choose_model_plan(figures)  # the rule, applied to what it measured
     assert (chosen["instances"], chosen["threads"]) == (rule.instances, rule.threads)
     assert live_plan(tmp_path) == (rule.instances, str(rule.threads))
     log = served.log.read_text()

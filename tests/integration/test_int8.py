@@ -16,9 +16,8 @@ import onnxruntime as ort
 import pytest
 
 from bench.harness.supervisor import Supervisor
-from clip_gateway.export.parity import cosine
 from clip_gateway.model.contract import INPUT_NAME
-from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
+from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE, cosine
 from tests import samples
 
 TEXTS = ["a photo of a cat", "a diagram of the solar system", "東京の夜景 at night", "x" * 300]

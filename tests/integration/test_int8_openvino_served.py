@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clip_gateway.launcher import int8_openvino
 from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE
+from clip_gateway.profiles import int8_openvino
 from tests import reference
 from tests.integration.test_bf16_served import IMAGES, TEXTS, embed
 from tests.integration.test_int8 import launch, model_card  # noqa: F401

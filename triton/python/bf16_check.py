@@ -6,7 +6,7 @@ one triton/python/model.py runs in, with ``openvino`` and ``onnxruntime``):
 For each array in INPUTS.npz (``image``: uint8 pixels, ``text``: int32 token ids), the tower's FP32
 ONNX file run by ONNX Runtime (as the ``cpu`` profile runs it) and by OpenVINO at BF16 inference
 precision (as model.py runs it for ``cpu-bf16``); OUT.npz holds ``fp32_<tower>`` and
-``bf16_<tower>``. The launcher (clip_gateway/launcher/bf16.py) compares them against the gate.
+``bf16_<tower>``. The launcher (clip_gateway/profiles/bf16.py) compares them against the gate.
 Prints OpenVINO's version. A CPU on which OpenVINO would not run BF16 is an error,
 never FP32 figures.
 """

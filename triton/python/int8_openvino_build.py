@@ -11,7 +11,7 @@ sample (the server's batches vary), saved as OpenVINO IR beside the export (``FI
 GATE.npz (the gate's own set, not the one calibrated on) the FP32 file run by ONNX Runtime (as
 the ``cpu`` profile runs it) and the IR by OpenVINO with REST (``bf16`` or ``f32``) as the
 inference precision of the operations NNCF left unquantized (as model.py runs it); OUT.npz holds
-``fp32_<tower>`` and ``int8_<tower>``. The launcher (clip_gateway/launcher/int8_openvino.py)
+``fp32_<tower>`` and ``int8_<tower>``. The launcher (clip_gateway/profiles/int8_openvino.py)
 holds them to the gate. Prints OpenVINO's and NNCF's versions.
 """
 

@@ -157,7 +157,7 @@ class TritonPythonModel:
         # nodes run one after another (ORT's default sequential mode): no inter-op pool needed
         options.inter_op_num_threads = int(params.get("inter_op_threads", "1") or 1)
         # idle intra-op threads spin-wait for the next op by default, burning the cores the
-        # gateway decodes on; the core plan turns it off (clip_gateway/config/plan.py)
+        # gateway decodes on; the core plan turns it off (clip_gateway/profiles/plans.py)
         spinning = params.get("allow_spinning", "1")
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         providers = self._providers(params, args)

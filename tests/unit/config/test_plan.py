@@ -1,6 +1,6 @@
-"""The core plan's rules (config/plan.py): the gateway's share of the cores from each side's
-measured CPU per image, thin workers, the settings over both, and the model plan picked from
-measured figures (the lowest single-image p50 within 5 % of the best batch throughput)."""
+"""The worker plan (config/plan.py): the gateway's share of the cores from each side's measured CPU
+per image, thin workers, the settings over both, the container's limits read from its cgroup
+files. The model's side (a CPU profile's instances x threads): tests/unit/profiles/test_plans.py."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ from clip_gateway.config.plan import (
     CPU_FIGURES,
     GPU_FIGURES,
     CoreFigures,
-    ModelPlan,
-    PlanTiming,
     WorkerPlan,
-    choose_model_plan,
+    cgroup_cpu_quota,
+    cgroup_memory_limit,
     core_split,
-    plan_candidates,
     plan_for,
     worker_plan,
 )
@@ -89,48 +87,26 @@ def test_a_container_is_split_between_the_gateway_and_triton(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    ("cpus", "names"),
-    [(1, ["1x1"]), (2, ["1x2", "2x1"]), (3, ["1x3", "2x1"]), (16, ["1x16", "2x8", "4x4"]),
-     (64, ["1x64", "2x32", "4x16"])],
-)  # fmt: skip
-def test_the_candidate_plans_share_the_cpus_between_1_2_and_4_instances(
-    cpus: int, names: list[str]
-) -> None:
-    assert [plan.name for plan in plan_candidates(cpus)] == names
-    assert all(ModelPlan.parse(plan.name) == plan for plan in plan_candidates(cpus))
-
-
-ONE, TWO = ModelPlan(1, 2), ModelPlan(2, 1)
-
-
-@pytest.mark.parametrize(
-    ("timings", "chosen"),
+    ("cpus", "workers", "threads", "plan"),
     [
-        # the issue's case: two single-thread instances slightly ahead on batches, one
-        # instance of both threads twice as fast for one image: within 5 %, latency decides
-        ({TWO: PlanTiming(41.2, 59.8), ONE: PlanTiming(40.0, 31.0)}, ONE),
-        # more than 5 % behind on batches: never chosen for its latency
-        ({TWO: PlanTiming(50.0, 59.8), ONE: PlanTiming(47.0, 31.0)}, TWO),
-        # exactly 5 % behind still counts as tied
-        ({TWO: PlanTiming(40.0, 59.8), ONE: PlanTiming(38.0, 31.0)}, ONE),
-        # faster on both
-        ({TWO: PlanTiming(30.0, 40.0), ONE: PlanTiming(45.0, 30.0)}, ONE),
-        ({TWO: PlanTiming(45.0, 25.0), ONE: PlanTiming(44.0, 30.0)}, TWO),
-        # the same latency: fewer instances (one copy of the model)
-        ({TWO: PlanTiming(40.0, 30.0), ONE: PlanTiming(40.0, 30.0)}, ONE),
-        # measured beside other jobs: 6 % apart, but each plan's rounds spread 10 %: tied
-        ({TWO: PlanTiming(12.4, 68.4, 0.10), ONE: PlanTiming(11.7, 32.7, 0.04)}, ONE),
-        ({TWO: PlanTiming(12.4, 68.4, 0.02), ONE: PlanTiming(11.7, 32.7, 0.04)}, TWO),
-        # a spread past 20 % widens the tie to 20 % only
-        ({TWO: PlanTiming(50.0, 68.4, 0.60), ONE: PlanTiming(39.0, 32.7)}, TWO),
-        ({TWO: PlanTiming(50.0, 68.4, 0.60), ONE: PlanTiming(40.0, 32.7)}, ONE),
+        (2, 0, 0, (2, 1)),
+        (16, 0, 0, (16, 1)),
+        (64, 0, 0, (32, 1)),
+        (16, 2, 0, (2, 8)),
+        (8, 0, 3, (2, 3)),
     ],
 )
-def test_the_lowest_single_image_p50_within_5_percent_of_the_best_throughput_wins(
-    timings: dict[ModelPlan, PlanTiming], chosen: ModelPlan
-) -> None:
-    plan, reason = choose_model_plan(timings)
-    assert plan == chosen
-    assert reason.startswith(f"{chosen.name}: the lowest single-image p50")
-    for candidate, timing in timings.items():  # every figure it was chosen by
-        assert f"{candidate.name}: {timing.images_per_s:.1f} img/s" in reason
+def test_worker_plan(cpus: int, workers: int, threads: int, plan: tuple[int, int]) -> None:
+    """Thin workers on the gateway's cores (the split and why: above)."""
+    assert worker_plan(cpus, workers, threads) == WorkerPlan(*plan)
+
+
+def test_the_container_limits_are_read_from_cgroup_files(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("250000 100000\n")  # 2.5 CPUs
+    (tmp_path / "memory.max").write_text(str(3 << 30))
+    assert cgroup_cpu_quota(tmp_path) == 2.5
+    assert cgroup_memory_limit(tmp_path) == 3 << 30
+    assert plan_for(0, 0, 256, tmp_path) == WorkerPlan(2, 1)
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "memory.max").write_text("max\n")
+    assert cgroup_cpu_quota(tmp_path) is None and cgroup_memory_limit(tmp_path) is None

@@ -9,7 +9,7 @@ quantizes each tower's FP32 graph, calibrated on the calibration generator's pho
 the gate's set; it keeps the OpenVINO IR beside the export with the gate's figures (INT8 vs FP32
 on the gate's set, ``int8-openvino.json``) for the runtimes' versions and the precision of the
 operations left unquantized (BF16 where the CPU has BF16 units, else FP32). Every start holds the
-figures to its own thresholds (the INT8 gate's, clip_gateway/model/gate.py).
+figures to its own thresholds (the INT8 gate's, clip_gateway/model/gate.py; profiles/gates.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from clip_gateway.launcher import bf16
 from clip_gateway.model import gate
+from clip_gateway.profiles import bf16
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ def build(
     }
     found = {}
     for tower in checking:
-        cosine = bf16.cosine(embeddings[f"int8_{tower}"], embeddings[f"fp32_{tower}"])
-        found[tower] = {"set": sets[tower], "vs_fp32": bf16.stats(cosine)}
+        cosine = gate.cosine(embeddings[f"int8_{tower}"], embeddings[f"fp32_{tower}"])
+        found[tower] = {"set": sets[tower], "vs_fp32": gate.stats(cosine)}
     return found
 
 
@@ -144,14 +144,6 @@ def figures(
     record = {"runtimes": found, "rest": rest, "files": FILES, "figures": measured}
     (export_dir / RECORD).write_text(json.dumps(record, indent=1))
     return record
-
-
-def refusal(record: dict[str, Any], thresholds: gate.Thresholds) -> str | None:
-    """The INT8 gate's verdict (clip_gateway/model/gate.py) on the IR's figures."""
-    if not record.get("figures"):
-        return f"no OpenVINO INT8 figures were recorded: build it again (remove {RECORD})"
-    why = gate.refusal(record["figures"], thresholds)
-    return None if why is None else why.replace("INT8 refused", "OpenVINO INT8 refused", 1)
 
 
 def quantization(

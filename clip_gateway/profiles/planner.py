@@ -1,68 +1,38 @@
-"""The CPU profiles' model plan (instances x threads per tower) measured on this machine, once:
-each candidate (config/plan.py ``plan_candidates``: 1 x N, 2 x N/2, ...) served by a tritonserver
-of its own and timed for batch-32 throughput from 4 callers and for one image's latency; the
-rule (``choose_model_plan``) picks; the choice is kept beside the export, keyed by a machine
-signature as ``auto``'s profile choice is (launcher/cpu_auto.py), and reused until the signature
-changes. Settings that fix the plan (GATEWAY_TRITON_INSTANCE_COUNT, _CPU_THREADS) skip all of it.
+"""The CPU profiles' core plan (instances x threads per tower) measured on this machine, once:
+each candidate (profiles/plans.py ``plan_candidates``: 1 x N, 2 x N/2, ...) served by a
+tritonserver of its own and timed for batch-32 throughput from 4 callers and for one image's
+latency (profiles/timing.py ``time_plan``); the rule (``choose_model_plan``) picks; the choice is
+kept beside the export (``core-plan.json``), keyed by a machine signature as ``auto``'s profile
+choice is (profiles/cpu_auto.py), and reused until the signature changes. Settings that fix the
+plan (GATEWAY_TRITON_INSTANCE_COUNT, _CPU_THREADS) skip all of it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import shutil
-import statistics
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from clip_gateway.config.plan import (
-    CPU_FIGURES,
-    CoreFigures,
+from clip_gateway.config.plan import CPU_FIGURES, CoreFigures
+from clip_gateway.config.processes import Interrupted
+from clip_gateway.profiles.plans import (
     ModelPlan,
     PlanTiming,
     choose_model_plan,
     model_plan,
     plan_candidates,
 )
-from clip_gateway.config.processes import Interrupted
-from clip_gateway.config.settings import Settings
-from clip_gateway.model.contract import TEXT_MODEL_NAME, TRITON_MODEL_NAME
 
 log = logging.getLogger(__name__)
 
 RECORD = "core-plan.json"
-#: Callers at once for the throughput figure, each sending batches of ``BATCH`` (the issue's
-#: reference load, as ``auto``'s profile timing).
-CALLERS = 4
-BATCH = 32
-#: Counted throughput rounds after a warm-up round, at most (at least two, however short the
-#: budget: their spread says how far apart two plans must be to differ, config/plan.py
-#: ``choose_model_plan``; a slow machine overruns the budget instead); the median counts.
-ROUNDS = 3
-#: Of a candidate's time once READY: the share spent on single images (each one image, one
-#: caller, one after another); the rest on batches.
-LATENCY_SHARE = 0.25
-#: Single images timed per candidate: at least (the p50 of fewer is noise), at most.
-SINGLES = (5, 60)
-#: Each request's own deadline (a batch of 32 from 4 callers on a loaded 2-CPU machine takes
-#: seconds; the round's time box, not this, bounds the measurement).
-REQUEST_S = 120.0
-#: A candidate's Triton may take this long to be READY even past its share of the budget: on a
-#: loaded machine a start takes seconds more, and a plan that lost for that would be a plan
-#: never measured (the budget is overrun instead, as by the rounds' last requests).
-START_S = 60.0
-
 #: Times one plan of the profile within ``budget_s`` seconds.
 Timer = Callable[[ModelPlan, float], PlanTiming]
-#: Times one plan of a profile (``time_plan`` with its launch bound).
+#: Times one plan of a profile (profiles/timing.py ``time_plan`` with its host bound).
 ProfileTimer = Callable[[str, ModelPlan, float], PlanTiming]
 
 
@@ -190,106 +160,12 @@ def measure(
     return PlanChoice(profile, chosen.name, reason, dict(sig), found, failures, seconds)
 
 
-def time_plan(
-    profile: str,
-    plan: ModelPlan,
-    budget_s: float,
-    *,
-    export_dir: Path,
-    settings: Settings,
-    stop: threading.Event,
-) -> PlanTiming:
-    """``plan`` of ``profile`` served by a tritonserver of its own (the image tower only: the
-    plan is the same for both, the image tower is the heavier), READY within ``budget_s``; the
-    rest of the budget split between single images and batch-32 rounds from ``CALLERS``
-    callers, each batch split between the instances as the gateway splits a request
-    (pipeline/service.py). Stopped here, in a private scratch directory."""
-    from clip_gateway.launcher.local import LocalTriton
-    from clip_gateway.launcher.repository import render
-
-    deadline = time.monotonic() + budget_s
-    planned = {"profile": profile, "instance_count": plan.instances, "cpu_threads": plan.threads}
-    repository = settings.repository.model_copy(update=planned)
-    with tempfile.TemporaryDirectory(prefix="clip-gateway-plan-") as scratch:
-        rendered = render(repository, export_dir, Path(scratch) / "model_repository")
-        shutil.rmtree(rendered / TEXT_MODEL_NAME, ignore_errors=True)
-        log_file = settings.launch.log_file
-        triton = LocalTriton(rendered, inherit_output=log_file is None, log_path=log_file,
-                             stop_requested=stop)  # fmt: skip
-        try:
-            triton.start(timeout=max(START_S, deadline - time.monotonic()))
-            return asyncio.run(_timed(triton.grpc_url, plan.instances, deadline, stop))
-        finally:
-            triton.stop()
-            triton.release_ports()
-
-
-async def _timed(url: str, instances: int, deadline: float, stop: threading.Event) -> PlanTiming:
-    from clip_gateway.backend.protocol import ImageBatch
-    from clip_gateway.backend.triton import TritonBackend
-
-    backend = TritonBackend(url, TRITON_MODEL_NAME)
-    try:
-        info = await backend.model_info()
-        shape = (info.image_size, info.image_size, 3)
-        pixels = np.random.default_rng(0).integers(0, 256, (BATCH, *shape), dtype=np.uint8)
-        batch, single = ImageBatch(pixels), ImageBatch(pixels[:1].copy())
-        chunk = -(-BATCH // max(1, instances))
-
-        async def embed(images: ImageBatch) -> None:
-            await backend.embed_images(images, deadline=time.monotonic() + REQUEST_S)
-
-        async def request() -> int:  # one request of 32, shared between the instances
-            parts = [batch.rows(i, min(BATCH, i + chunk)) for i in range(0, BATCH, chunk)]
-            await asyncio.gather(*(embed(part) for part in parts))
-            return BATCH
-
-        async def caller(until: float) -> int:
-            sent = await request()
-            while time.monotonic() < until and not stop.is_set():
-                sent += await request()
-            return sent
-
-        for _ in range(2):  # warm-up: both shapes, every instance
-            await asyncio.gather(request(), embed(single))
-        window = max(0.0, deadline - time.monotonic())
-        latencies: list[float] = []
-        singles_until = time.monotonic() + window * LATENCY_SHARE
-        while len(latencies) < SINGLES[1] and (
-            len(latencies) < SINGLES[0] or time.monotonic() < singles_until
-        ):
-            if stop.is_set():
-                raise Interrupted("stop requested while timing the core plan")
-            started = time.perf_counter()
-            await embed(single)
-            latencies.append(time.perf_counter() - started)
-        # the first round warms up (not counted); then two rounds, and a third if it fits
-        rates: list[float] = []
-        took = 0.0
-        while len(rates) <= ROUNDS:
-            if stop.is_set():
-                raise Interrupted("stop requested while timing the core plan")
-            left = deadline - time.monotonic()
-            if len(rates) >= 3 and left < took:
-                break
-            started = time.perf_counter()
-            until = time.monotonic() + max(0.0, left) / (ROUNDS + 1 - len(rates))
-            images = await asyncio.gather(*(caller(until) for _ in range(CALLERS)))
-            took = time.perf_counter() - started
-            rates.append(sum(images) / took)
-        counted = rates[1:]
-        median = statistics.median(counted)
-        spread = (max(counted) - min(counted)) / median if median else 0.0
-        return PlanTiming(median, 1000 * statistics.median(latencies), spread)
-    finally:
-        await backend.close()
-
-
 @dataclass
 class Planner:
     """One launch's model plan for the CPU profiles: the settings' when they fix it, else the
     one recorded for this machine and profile, else the table's (``model_plan``) until measured.
-    The supervisor asks it which plan to render, whether to measure, and measures through it."""
+    The choice (profiles/choice.py) asks it which plan to render, whether to measure, and
+    measures through it."""
 
     #: GATEWAY_TRITON_INSTANCE_COUNT, GATEWAY_TRITON_CPU_THREADS (0: unset)
     instances: int
@@ -360,7 +236,7 @@ class Planner:
         return choice
 
     def race(self, profile: str, timer: Timer, budget_s: float, measuring: bool) -> list[float]:
-        """``auto``'s profile race (launcher/cpu_auto.py): the profile's batch-32 x 4 images/s
+        """``auto``'s profile race (profiles/cpu_auto.py): the profile's batch-32 x 4 images/s
         with the plan it would serve: its candidate plans measured now (``measuring``, none
         recorded; the rule's choice is kept and counts), else the one the settings, its record
         or the table give, timed alone. A profile is so compared at its best plan, not at the

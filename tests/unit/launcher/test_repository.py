@@ -516,3 +516,13 @@ def test_the_gateway_reads_how_many_instances_serve_each_tower(
     info = parse_text_config(info, as_triton_json(read(repo, TEXT_MODEL_NAME)))
     assert info.instances == instances
     assert info.text is not None and info.text.instances == instances
+
+
+def test_auto_is_resolved_before_rendering(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The launcher resolves `auto` and renders with a concrete profile; rendering `auto`
+    is refused rather than guessed."""
+    monkeypatch.setenv("GATEWAY_TRITON_PROFILE", "auto")
+    chosen = RepositorySettings().model_copy(update={"profile": "tensorrt"})
+    assert render_config(chosen, 224, 512).backend == "onnxruntime"
+    with pytest.raises(ValueError, match="auto"):
+        render_config(RepositorySettings(), 224, 512)

@@ -1,14 +1,15 @@
-"""The ``cpu-bf16`` profile: where it may run (the CPU's flags) and its quality gate.
+"""The ``cpu-bf16`` profile: where it may run (the CPU's flags) and its gate's figures.
 
 OpenVINO runs the export's FP32 graphs with BF16 matrix products on CPUs that have AVX-512 BF16
 or AMX (docs/PERFORMANCE.md: 1.68x the images per CPU-second of ``cpu-int8`` at better fidelity
 on such a CPU). Elsewhere it would emulate or silently run FP32, so ``auto`` picks it only when
 ``/proc/cpuinfo`` shows the units, and an explicit ``cpu-bf16`` without them is refused.
 
-The gate is INT8's (clip_gateway/model/gate.py, the same thresholds): per tower, BF16 vs FP32 cosine
-on the calibration set (clip_gateway/model/calibration.py), measured at the first ``cpu-bf16`` start
-in the Triton env's interpreter (triton/python/bf16_check.py) and kept beside the export for that
-OpenVINO version (``bf16.json``); every start holds the figures to its own thresholds.
+The gate is INT8's (clip_gateway/model/gate.py, the same thresholds; profiles/gates.py): per
+tower, BF16 vs FP32 cosine on the calibration set (clip_gateway/model/calibration.py), measured at
+the first ``cpu-bf16`` start in the Triton env's interpreter (triton/python/bf16_check.py) and
+kept beside the export for that OpenVINO version (``bf16.json``); every start holds the figures
+to its own thresholds.
 """
 
 from __future__ import annotations
@@ -45,12 +46,6 @@ class Bf16Unavailable(RuntimeError):
 def bf16_flag(flags: frozenset[str]) -> str | None:
     """The BF16 unit among ``flags`` (AMX first), or None."""
     return next((flag for flag in BF16_FLAGS if flag in flags), None)
-
-
-def auto_unit(cpu_backend: str, flags: frozenset[str]) -> str | None:
-    """The BF16 unit ``auto`` may choose cpu-bf16 for: none where Triton's onnxruntime backend
-    serves the CPU (the NGC image), since OpenVINO runs inside the Python backend only."""
-    return bf16_flag(flags) if cpu_backend == "python" else None
 
 
 def calibration_inputs(
@@ -99,18 +94,6 @@ def openvino_version(python: Path) -> str:
     return done.stdout.strip()
 
 
-def stats(values: np.ndarray) -> dict[str, float | int]:
-    return {"mean": float(values.mean()), "min": float(values.min()), "count": len(values)}
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    result: np.ndarray = (a64 * b64).sum(-1) / (
-        np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
-    )
-    return result
-
-
 def measure(
     export_dir: Path,
     python: Path,
@@ -138,7 +121,9 @@ def measure(
     return {
         tower: {
             "set": sets[tower],
-            "vs_fp32": stats(cosine(embeddings[f"bf16_{tower}"], embeddings[f"fp32_{tower}"])),
+            "vs_fp32": gate.stats(
+                gate.cosine(embeddings[f"bf16_{tower}"], embeddings[f"fp32_{tower}"])
+            ),
         }
         for tower in inputs
     }
@@ -195,15 +180,6 @@ def figures(
     except OSError as exc:
         log.warning("cannot keep the BF16 figures beside the export (%s)", exc)
     return version, measured
-
-
-def refusal(measured: dict[str, Any], thresholds: gate.Thresholds) -> str | None:
-    """The INT8 gate's verdict (clip_gateway/model/gate.py) on BF16's figures, worded for BF16. (The
-    gate's module is left as it is: it is part of the INT8 files' code version, model/spec.py.)"""
-    if not measured:
-        return "no BF16 figures were measured"
-    why = gate.refusal(measured, thresholds)
-    return None if why is None else why.replace("INT8 refused", "BF16 refused", 1)
 
 
 def section(

@@ -1,7 +1,8 @@
-"""The cpu-int8-openvino profile's pure parts: the precision of what NNCF leaves unquantized (the
-CPU's flags), the gate's wording, the build record's reuse, what the renderer writes (the IR and
-its weights, OpenVINO, the figures), and ``auto`` timing it only where it passes the gate. The
-build through NNCF and serving through Triton: tests/integration/test_int8_openvino_served.py."""
+"""The cpu-int8-openvino profile's pure parts (profiles/int8_openvino.py): the precision of what
+NNCF leaves unquantized (the CPU's flags), the build record's reuse, what the renderer writes
+(the IR and its weights, OpenVINO, the figures), and ``auto`` timing it only where it passes the
+gate (its gate: tests/unit/profiles/test_gates.py). The build through NNCF and serving through
+Triton: tests/integration/test_int8_openvino_served.py."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from clip_gateway.config import plan
 from clip_gateway.config.settings import CPU_PROFILES, PROFILES, RepositorySettings
-from clip_gateway.launcher import cpu_auto, int8_openvino, profiles
 from clip_gateway.launcher.repository import render
 from clip_gateway.model.contract import TEXT_MODEL_NAME, TRITON_MODEL_NAME
 from clip_gateway.model.gate import Thresholds
-from tests.unit.test_bf16 import COOPER_LAKE, FIGURES, ZEN3
-from tests.unit.test_cpu_auto import Timer, choose, launcher
-from tests.unit.test_repository import int8_export, quantization, read
+from clip_gateway.profiles import cpu_auto, int8_openvino
+from clip_gateway.profiles.choice import FALLBACK
+from clip_gateway.profiles.plans import ModelPlan, model_plan
+from tests.unit.launcher.test_repository import int8_export, quantization, read
+from tests.unit.profiles.test_bf16 import COOPER_LAKE, FIGURES, ZEN3
+from tests.unit.profiles.test_cpu_auto import Timer, choose, selection
 
 RUNTIMES = {"openvino": "2026.4.1", "nncf": "3.4.0"}
 
@@ -37,22 +39,13 @@ def built(export: Path, figures: dict[str, object] = FIGURES, rest: str = "bf16"
 def test_it_is_a_cpu_profile_with_openvinos_core_plan_and_falls_back_to_cpu() -> None:
     assert "cpu-int8-openvino" in PROFILES and "cpu-int8-openvino" in CPU_PROFILES
     assert "cpu-int8-openvino" in cpu_auto.CANDIDATES and "nncf" in cpu_auto.RUNTIMES
-    assert plan.model_plan("cpu-int8-openvino", 2) == plan.ModelPlan(1, 2)  # not cpu-int8's 2x1
-    assert profiles.FALLBACK["cpu-int8-openvino"] == "cpu"
+    assert model_plan("cpu-int8-openvino", 2) == ModelPlan(1, 2)  # not cpu-int8's 2x1
+    assert FALLBACK["cpu-int8-openvino"] == "cpu"
 
 
 def test_the_unquantized_rest_runs_bf16_only_where_the_cpu_has_bf16_units() -> None:
     assert int8_openvino.rest_precision(frozenset(COOPER_LAKE.split())) == "bf16"
     assert int8_openvino.rest_precision(frozenset(ZEN3.split())) == "f32"
-
-
-def test_the_gate_refuses_it_with_the_numbers_and_says_how_to_build_again() -> None:
-    record = {"figures": FIGURES}
-    assert int8_openvino.refusal(record, Thresholds()) is None
-    refused = int8_openvino.refusal(record, Thresholds(mean=0.999999))
-    assert refused is not None and refused.startswith("OpenVINO INT8 refused by the quality gate")
-    assert "< 0.999999" in refused
-    assert int8_openvino.RECORD in (int8_openvino.refusal({}, Thresholds()) or "")
 
 
 def test_a_record_without_its_ir_files_is_no_build(tmp_path: Path) -> None:
@@ -128,15 +121,15 @@ def test_auto_times_it_only_where_it_passes_the_gate(
     record = {"runtimes": RUNTIMES, "figures": figures}
     monkeypatch.setattr(int8_openvino, "figures", lambda *args, **kwargs: record)
     timer = Timer({"cpu-int8": 40.0, "cpu-int8-openvino": 70.0, "cpu": 20.0})
-    supervisor = launcher(monkeypatch, tmp_path, timer)
-    profile, reason = choose(supervisor, export)
-    assert supervisor.profile_choice is not None
+    chosen = selection(monkeypatch, tmp_path, timer, cpu_backend="python")
+    profile, reason = choose(chosen, export)
+    assert chosen.profile_choice is not None
     if timed:
         assert timer.timed == ["cpu-int8", "cpu-int8-openvino", "cpu"]
         assert profile == "cpu-int8-openvino"
     else:
         assert timer.timed == ["cpu-int8", "cpu"] and profile == "cpu-int8"
-        refused = supervisor.profile_choice["refused"]["cpu-int8-openvino"]
+        refused = chosen.profile_choice["refused"]["cpu-int8-openvino"]
         assert refused.startswith("OpenVINO INT8 refused") and "cpu-int8-openvino refused" in reason
 
 
@@ -148,7 +141,7 @@ def test_auto_on_the_onnxruntime_backend_does_not_build_it(
 
     monkeypatch.setattr(int8_openvino, "figures", must_not_build)
     timer = Timer({"cpu-int8": 40.0, "cpu": 20.0})
-    supervisor = launcher(monkeypatch, tmp_path, timer, cpu_backend="onnxruntime")
-    choose(supervisor, int8_export(tmp_path / "e"))
-    assert supervisor.profile_choice is not None
-    assert "Python backend" in supervisor.profile_choice["refused"]["cpu-int8-openvino"]
+    chosen = selection(monkeypatch, tmp_path, timer, cpu_backend="onnxruntime")
+    choose(chosen, int8_export(tmp_path / "e"))
+    assert chosen.profile_choice is not None
+    assert "Python backend" in chosen.profile_choice["refused"]["cpu-int8-openvino"]

@@ -16,7 +16,7 @@
   load what it built. Once engines exist nobody locks.
 - **A cache this user cannot write** (a bind mount owned by another uid, NFS without fsGroup) is
   a start-up error of the TensorRT profile that says why (``CacheUnwritable``): an automatically
-  chosen TensorRT then falls back to the CUDA EP (launcher/supervisor.py) instead of crashing.
+  chosen TensorRT then falls back to the CUDA EP (profiles/choice.py) instead of crashing.
 - **No half-written engines**: a start-up stopped (or failed) while it held the lock removes the
   files it wrote, so the next start never deserialises a truncated engine.
 """

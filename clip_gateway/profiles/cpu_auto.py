@@ -4,7 +4,7 @@ this machine, serve the fastest, and keep the figures beside the export for the 
 Model-alone figures do not predict the whole server (docs/PROFILES.md): ``cpu-bf16``'s graph beats
 ``cpu-int8``'s on a Xeon with AMX and loses to it through Triton. So each candidate is started in a
 tritonserver of its own at its best core plan (its candidate plans each timed and the rule's
-choice kept: launcher/core_plan.py) and sent batches of 32 from 4 callers, within one bounded
+choice kept: profiles/planner.py) and sent batches of 32 from 4 callers, within one bounded
 budget. The record holds for one machine signature (CPU model, flags, usable cores, runtime
 versions, Triton backend, model identity, the gate's thresholds, how the plans are found): any
 change measures again.
@@ -25,7 +25,7 @@ from typing import Any
 
 from clip_gateway.config.machine import cpu_model as cpu_model  # what the record holds for
 from clip_gateway.config.settings import Profile
-from clip_gateway.launcher.calibrate import time_each
+from clip_gateway.profiles.timing import time_each
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def signature(
 ) -> dict[str, Any]:
     """What a measurement holds for; the flags as a digest (hundreds of them). ``plans``: the
     core plan (instances, threads) each candidate is timed with, or how it is found (its
-    plans measured here: launcher/core_plan.py): another plan, another race."""
+    plans measured here: profiles/planner.py): another plan, another race."""
     digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]
     found = {"cpu": cpu, "flags": digest, "cpus": cpus, "runtimes": dict(runtimes),
              "backend": backend, "model": model, "gate": dict(gate)}  # fmt: skip

@@ -1,4 +1,4 @@
-"""A CPU profile's core plan measured once per machine (launcher/core_plan.py): each candidate
+"""A CPU profile's core plan measured once per machine (profiles/planner.py): each candidate
 timed (the timer is the seam: figures given here decide), the rule's choice kept beside the
 export and reused, measured again when the machine, its runtimes, the model or the profile
 change, never when the settings fix the plan; the chosen plan is what the model repository is
@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from clip_gateway.config import plan
-from clip_gateway.config.plan import ModelPlan, PlanTiming
-from clip_gateway.launcher import core_plan
-from clip_gateway.launcher import supervisor as module
+from clip_gateway.config.settings import Profile
+from clip_gateway.launcher.repository import render
 from clip_gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
-from tests.unit.test_cpu_auto import launcher, must_not_measure
-from tests.unit.test_repository import int8_export, read
+from clip_gateway.profiles import planner as core_plan
+from clip_gateway.profiles.choice import Selection
+from clip_gateway.profiles.plans import ModelPlan, PlanTiming, plan_candidates
+from tests.unit.launcher.test_repository import int8_export, read
+from tests.unit.profiles.test_cpu_auto import must_not_measure, selection
 
 #: the issue's 2-core Xeon: two single-thread instances a little ahead on batches, one instance
 #: of both threads twice as fast for a single image
@@ -53,38 +55,33 @@ def cpu_launcher(
     cpus: int = 2,
     plan_measure_s: float = 60.0,
     **repository: object,
-) -> module.Supervisor:
-    """A launcher on a machine with ``cpus`` usable CPUs, its plan timer the given one."""
+) -> Selection:
+    """The profiles' choice on a machine with ``cpus`` usable CPUs, its plan timer the given
+    one."""
     monkeypatch.setattr(plan, "usable_cpus", lambda root=plan.CGROUP: cpus)
     repository = {"cpu_backend": "python"} | repository
-    supervisor = launcher(monkeypatch, tmp_path, must_not_measure,
-                          plan_measure_s=plan_measure_s, **repository)  # fmt: skip
-    supervisor.plan_timer = timer
-    (tmp_path / "backends" / "python").mkdir(parents=True, exist_ok=True)
-    installed = Installed(tmp_path)
-    monkeypatch.setattr(module.TritonInstall, "discover", classmethod(lambda cls: installed))
-    return supervisor
+    chosen = selection(monkeypatch, tmp_path, must_not_measure, plan_measure_s=plan_measure_s,
+                       **repository)  # fmt: skip
+    chosen.plan_timer = timer
+    return chosen
 
 
-class Installed:
-    def __init__(self, root: Path) -> None:
-        self.python_bin_dir = root / "no-python"
-        self.backend_dir = root / "backends"
+def first_start(chosen: Selection, export: Path, profile: Profile = "cpu-int8") -> bool:
+    """What the start does for a CPU profile: look the plan up; True when it is to be measured
+    after ready."""
+    return chosen.answer(profile, "as configured", export, math.inf).later
 
 
-def first_start(supervisor: module.Supervisor, export: Path, profile: str = "cpu-int8") -> bool:
-    """What start() does for a CPU profile: look the plan up; True when it is to be measured."""
-    return supervisor.plan_cpu(export, supervisor.settings.repository, profile)  # type: ignore[arg-type]
+def measure(chosen: Selection, export: Path, profile: Profile = "cpu-int8") -> None:
+    chosen.measure_plan(profile, export, math.inf)
 
 
-def measure(supervisor: module.Supervisor, export: Path, profile: str = "cpu-int8") -> None:
-    supervisor.measure_plan(export, supervisor.settings.repository, profile, math.inf)  # type: ignore[arg-type]
-
-
-def rendered(supervisor: module.Supervisor, export: Path, tmp_path: Path,
-             profile: str = "cpu-int8") -> Path:  # fmt: skip
-    repository = supervisor.settings.repository.model_copy(update={"profile": profile})
-    return supervisor.render_profile(repository, export, tmp_path / "repo")
+def rendered(
+    chosen: Selection, export: Path, tmp_path: Path, profile: Profile = "cpu-int8"
+) -> Path:
+    """The repository as it would be rendered now (the plan as the planner has it)."""
+    serving = chosen.answer(profile, "as configured", export, math.inf)
+    return render(serving.repository, export, tmp_path / "repo", **serving.notes)
 
 
 def plan_of(repo: Path, model: str) -> tuple[int, str, dict[str, object]]:
@@ -100,24 +97,23 @@ def test_the_first_start_measures_and_the_chosen_plan_is_rendered_and_shown(
 ) -> None:
     export = int8_export(tmp_path / "e")
     timer = PlanTimer(XEON)
-    supervisor = cpu_launcher(monkeypatch, tmp_path, timer)
-    lines: list[str] = []
-    supervisor.progress = lines.append
-    assert first_start(supervisor, export)
-    assert supervisor.reloadable  # the table's plan serves at once, the measured one later
-    assert supervisor.planner is not None
-    assert supervisor.planner.describe("cpu-int8").startswith(
+    chosen = cpu_launcher(monkeypatch, tmp_path, timer)
+    lines: list[str] = chosen.host.lines  # type: ignore[attr-defined]
+    # the table's plan serves at once, the measured one later
+    assert first_start(chosen, export)
+    assert chosen.planner is not None
+    assert chosen.planner.describe("cpu-int8").startswith(
         "core plan 2 instance(s) x 1 thread(s) per tower (the table"
     )
     # until measured, the table's plan (cpu-int8: 2 x 1) is rendered and says so
-    count, threads, section = plan_of(rendered(supervisor, export, tmp_path / "a"),
+    count, threads, section = plan_of(rendered(chosen, export, tmp_path / "a"),
                                       TRITON_MODEL_NAME)  # fmt: skip
     assert (count, threads) == (2, "1") and "until measured here" in str(section["by"])
-    measure(supervisor, export)
+    measure(chosen, export)
     assert timer.timed == [("cpu-int8", "1x2"), ("cpu-int8", "2x1")]
     assert "core plan: timing cpu-int8 as 1x2, 2x1" in lines[0]
     for model in (TRITON_MODEL_NAME, TEXT_MODEL_NAME):  # both towers get the plan
-        count, threads, section = plan_of(rendered(supervisor, export, tmp_path / "b"), model)
+        count, threads, section = plan_of(rendered(chosen, export, tmp_path / "b"), model)
         assert (count, threads) == (1, "2")
         assert (section["instances"], section["threads"]) == (1, 2)
         assert str(section["by"]).startswith("measured now")
@@ -126,7 +122,7 @@ def test_the_first_start_measures_and_the_chosen_plan_is_rendered_and_shown(
             "2x1": {"images_per_s": 41.2, "single_p50_ms": 59.8, "spread": 0.0},
         }
         assert "within 5 % (or the rounds' spread, at most 20 %)" in str(section["rule"])
-    assert supervisor.planner.describe("cpu-int8") == (
+    assert chosen.planner.describe("cpu-int8") == (
         "core plan 1 instance(s) x 2 thread(s) per tower, measured here: single image p50 "
         "29.5 ms, 40.4 img/s at batch 32 x 4"
     )
@@ -144,7 +140,6 @@ def test_the_next_start_serves_the_recorded_plan_without_measuring(
     measure(first, export)
     again = cpu_launcher(monkeypatch, tmp_path, never)
     assert not first_start(again, export)
-    assert not again.reloadable
     count, threads, section = plan_of(rendered(again, export, tmp_path), TRITON_MODEL_NAME)
     assert (count, threads) == (1, "2")
     assert str(section["by"]).startswith(f"measured here earlier ({export / core_plan.RECORD})")
@@ -183,9 +178,9 @@ def test_a_changed_signature_measures_again(
 
 def test_each_profile_keeps_its_own_plan(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     export = int8_export(tmp_path / "e")
-    supervisor = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
-    first_start(supervisor, export, "cpu-int8")
-    measure(supervisor, export, "cpu-int8")
+    chosen = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
+    first_start(chosen, export, "cpu-int8")
+    measure(chosen, export, "cpu-int8")
     timer = PlanTimer({"2x1": PlanTiming(30.0, 60.0), "1x2": PlanTiming(14.0, 90.0)})
     other = cpu_launcher(monkeypatch, tmp_path, timer)
     assert first_start(other, export, "cpu")  # cpu-int8's plan says nothing about FP32's
@@ -204,9 +199,9 @@ def test_settings_fix_the_plan_and_nothing_is_measured(
     expected: tuple[int, str],
 ) -> None:  # fmt: skip
     export = int8_export(tmp_path / "e")
-    supervisor = cpu_launcher(monkeypatch, tmp_path, never, **setting)
-    assert not first_start(supervisor, export)
-    count, threads, section = plan_of(rendered(supervisor, export, tmp_path), TRITON_MODEL_NAME)
+    chosen = cpu_launcher(monkeypatch, tmp_path, never, **setting)
+    assert not first_start(chosen, export)
+    count, threads, section = plan_of(rendered(chosen, export, tmp_path), TRITON_MODEL_NAME)
     assert (count, threads) == expected
     assert "settings" in str(section["by"])
     assert not (export / core_plan.RECORD).exists()
@@ -216,21 +211,21 @@ def test_plan_measure_s_0_serves_the_table_and_measures_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     export = int8_export(tmp_path / "e")
-    supervisor = cpu_launcher(monkeypatch, tmp_path, never, plan_measure_s=0)
-    assert not first_start(supervisor, export)
-    _, _, section = plan_of(rendered(supervisor, export, tmp_path), TRITON_MODEL_NAME)
+    chosen = cpu_launcher(monkeypatch, tmp_path, never, plan_measure_s=0)
+    assert not first_start(chosen, export)
+    _, _, section = plan_of(rendered(chosen, export, tmp_path), TRITON_MODEL_NAME)
     assert "GATEWAY_PLAN_MEASURE_S=0" in str(section["by"])
 
 
 def test_one_cpu_has_one_plan_and_nothing_is_timed() -> None:
-    choice = core_plan.measure("cpu-int8", plan.plan_candidates(1), lambda p, b: never("", p, b),
+    choice = core_plan.measure("cpu-int8", plan_candidates(1), lambda p, b: never("", p, b),
                                {}, budget_s=60, provisional=ModelPlan(1, 1))  # fmt: skip
     assert choice.plan == "1x1" and choice.reason == "the only plan on one CPU"
 
 
 def test_a_plan_that_fails_loses_and_nothing_measured_keeps_the_table() -> None:
     timer = PlanTimer({"2x1": PlanTiming(30.0, 60.0)})
-    candidates = plan.plan_candidates(2)
+    candidates = plan_candidates(2)
     choice = core_plan.measure("cpu-int8", candidates, lambda p, b: timer("cpu-int8", p, b), {},
                                budget_s=60, provisional=ModelPlan(2, 1))  # fmt: skip
     assert choice.plan == "2x1" and choice.failures == {"1x2": "1x2 did not load"}
@@ -247,7 +242,7 @@ def test_each_candidate_gets_an_equal_share_of_the_budget() -> None:
         budgets.append(budget_s)
         return PlanTiming(10.0, 10.0)
 
-    core_plan.measure("cpu", plan.plan_candidates(16), timer, {}, budget_s=90,
+    core_plan.measure("cpu", plan_candidates(16), timer, {}, budget_s=90,
                       provisional=ModelPlan(1, 16))  # fmt: skip
     assert budgets == [30.0, 30.0, 30.0]
 
@@ -257,12 +252,12 @@ def test_the_measured_plan_feeds_the_worker_plan(
 ) -> None:
     """The model's CPU per image is every usable CPU over the chosen plan's images/s."""
     export = int8_export(tmp_path / "e")
-    supervisor = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
-    first_start(supervisor, export)
-    assert supervisor.planner is not None
-    assert supervisor.planner.figures("cpu-int8") == plan.CPU_FIGURES  # until measured
-    measure(supervisor, export)
-    figures = supervisor.planner.figures("cpu-int8")
+    chosen = cpu_launcher(monkeypatch, tmp_path, PlanTimer(XEON))
+    first_start(chosen, export)
+    assert chosen.planner is not None
+    assert chosen.planner.figures("cpu-int8") == plan.CPU_FIGURES  # until measured
+    measure(chosen, export)
+    figures = chosen.planner.figures("cpu-int8")
     assert figures.model_us == pytest.approx(2 * 1e6 / 40.4)
     assert figures.source == "the cpu-int8 plan measured here"
     assert plan.core_split(2, figures) == (1, 1)
@@ -304,21 +299,21 @@ def test_auto_races_each_profile_at_its_best_plan_and_keeps_the_plans(
     """At the table's plans cpu-bf16 (1 x 2: 20.3 images/s) would beat cpu-int8 (2 x 1: 16.2);
     at each one's best plan cpu-int8 (1 x 2: 28.2) wins, and serves with that plan, measured
     once: nothing is timed again for it after the race."""
-    from clip_gateway.launcher import cpu_auto
+    from clip_gateway.profiles import cpu_auto
 
     export = int8_export(tmp_path / "e")
     timer = ProfilePlans()
-    supervisor = cpu_launcher(monkeypatch, tmp_path, timer)
-    first_start(supervisor, export)  # the provisional profile's planner
-    race = supervisor.triton_timer(export, supervisor.settings.repository)
+    chosen = cpu_launcher(monkeypatch, tmp_path, timer)
+    first_start(chosen, export)  # the provisional profile's planner
+    race = chosen.race_timer(export)
     candidates: dict[str, str | None] = {"cpu-int8": None, "cpu-bf16": None, "cpu": None}
     choice = cpu_auto.measure(candidates, race, {}, budget_s=120)  # type: ignore[arg-type]
     assert choice.profile == "cpu-int8"
     assert choice.medians() == {"cpu-int8": 28.2, "cpu-bf16": 25.0, "cpu": 4.0}
     assert len(timer.timed) == 6  # two plans of each
-    assert supervisor.planner is not None
-    assert not supervisor.planner.settle("cpu-int8")  # measured now: not again
-    count, threads, section = plan_of(rendered(supervisor, export, tmp_path), TRITON_MODEL_NAME)
+    assert chosen.planner is not None
+    assert not chosen.planner.settle("cpu-int8")  # measured now: not again
+    count, threads, section = plan_of(rendered(chosen, export, tmp_path), TRITON_MODEL_NAME)
     assert (count, threads) == (1, "2") and str(section["by"]).startswith("measured now")
     kept = json.loads((export / core_plan.RECORD).read_text())["plans"]
     assert {p: c["plan"] for p, c in kept.items()} == {"cpu-int8": "1x2", "cpu-bf16": "2x1",
@@ -328,9 +323,9 @@ def test_auto_races_each_profile_at_its_best_plan_and_keeps_the_plans(
 def test_a_fixed_plan_is_raced_as_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     export = int8_export(tmp_path / "e")
     timer = ProfilePlans()
-    supervisor = cpu_launcher(monkeypatch, tmp_path, timer, instance_count=2)
-    first_start(supervisor, export)
-    race = supervisor.triton_timer(export, supervisor.settings.repository)
+    chosen = cpu_launcher(monkeypatch, tmp_path, timer, instance_count=2)
+    first_start(chosen, export)
+    race = chosen.race_timer(export)
     assert race("cpu-int8", 60) == [16.2] and race("cpu-bf16", 60) == [25.0]
     assert timer.timed == [("cpu-int8", "2x1"), ("cpu-bf16", "2x1")]
     assert not (export / core_plan.RECORD).exists()

@@ -1,14 +1,22 @@
-"""The INT8 quality gate (clip_gateway/model/gate.py): which figures pass, and what a refusal
-says."""
+"""The quality gate (clip_gateway/model/gate.py): the one cosine and its figures, which figures
+pass, and what a refusal says, for every kind it judges."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from clip_gateway.config.settings import LaunchSettings, ServerSettings
-from clip_gateway.model.gate import MIN_COSINE, MIN_MEAN_COSINE, Thresholds, refusal
+from clip_gateway.model.gate import (
+    MIN_COSINE,
+    MIN_MEAN_COSINE,
+    Thresholds,
+    cosine,
+    refusal,
+    stats,
+)
 
 
 def figures(image: tuple[float, float], text: tuple[float, float] | None = None) -> dict[str, Any]:
@@ -70,3 +78,26 @@ def test_the_launch_settings_default_to_the_documented_gate(monkeypatch) -> None
     assert (launch.int8_min_mean_cosine, launch.int8_min_cosine) == (MIN_MEAN_COSINE, MIN_COSINE)
     # an item the gate lets through is never one the readiness canary would call broken
     assert ServerSettings.model_fields["canary_min_cosine"].default <= MIN_COSINE
+
+
+def test_the_cosine_is_row_by_row_in_float64_whatever_the_scale() -> None:
+    a = np.array([[1.0, 0.0], [3.0, 4.0], [1.0, 1.0]], dtype=np.float16)
+    b = np.array([[0.0, 2.0], [6.0, 8.0], [-1.0, -1.0]], dtype=np.float32)
+    found = cosine(a, b)
+    assert found.dtype == np.float64
+    assert found.tolist() == pytest.approx([0.0, 1.0, -1.0])
+    assert stats(found) == {"mean": pytest.approx(0.0), "min": pytest.approx(-1.0), "count": 3}
+
+
+def test_every_kind_is_refused_in_the_same_words_with_its_own_name_and_remedy() -> None:
+    """INT8 files, BF16 inference and OpenVINO's INT8 are held to one gate: one text, the kind
+    named where INT8's is (its exporter records this text in the manifest)."""
+    low = figures((0.997, 0.995))
+    int8 = refusal(low, Thresholds())
+    assert int8 is not None
+    for kind in ("BF16", "OpenVINO INT8"):
+        assert refusal(low, Thresholds(), kind, "measure again") == int8.replace("INT8", kind, 1)
+        assert refusal({}, Thresholds(), kind, "measure again") == (
+            f"no {kind} figures were recorded: measure again"
+        )
+    assert refusal(figures((0.9998, 0.9997)), Thresholds(), "BF16", "measure again") is None

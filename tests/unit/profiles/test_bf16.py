@@ -1,6 +1,7 @@
-"""The cpu-bf16 profile's pure parts: which CPUs get it (their /proc/cpuinfo flags), the quality
-gate's wording for BF16, and what the renderer writes for it (runtime, precision, figures, or
-the FP32 fallback and why). The end-to-end path is tests/integration/test_bf16_served.py."""
+"""The cpu-bf16 profile's pure parts (profiles/bf16.py): which CPUs have BF16 units (their
+/proc/cpuinfo flags), its check's inputs and failures, and what the renderer writes for it
+(runtime, precision, figures, or the FP32 fallback and why). Its gate is
+tests/unit/profiles/test_gates.py's; the end-to-end path tests/integration/test_bf16_served.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from clip_gateway.config import plan
 from clip_gateway.config.settings import PROFILES, RepositorySettings
-from clip_gateway.launcher import bf16, profiles
 from clip_gateway.launcher.repository import render
 from clip_gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
-from clip_gateway.model.gate import Thresholds, refusal
-from tests.unit.test_repository import as_triton_json, int8_export, read
+from clip_gateway.model.gate import Thresholds
+from clip_gateway.profiles import bf16
+from clip_gateway.profiles.choice import FALLBACK
+from clip_gateway.profiles.plans import ModelPlan, model_plan
+from tests.unit.launcher.test_repository import as_triton_json, int8_export, read
 
 SAPPHIRE_RAPIDS = "fpu vme sse sse2 avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
 COOPER_LAKE = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16"
@@ -33,31 +35,18 @@ def cpuinfo(tmp_path: Path, flags: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("flags", "unit", "profile"),
+    ("flags", "unit"),
     [
-        (SAPPHIRE_RAPIDS, "amx_bf16", "cpu-bf16"),
-        (COOPER_LAKE, "avx512_bf16", "cpu-bf16"),
-        (ICE_LAKE, None, "cpu"),  # AVX-512 without BF16: OpenVINO would not run BF16
-        (ZEN3, None, "cpu"),
+        (SAPPHIRE_RAPIDS, "amx_bf16"),
+        (COOPER_LAKE, "avx512_bf16"),
+        (ICE_LAKE, None),  # AVX-512 without BF16: OpenVINO would not run BF16
+        (ZEN3, None),
     ],
 )
-def test_auto_without_a_gpu_picks_bf16_only_where_the_cpu_has_it(
-    tmp_path: Path, flags: str, unit: str | None, profile: str
+def test_the_bf16_unit_is_read_from_the_cpus_flags(
+    tmp_path: Path, flags: str, unit: str | None
 ) -> None:
-    found = bf16.bf16_flag(bf16.cpu_flags(cpuinfo(tmp_path, flags)))
-    assert found == unit
-    chosen, reason = profiles.choose("auto", None, model="m", record=tmp_path / "c.json",
-                                     bf16_unit=found)  # fmt: skip
-    assert chosen == profile
-    assert (unit or "no GPU") in reason
-
-
-def test_auto_keeps_cpu_where_the_onnxruntime_backend_serves_the_cpu(tmp_path: Path) -> None:
-    """The NGC image serves the CPU with Triton's onnxruntime backend, where OpenVINO does not
-    run: a BF16 CPU there gets the cpu profile from auto, not a 35 s check that must fail."""
-    flags = bf16.cpu_flags(cpuinfo(tmp_path, SAPPHIRE_RAPIDS))
-    assert bf16.auto_unit("python", flags) == "amx_bf16"
-    assert bf16.auto_unit("onnxruntime", flags) is None
+    assert bf16.bf16_flag(bf16.cpu_flags(cpuinfo(tmp_path, flags))) == unit
 
 
 def test_no_cpuinfo_or_no_flags_line_is_no_bf16(tmp_path: Path) -> None:
@@ -66,34 +55,14 @@ def test_no_cpuinfo_or_no_flags_line_is_no_bf16(tmp_path: Path) -> None:
     assert bf16.bf16_flag(bf16.cpu_flags(tmp_path / "odd")) is None
 
 
-def test_an_explicit_profile_and_a_gpu_are_not_overridden_by_the_cpu_flags(tmp_path: Path) -> None:
-    record = tmp_path / "c.json"
-    assert profiles.choose("cpu-int8", None, model="m", record=record,
-                           bf16_unit="amx_bf16")[0] == "cpu-int8"  # fmt: skip
-    card = profiles.GpuInfo("NVIDIA RTX A4000", (8, 6), 16.0)
-    assert profiles.choose("auto", card, model="m", record=record,
-                           bf16_unit="amx_bf16")[0] == "tensorrt"  # fmt: skip
-
-
-def test_the_gate_names_bf16_in_its_refusal() -> None:
-    figures = {"image": {"vs_fp32": {"mean": 0.997, "min": 0.995, "count": 48}}}
-    why = bf16.refusal(figures, Thresholds())
-    assert why is not None and why.startswith("BF16 refused by the quality gate: image tower")
-    assert "mean 0.99700 < 0.998" in why
-    assert bf16.refusal({}, Thresholds()) == "no BF16 figures were measured"
-    assert bf16.refusal(FIGURES, Thresholds()) is None
-    # INT8's wording is unchanged
-    assert refusal({}, Thresholds()) == "no INT8 figures were recorded: export again with --int8"
-
-
 def test_cpu_bf16_is_a_cpu_profile_with_openvinos_core_plan() -> None:
     assert "cpu-bf16" in PROFILES
     # one instance with every thread (bench/results/plans/openvino), not cpu-int8's 2 x 1
-    assert plan.model_plan("cpu-bf16", 2) == plan.ModelPlan(1, 2)
-    assert plan.model_plan("cpu-bf16", 8) == plan.ModelPlan(1, 8)
+    assert model_plan("cpu-bf16", 2) == ModelPlan(1, 2)
+    assert model_plan("cpu-bf16", 8) == ModelPlan(1, 8)
     assert RepositorySettings(profile="cpu-bf16").warmup == (1,)
     # chosen by auto and failing to load: the FP32 cpu profile, as tensorrt falls back to cuda
-    assert profiles.FALLBACK["cpu-bf16"] == "cpu"
+    assert FALLBACK["cpu-bf16"] == "cpu"
 
 
 FIGURES = {
@@ -165,61 +134,6 @@ def test_openvino_missing_from_the_triton_env_says_how_to_install_it(tmp_path: P
     python.chmod(0o755)
     with pytest.raises(bf16.Bf16Unavailable, match="make triton-env"):
         bf16.openvino_version(python)
-
-
-class FakeInstall:
-    python_bin_dir = Path("/nonexistent/bin")
-
-
-def supervisor(monkeypatch: pytest.MonkeyPatch, profile: str, flags: str, **launch: object):
-    """The launcher's gate step with this CPU's flags, and no Triton env to look at."""
-    from clip_gateway.config.settings import Settings
-    from clip_gateway.launcher import supervisor as module
-
-    monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset(flags.split()))
-    monkeypatch.setattr(module.TritonInstall, "discover", classmethod(lambda cls: FakeInstall()))
-    settings = Settings.from_env(repository={"profile": profile}, launch=launch)
-    return module.Supervisor(settings, progress=lambda line: None)
-
-
-def test_an_explicit_cpu_bf16_on_a_cpu_without_bf16_is_refused(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    from clip_gateway.config.processes import LaunchError
-
-    launcher = supervisor(monkeypatch, "cpu-bf16", ICE_LAKE, bf16_fallback=False)
-    with pytest.raises(LaunchError, match=r"no BF16 units .*amx_bf16, avx512_bf16"):
-        launcher.bf16_gate(tmp_path, "as configured")
-
-
-def test_figures_below_the_gate_refuse_or_fall_back_saying_why(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    from clip_gateway.config.processes import LaunchError
-
-    poor = {"image": {"vs_fp32": {"mean": 0.9, "min": 0.5, "count": 48}}}
-    monkeypatch.setattr(bf16, "figures", lambda *args, **kwargs: ("2026.4.1", poor))
-    launcher = supervisor(monkeypatch, "cpu-bf16", SAPPHIRE_RAPIDS, bf16_fallback=False)
-    with pytest.raises(LaunchError, match="BF16 refused by the quality gate: image tower"):
-        launcher.bf16_gate(tmp_path, "as configured")
-    launcher = supervisor(monkeypatch, "cpu-bf16", SAPPHIRE_RAPIDS, bf16_fallback=True)
-    profile, reason = launcher.bf16_gate(tmp_path, "as configured")
-    assert profile == "cpu-bf16" and reason.startswith("BF16 refused, FP32 serves")
-    assert launcher.bf16 is not None and "mean 0.90000 < 0.998" in launcher.bf16["fallback"]
-    # chosen by auto: always falls back, never refuses to start
-    launcher = supervisor(monkeypatch, "auto", SAPPHIRE_RAPIDS, bf16_fallback=False)
-    assert launcher.bf16_gate(tmp_path, "no GPU")[0] == "cpu-bf16"
-    assert launcher.bf16 is not None and launcher.bf16["fallback"]
-
-
-def test_figures_within_the_gate_serve_bf16(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setattr(bf16, "figures", lambda *args, **kwargs: ("2026.4.1", FIGURES))
-    launcher = supervisor(monkeypatch, "cpu-bf16", COOPER_LAKE)
-    assert launcher.bf16_gate(tmp_path, "as configured") == ("cpu-bf16", "as configured")
-    assert launcher.bf16 is not None and launcher.bf16["fallback"] is None
-    assert launcher.bf16["figures"] == FIGURES and launcher.bf16["openvino"] == "2026.4.1"
 
 
 def fake_check(tmp_path: Path, body: str) -> tuple[Path, Path]:

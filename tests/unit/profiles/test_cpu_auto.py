@@ -1,7 +1,9 @@
-"""``auto`` without a GPU: the launcher times the CPU profiles that pass the gate and serves the
-fastest (the timer is the seam: a candidate made slow there loses), keeps the figures beside the
-export so the next start measures nothing, and measures again on another machine or runtime.
-The timing through a real Triton is tests/integration/test_bf16_served.py's auto test."""
+"""``auto`` without a GPU (profiles/cpu_auto.py, profiles/choice.py): the CPU profiles that pass
+their gates are timed and the fastest serves (the timer is the seam: a candidate made slow there
+loses), the figures are kept beside the export so the next start measures nothing, and another
+machine or runtime measures again; the first start serves the export's gated INT8 files at once.
+The switch in place is tests/unit/launcher/test_supervisor.py's; the timing through a real
+Triton is tests/integration/test_bf16_served.py's auto test."""
 
 from __future__ import annotations
 
@@ -11,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from clip_gateway.config import plan
-from clip_gateway.config.processes import ProcessStartError
 from clip_gateway.config.settings import Profile, RepositorySettings, Settings
-from clip_gateway.launcher import bf16, cpu_auto
-from clip_gateway.launcher import supervisor as module
 from clip_gateway.launcher.repository import render
 from clip_gateway.model import gate
 from clip_gateway.model.contract import QUANTIZATION_PARAMETER, TEXT_MODEL_NAME, TRITON_MODEL_NAME
-from tests.unit.test_bf16 import COOPER_LAKE, FIGURES, ZEN3
-from tests.unit.test_repository import int8_export, read
+from clip_gateway.profiles import bf16, cpu_auto
+from clip_gateway.profiles.choice import Selection
+from clip_gateway.profiles.plans import model_plan
+from tests.unit.launcher.test_repository import int8_export, read
+from tests.unit.profiles.fake_host import FakeHost
+from tests.unit.profiles.test_bf16 import COOPER_LAKE, FIGURES, ZEN3
 
 
 class Timer:
@@ -42,33 +44,34 @@ def must_not_measure(profile: Profile, budget_s: float) -> list[float]:
     raise AssertionError(f"measured {profile} again")
 
 
-class FakeInstall:
-    python_bin_dir = Path("/nonexistent/bin")
-    backend_dir = Path("/nonexistent/backends")
+def settings(tmp_path: Path, plan_measure_s: float = 0.0, **repository: object) -> Settings:
+    return Settings.from_env(
+        repository={"profile": "auto", "trt_cache_path": str(tmp_path / "cache")} | repository,
+        launch={"auto_measure_s": 60, "plan_measure_s": plan_measure_s},
+    )
 
 
-def launcher(
+def selection(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     timer: cpu_auto.Timer,
     flags: str = ZEN3,
     plan_measure_s: float = 0.0,
+    export: Path | None = None,
     **repository: object,
-) -> module.Supervisor:
-    """The launcher's profile step with this CPU's flags, and no Triton env to look at (the
-    core plan not measured unless ``plan_measure_s``: tests/unit/test_core_plan.py's)."""
+) -> Selection:
+    """The profiles' choice on a CPU with these flags, and no Triton env to look at (the core
+    plan not measured unless ``plan_measure_s``: tests/unit/profiles/test_planner.py's)."""
     monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset(flags.split()))
-    monkeypatch.setattr(module.TritonInstall, "discover", classmethod(lambda cls: FakeInstall()))
-    settings = Settings.from_env(
-        repository={"profile": "auto", "trt_cache_path": str(tmp_path / "cache")} | repository,
-        launch={"auto_measure_s": 60, "plan_measure_s": plan_measure_s},
-    )
-    return module.Supervisor(settings, progress=lambda line: None, cpu_timer=timer)
+    chosen = Selection(settings(tmp_path, plan_measure_s, **repository), FakeHost(export),
+                       cpu_timer=timer)  # fmt: skip
+    chosen.identity = "model-identity"
+    return chosen
 
 
-def choose(supervisor: module.Supervisor, export: Path) -> tuple[Profile, str]:
-    return supervisor.measure_cpu(export, "model-identity", supervisor.settings.repository,
-                                  math.inf)  # fmt: skip
+def choose(chosen: Selection, export: Path) -> tuple[Profile, str]:
+    profile, reason, _ = chosen.race(export, math.inf)
+    return profile, reason
 
 
 @pytest.mark.parametrize(
@@ -80,15 +83,15 @@ def test_auto_serves_the_fastest_measured_profile_and_a_slow_one_loses(
 ) -> None:
     export = int8_export(tmp_path / "e")
     timer = Timer(speeds)
-    supervisor = launcher(monkeypatch, tmp_path, timer)
-    profile, reason = choose(supervisor, export)
+    chosen = selection(monkeypatch, tmp_path, timer)
+    profile, reason = choose(chosen, export)
     assert profile == winner
     assert timer.timed == ["cpu-int8", "cpu"]  # bf16 refused on this CPU, never timed
     assert "measured now" in reason and "cpu-int8 " in reason and "cpu-bf16 refused" in reason
-    assert supervisor.profile_choice is not None
-    assert supervisor.profile_choice["chosen"] == winner
-    assert supervisor.profile_choice["images_per_s"] == speeds
-    assert "no BF16 units" in supervisor.profile_choice["refused"]["cpu-bf16"]
+    assert chosen.profile_choice is not None
+    assert chosen.profile_choice["chosen"] == winner
+    assert chosen.profile_choice["images_per_s"] == speeds
+    assert "no BF16 units" in chosen.profile_choice["refused"]["cpu-bf16"]
 
 
 def test_bf16_is_timed_where_it_passes_the_gate_and_wins_only_by_speed(
@@ -97,28 +100,29 @@ def test_bf16_is_timed_where_it_passes_the_gate_and_wins_only_by_speed(
     monkeypatch.setattr(bf16, "figures", lambda *args, **kwargs: ("2026.4.1", FIGURES))
     export = int8_export(tmp_path / "e")
     timer = Timer({"cpu-int8": 101.2, "cpu-bf16": 48.7, "cpu": 39.2})
-    supervisor = launcher(monkeypatch, tmp_path, timer, COOPER_LAKE)
-    assert choose(supervisor, export)[0] == "cpu-int8"
+    chosen = selection(monkeypatch, tmp_path, timer, COOPER_LAKE, cpu_backend="python")
+    profile, reason, verdict = chosen.race(export, math.inf)
+    assert profile == "cpu-int8"
     assert timer.timed == ["cpu-int8", "cpu-bf16", "cpu"]
     # measured as a candidate, but not what serves: nothing of BF16 is rendered
-    assert supervisor.bf16 is None
+    serving = chosen.answer(profile, reason, export, math.inf, verdict=verdict)
+    assert "bf16" not in serving.notes and serving.notes["int8_fallback"] is None
 
 
 def test_the_next_start_reuses_the_recorded_choice_without_measuring(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     export = int8_export(tmp_path / "e")
-    first = launcher(monkeypatch, tmp_path, Timer({"cpu-int8": 40.0, "cpu": 100.0}))
+    first = selection(monkeypatch, tmp_path, Timer({"cpu-int8": 40.0, "cpu": 100.0}))
     assert choose(first, export)[0] == "cpu"
     kept = json.loads((export / cpu_auto.RECORD).read_text())
     assert kept["profile"] == "cpu" and kept["signature"]["model"] == "model-identity"
     # the record names the core plan each candidate was timed with
     cpus = kept["signature"]["cpus"]
     assert kept["signature"]["plans"] == {
-        p: [plan.model_plan(p, cpus).instances, plan.model_plan(p, cpus).threads]
-        for p in cpu_auto.CANDIDATES
+        p: [model_plan(p, cpus).instances, model_plan(p, cpus).threads] for p in cpu_auto.CANDIDATES
     }
-    again = launcher(monkeypatch, tmp_path, must_not_measure)
+    again = selection(monkeypatch, tmp_path, must_not_measure)
     profile, reason = choose(again, export)
     assert profile == "cpu" and reason.startswith("auto, measured here earlier")
     assert again.profile_choice is not None
@@ -140,20 +144,20 @@ def test_another_machine_runtime_or_model_measures_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, field: str, value: object
 ) -> None:
     export = int8_export(tmp_path / "e")
-    first = launcher(monkeypatch, tmp_path, Timer({"cpu-int8": 40.0, "cpu": 100.0}))
+    first = selection(monkeypatch, tmp_path, Timer({"cpu-int8": 40.0, "cpu": 100.0}))
     choose(first, export)
     record = export / cpu_auto.RECORD
     kept = json.loads(record.read_text())
     kept["signature"][field] = value  # as if measured elsewhere, or with other runtimes
     record.write_text(json.dumps(kept))
     timer = Timer({"cpu-int8": 100.0, "cpu": 40.0})
-    assert choose(launcher(monkeypatch, tmp_path, timer), export)[0] == "cpu-int8"
+    assert choose(selection(monkeypatch, tmp_path, timer), export)[0] == "cpu-int8"
     assert timer.timed == ["cpu-int8", "cpu"]
     assert json.loads(record.read_text())["profile"] == "cpu-int8"
 
 
 def test_a_chosen_profile_that_does_not_load_falls_back_to_fp32() -> None:
-    from clip_gateway.launcher.profiles import FALLBACK
+    from clip_gateway.profiles.choice import FALLBACK
 
     assert {FALLBACK[p] for p in ("cpu-int8", "cpu-bf16")} == {"cpu"}
 
@@ -224,128 +228,20 @@ def test_the_choice_and_its_figures_reach_each_towers_quantization_parameter(
     assert value == {"precision": "fp32", "profile_choice": section | {"chosen": "cpu"}}
 
 
-class Reloading:
-    """The serving Triton's in-place reload, as a seam: records each model loaded again with
-    the precision its config then had, and refuses the models named in ``refuse``."""
-
-    def __init__(self, repository: Path) -> None:
-        self.repository = repository
-        self.refuse: set[str] = set()
-        self.loaded: list[tuple[str, object]] = []
-
-    def reload(self, model: str, timeout: float) -> None:
-        assert timeout > 0
-        if model in self.refuse:
-            raise ProcessStartError(f"Triton did not load {model} again: refused here")
-        config = read(self.repository, model)
-        for parameter in config.parameters.values():  # every file it names is there
-            if parameter.string_value.startswith("/"):
-                assert Path(parameter.string_value).is_file(), parameter.string_value
-        self.loaded.append((model, precision(self.repository, model)))
-
-
-def precision(repository: Path, model: str) -> object:
-    value = read(repository, model).parameters[QUANTIZATION_PARAMETER].string_value
-    return json.loads(value)["precision"] if value else "fp32"
-
-
-def serving(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, timer: cpu_auto.Timer
-) -> tuple[module.Supervisor, Path, Reloading]:
-    """A launcher whose Triton serves ``cpu`` from a rendered repository, reloads recorded."""
-    (tmp_path / "backends" / "python").mkdir(parents=True)
-    monkeypatch.setattr(FakeInstall, "backend_dir", tmp_path / "backends")
-    export = int8_export(tmp_path / "e")
-    supervisor = launcher(monkeypatch, tmp_path, timer, cpu_backend="python")
-    supervisor.scratch = tmp_path / "scratch"
-    cpu = supervisor.settings.repository.model_copy(update={"profile": "cpu"})
-    live = supervisor.render_profile(cpu, export, supervisor.scratch / "model_repository")
-    triton = Reloading(live)
-    supervisor.triton = triton  # type: ignore[assignment]
-    return supervisor, export, triton
-
-
 def test_the_first_start_serves_gated_int8_at_once_and_measures_nothing_before_ready(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     export = int8_export(tmp_path / "e")
-    supervisor = launcher(monkeypatch, tmp_path, must_not_measure)
-    repository = supervisor.settings.repository
-    assert supervisor.recorded_cpu_choice(export, "model-identity", repository) is None
-    profile, reason = supervisor.provisional_cpu(export)
-    assert profile == "cpu-int8"
+    chosen = selection(monkeypatch, tmp_path, must_not_measure)
+    assert chosen.recorded_choice(export) is None
+    _, profile, reason = chosen.auto_cpu(export, math.inf)
+    assert profile == "cpu-int8" and chosen.choose_later
     assert reason == ("auto, first start here: the export's INT8 files serve while the CPU "
                       "profiles are built and timed in the background")  # fmt: skip
-    monkeypatch.setattr(supervisor, "thresholds", lambda: gate.Thresholds(1.0, 1.0))
-    profile, reason = supervisor.provisional_cpu(export)
+    chosen.gates["cpu-int8"].thresholds = gate.Thresholds(1.0, 1.0)  # type: ignore[attr-defined]
+    _, profile, reason = chosen.auto_cpu(export, math.inf)
     assert profile == "cpu" and "FP32 serves (INT8 refused by the quality gate" in reason
     manifest = json.loads((export / "manifest.json").read_text())
     (export / "manifest.json").write_text(json.dumps(manifest | {"int8": {}}))
-    profile, reason = supervisor.provisional_cpu(export)
+    _, profile, reason = chosen.auto_cpu(export, math.inf)
     assert profile == "cpu" and reason.startswith("auto, first start here: FP32 serves while")
-
-
-def test_the_fastest_is_loaded_in_place_and_a_model_that_does_not_load_is_put_back(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    supervisor, export, triton = serving(monkeypatch, tmp_path, must_not_measure)
-    assert supervisor.scratch is not None
-    int8 = supervisor.settings.repository.model_copy(update={"profile": "cpu-int8"})
-    supervisor.switch_to(int8, export, math.inf)
-    assert triton.loaded == [(TRITON_MODEL_NAME, "int8"), (TEXT_MODEL_NAME, "int8")]
-    assert [p.name for p in supervisor.scratch.iterdir()] == ["model_repository"]
-    triton.refuse = {TEXT_MODEL_NAME}
-    cpu = int8.model_copy(update={"profile": "cpu"})
-    with pytest.raises(ProcessStartError, match="did not load"):
-        supervisor.switch_to(cpu, export, math.inf)
-    # the image tower was loaded again; the text tower's old files serve on, in place
-    assert precision(triton.repository, TRITON_MODEL_NAME) == "fp32"
-    assert precision(triton.repository, TEXT_MODEL_NAME) == "int8"
-    assert [p.name for p in supervisor.scratch.iterdir()] == ["model_repository"]
-
-
-def test_the_background_measurement_switches_to_the_fastest_and_keeps_the_choice(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    timer = Timer({"cpu-int8": 40.0, "cpu-int8-openvino": 10.0, "cpu": 100.0})
-    supervisor, export, triton = serving(monkeypatch, tmp_path, timer)
-    lines: list[str] = []
-    supervisor.progress = lines.append
-    monkeypatch.setattr(supervisor, "int8_openvino_check", lambda *args: None)
-    exported: list[bool] = []
-
-    def find_or_export(*args: object, int8: bool = False) -> Path:
-        exported.append(int8)  # the fresh start's export has no INT8 files: made now
-        return export
-
-    monkeypatch.setattr(module.served_export, "find_or_export", find_or_export)
-    repository = supervisor.settings.repository
-    supervisor.measure_and_switch(export, "model-identity", repository, "cpu-int8")
-    assert exported == [True]
-    assert timer.timed == ["cpu-int8", "cpu-int8-openvino", "cpu"]
-    assert triton.loaded == [(TRITON_MODEL_NAME, "fp32"), (TEXT_MODEL_NAME, "fp32")]
-    config = read(triton.repository, TRITON_MODEL_NAME)
-    shown = json.loads(config.parameters[QUANTIZATION_PARAMETER].string_value)
-    assert shown["profile_choice"]["chosen"] == "cpu"
-    assert "auto: Triton cpu profile (auto, measured now" in lines[-1]
-    assert lines[-1].endswith("replaces cpu-int8, loaded in place")
-    assert json.loads((export / cpu_auto.RECORD).read_text())["profile"] == "cpu"
-    # measured, so the next start serves the choice at once
-    again = launcher(monkeypatch, tmp_path, must_not_measure)
-    assert again.recorded_cpu_choice(export, "model-identity", repository) is not None
-
-
-def test_a_failed_background_measurement_leaves_what_serves(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    supervisor, export, triton = serving(monkeypatch, tmp_path, Timer({}))
-
-    def broken(*args: object) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(supervisor, "cpu_candidates", broken)
-    monkeypatch.setattr(module.served_export, "find_or_export", lambda *args, **kwargs: export)
-    repository = supervisor.settings.repository
-    supervisor.measure_and_switch(export, "model-identity", repository, "cpu-int8")
-    assert triton.loaded == []
-    assert "cpu-int8 goes on serving" in caplog.text and "disk full" in caplog.text

@@ -1,5 +1,5 @@
-"""Which Triton profile for this machine: detect the GPU (NVML), look it up, or use a
-calibration (launcher/calibrate.py).
+"""Which GPU profile for this GPU: detect it (NVML), look it up, or use a calibration
+(profiles/calibrate.py).
 
 The table is seeded with the background reports' measurements of ViT-B/32 (batch 1, FP16):
 the best execution provider depends on the GPU, by a lot, in both directions.
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clip_gateway.config.settings import Profile
-from clip_gateway.launcher import calibrate
-from clip_gateway.launcher.engines import same_gpu
+from clip_gateway.profiles import calibrate
+from clip_gateway.profiles.engines import same_gpu
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ TABLE: tuple[Measured, ...] = (
 )
 #: Unmeasured GPUs: TensorRT won on 2 of the 3 measured GPUs, and needs tensor cores (7.0+) for
 #: FP16; older GPUs get the CUDA EP. `calibrate` replaces this guess with a measurement, and a
-#: TensorRT profile that does not load falls back to the CUDA EP (launcher/supervisor.py).
+#: TensorRT profile that does not load falls back to the CUDA EP (profiles/choice.py FALLBACK).
 DEFAULT_REASON = "unmeasured GPU: TensorRT EP (won on 2 of 3 measured GPUs); run calibrate"
 
 
@@ -117,13 +117,6 @@ def from_table(gpu: GpuInfo | None) -> tuple[Profile, str]:
     return "tensorrt", DEFAULT_REASON
 
 
-def cpu_choice(bf16_unit: str | None) -> tuple[Profile, str]:
-    """Without a GPU: ``cpu-bf16`` where the CPU has BF16 units (launcher/bf16.py), else ``cpu``."""
-    if bf16_unit is None:
-        return "cpu", "no GPU"
-    return "cpu-bf16", f"no GPU; the CPU has {bf16_unit} (OpenVINO BF16, held to the quality gate)"
-
-
 def choose(
     override: str,
     gpu: GpuInfo | None,
@@ -133,10 +126,9 @@ def choose(
     calibrate_now: bool = False,
     timer: calibrate.Timer | None = None,
     deadline: float = math.inf,
-    bf16_unit: str | None = None,
 ) -> tuple[Profile, str]:
-    """Operator override > recorded calibration > fresh calibration (opt-in) > the table;
-    without a GPU, ``cpu-bf16`` where the CPU has ``bf16_unit`` (its flag), else ``cpu``.
+    """Operator override > recorded calibration > fresh calibration (opt-in) > the table.
+    (``auto`` without a GPU races the CPU profiles instead: profiles/choice.py.)
 
     ``model`` is the model's identity (clip_gateway.model.spec.model_identity): a calibration holds
     only for the GPU model and the weights it measured. A calibration that measures nothing falls
@@ -145,7 +137,7 @@ def choose(
     if override != "auto":
         return override, "as configured"  # type: ignore[return-value]
     if gpu is None:
-        return cpu_choice(bf16_unit)
+        return from_table(gpu)
     if (previous := calibrate.recorded(record, gpu.name, model)) is not None:
         return previous.winner, f"calibrated on this GPU earlier: {previous.reason}"
     table_choice, table_reason = from_table(gpu)
@@ -159,11 +151,3 @@ def choose(
             return table_choice, f"{table_reason}; calibration failed: {exc}"
         return result.winner, f"calibrated now: {result.reason}"
     return table_choice, table_reason
-
-
-#: When an automatically chosen profile does not load (an engine build failing, an unsupported op):
-#: what to try next, within the same start-up budget. The CUDA EP runs any graph ONNX Runtime can;
-#: an operator's explicit choice never falls back. ``cpu-bf16`` or ``cpu-int8`` chosen by ``auto``
-#: that does not load (it loaded when timed; a changed machine, memory): ``cpu``.
-FALLBACK: dict[Profile, Profile] = {"tensorrt": "cuda", "cpu-bf16": "cpu", "cpu-int8": "cpu",
-                                    "cpu-int8-openvino": "cpu"}  # fmt: skip

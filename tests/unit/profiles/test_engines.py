@@ -1,4 +1,4 @@
-"""The engine cache (clip_gateway/launcher/engines.py): keyed by GPU model and model identity, one
+"""The engine cache (clip_gateway/profiles/engines.py): keyed by GPU model and model identity, one
 builder at a time, and nothing half-built left behind by a start-up that did not finish."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from clip_gateway.config.processes import Interrupted
-from clip_gateway.launcher import engines
 from clip_gateway.model.spec import model_identity
+from clip_gateway.profiles import engines
 from tests.unprivileged import as_unprivileged, open_directory
 
 
