@@ -64,7 +64,7 @@ _DECODE_S_PER_ITEM = 3e-4
 MIN_DECODE_S_PER_BYTE = 4e-9
 #: What an item the embedding cache answers costs (a lookup: no decode, no model call); a URL
 #: item whose fetch gave no image costs the same (its error is its answer; the fetch cost the
-#: time it held a fetch slot, which the slots' shares bound, http/slots.py).
+#: time it held a fetch slot, which the slots' shares bound, http/urls/slots.py).
 CACHE_HIT_S = 1e-5
 #: Codings whose decode rate is learned (multipliers of imaging/work.py's measured factors).
 CODINGS = tuple(_work.FACTORS)
