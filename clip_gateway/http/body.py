@@ -27,13 +27,12 @@ T = TypeVar("T")
 Receive = Callable[[], Any]
 
 
-def admitted(
-    request: Request[Any, Any, Any], context: AppContext, *, variant: Variant = "open_clip"
-) -> Reservation:
+def admitted(request: Request[Any, Any, Any], context: AppContext, variant: Variant) -> Reservation:
     """The pipeline's admission before the first byte is read, for every route that takes a
     body: a declared length over the limit is refused at once, and the declared size already
-    costs its cheapest decode, charged to the request's API key. ``variant`` ``immich``: its
-    images will be decoded Immich's way (every pixel), and priced so."""
+    costs its cheapest decode, charged to the request's API key. ``variant``: whose
+    preprocessing the request's items get, decided here once for the whole request
+    (``immich``: its images decoded Immich's way, every pixel, and priced so)."""
     refuse_oversized(request, context.settings.max_body_bytes)
     return context.pipeline.admit(request.content_length, key_of(request), variant=variant)
 

@@ -111,7 +111,7 @@ async def create_embeddings(
     context = app_context(state)
     settings, pipeline, tracer = context.settings, context.pipeline, context.telemetry.tracer
     declared = request.content_length
-    with admitted(request, context) as reservation:
+    with admitted(request, context, "open_clip") as reservation:
         with tracer.start_as_current_span("receive") as span:
             parsed = await read_request(request, settings, reservation, parse_body)
             # one deadline from here: URL items' fetches and the embedding together

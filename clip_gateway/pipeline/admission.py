@@ -43,6 +43,7 @@ from typing import Self
 
 from clip_gateway.errors import LimitExceeded, Overloaded
 from clip_gateway.imaging import work as _work
+from clip_gateway.imaging.preprocess import Variant
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.cache import Entry
@@ -291,6 +292,9 @@ class Reservation:
         #: to (``Admission.meter_cost``).
         self.decode_s = 0.0
         self.meter_s = 0.0
+        #: Whose preprocessing the request's items get, decided once at admission (the
+        #: service's ``admit`` sets it): its images are priced, looked up and decoded so.
+        self.variant: Variant = "open_clip"
         #: The embedding cache's lookup for this request's model and preprocessing (the
         #: service sets it): an item it answers is priced as a lookup, not a decode.
         self.probe: Probe | None = None

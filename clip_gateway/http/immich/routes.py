@@ -57,16 +57,14 @@ async def immich_predict(request: Request[Any, Any, Any], state: State) -> Respo
 async def serve(request: Request[Any, Any, Any], context: AppContext) -> Response[bytes]:
     settings, pipeline = context.settings, context.pipeline
     # the same admission as /v1/embeddings: bodies counted as they arrive, images priced by the
-    # decode work their headers promise, each API key within its share
-    with admitted(request, context, variant="immich") as reservation:
+    # decode work their headers promise, each API key within its share; Immich's preprocessing
+    with admitted(request, context, "immich") as reservation:
         with context.telemetry.tracer.start_as_current_span("receive"):
             form = await read_request(request, settings, reservation, read_predict)
         kind, item = check_form(form, settings)
         is_text = isinstance(item, TextItem)
         request.state.images, request.state.texts = int(not is_text), int(is_text)
-        result = await unless_disconnected(
-            request, pipeline.embed(reservation, [item], variant="immich")
-        )
+        result = await unless_disconnected(request, pipeline.embed(reservation, [item]))
     body: dict[str, Any] = {"clip": msgspec.json.encode(result.vectors[0].tolist()).decode()}
     if kind == "visual":  # decoded, or answered from the cache with the size it had then
         width, height = result.image_sizes[0]

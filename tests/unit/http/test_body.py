@@ -242,11 +242,11 @@ def test_a_declared_length_over_the_body_limit_is_refused_before_admission(
 ) -> None:
     context = edge(ServerSettings(max_body_bytes=2048))
     with pytest.raises(LimitExceeded) as raised:
-        body.admitted(request_to(context, {"Content-Length": "2049"}), context)
+        body.admitted(request_to(context, {"Content-Length": "2049"}), context, "open_clip")
     assert raised.value.reason == "request body of 2049 bytes; the limit is 2048"
     assert raised.value.extra == {"limit": 2048}
     for declared in ({"Content-Length": "2048"}, {}):  # exactly the limit; none declared
-        with body.admitted(request_to(context, declared), context) as reservation:
+        with body.admitted(request_to(context, declared), context, "open_clip") as reservation:
             assert reservation.admission is context.pipeline.admission
 
 
@@ -257,18 +257,18 @@ def test_admission_prices_the_declared_length_charges_the_key_and_decodes_by_the
     context = edge(ServerSettings(admission_horizon_s=0.1, api_keys=("alpha", "beta")))
     declared = {"Content-Length": str(32 << 20), "Authorization": "Bearer beta"}
     with pytest.raises(LimitExceeded) as raised:
-        body.admitted(request_to(context, declared), context)
+        body.admitted(request_to(context, declared), context, "open_clip")
     assert raised.value.extra["cost_s"] == round((32 << 20) * MIN_DECODE_S_PER_BYTE, 3)
     unsized = {"Authorization": "Bearer beta"}
-    with body.admitted(request_to(context, unsized), context) as reservation:
+    with body.admitted(request_to(context, unsized), context, "open_clip") as reservation:
         assert reservation.key == hashlib.sha256(b"beta").hexdigest()[:16]
         assert not reservation.plan.full_size  # open_clip's: scaled decodes
-    immich = body.admitted(request_to(context, unsized), context, variant="immich")
+    immich = body.admitted(request_to(context, unsized), context, "immich")
     with immich as reservation:
         assert reservation.plan.full_size  # Immich's: every pixel decoded
 
 
-def test_a_request_admitted_without_a_variant_finds_what_open_clip_embeddings_cached(
+def test_a_request_admitted_with_open_clip_finds_what_open_clip_embeddings_cached(
     edge: Callable[[ServerSettings], AppContext],
 ) -> None:
     context = edge(ServerSettings(cache_mib=1))
@@ -278,8 +278,8 @@ def test_a_request_admitted_without_a_variant_finds_what_open_clip_embeddings_ca
         with pipeline.admit(None, variant="open_clip") as first:
             first.add(item)
             first.body_read()
-            await pipeline.embed(first, [item], variant="open_clip")
-        with body.admitted(request_to(context), context) as again:
+            await pipeline.embed(first, [item])
+        with body.admitted(request_to(context), context, "open_clip") as again:
             again.add(item)
             assert id(item) in again.hits
 
