@@ -1,4 +1,5 @@
-"""What can go wrong while embedding, in the core's own terms (imaging, pipeline, backend): no HTTP.
+"""What can go wrong while embedding, in the core's own terms (imaging, pipeline, backend, and
+the edge's bodies, URL fetches and Immich's upstream): no HTTP.
 
 Each kind carries a human reason, the index of the item at fault (when one is) and extra facts
 (limits, counts). ``clip_gateway/http/problems.py`` is the one place that turns them into statuses.
@@ -118,3 +119,21 @@ class BackendTimeout(EmbeddingError):
 
 class BackendFailed(EmbeddingError):
     """The backend answered with an error, or with something that breaks the contract."""
+
+
+class UpstreamUnavailable(EmbeddingError):
+    """No configured Immich upstream accepted the connection (all down, refused or
+    unresolvable)."""
+
+
+class UpstreamBusy(UpstreamUnavailable):
+    """This worker already has its limit of forwards to Immich's upstream in flight."""
+
+
+class UpstreamTimeout(EmbeddingError):
+    """Immich's upstream did not answer within the forward's timeout."""
+
+
+class UpstreamFailed(EmbeddingError):
+    """Immich's upstream broke the exchange (closed mid-answer, not HTTP, an oversized
+    answer)."""

@@ -25,13 +25,15 @@ from clip_gateway.config.plan import plan_for
 from clip_gateway.config.processes import stop_with_parent
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import EmbeddingError
-from clip_gateway.http import connections, docs, head, immich, problems
+from clip_gateway.http import connections, docs, head, problems
 from clip_gateway.http.auth import load_api_keys, require_api_key
 from clip_gateway.http.context import KEY, AppContext
-from clip_gateway.http.fetch import Fetcher, FetchOptions
-from clip_gateway.http.guard import Allowlist
+from clip_gateway.http.immich import passthrough
+from clip_gateway.http.immich import routes as immich
 from clip_gateway.http.routes import ROUTES
-from clip_gateway.http.upstream import Upstream
+from clip_gateway.http.urls import fetch
+from clip_gateway.http.urls.fetch import Fetcher, FetchOptions
+from clip_gateway.http.urls.guard import Allowlist
 from clip_gateway.imaging.paths import current as imaging_path
 from clip_gateway.observability.access import ObserveMiddleware
 from clip_gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
@@ -128,13 +130,6 @@ def create_app(
             settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
         )
         http = httpx.AsyncClient(timeout=5.0)
-        upstream = None
-        if settings.immich and settings.immich_upstream:
-            upstream = Upstream(
-                settings.immich_upstream,
-                settings.immich_upstream_timeout_s,
-                settings.immich_upstream_concurrency,
-            )
         app.state[KEY] = AppContext(
             settings=settings,
             pipeline=pipeline,
@@ -144,20 +139,14 @@ def create_app(
             api_keys=api_keys,
             http=http,
             imaging=imaging_path(),
-            fetcher=fetcher_for(settings),
-            upstream=upstream,
         )
+        if (fetcher := fetcher_for(settings)) is not None:  # URL items' (http/urls/)
+            app.state[fetch.KEY] = fetcher
         canary_task = asyncio.create_task(canary.run()) if canary.enabled else None
-        watch = asyncio.create_task(upstream.watch()) if upstream is not None else None
         try:
-            yield
+            async with passthrough.opened(app.state, settings):  # Immich's upstream, if any
+                yield
         finally:
-            if watch is not None:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
-                assert upstream is not None
-                await upstream.aclose()
             if canary_task is not None:
                 canary_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

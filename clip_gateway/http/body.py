@@ -1,13 +1,16 @@
-"""A request body at the edge, the one place its limits are enforced, for every route that takes
-one: admitted before its first byte, read from the ASGI channel under its limits (encoding,
-declared and received size, upload pace, deadline), and the client's leaving after it. Read here,
-not by Litestar, so a client that disconnects mid-upload is a ``ClientGone``, not a server error."""
+"""A request body at the edge, the one place its limits are enforced and the one reader of the
+ASGI channel, for every route that takes one: admitted before its first byte, read under its
+limits (encoding, declared and received size, upload pace, deadline) and parsed by the route
+(``read_request``), or looked at to route it and then read again whole (``peek``), and the
+client's leaving after it. Read here, not by Litestar, so a client that disconnects
+mid-upload is a ``ClientGone``, not a server error."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,15 +27,37 @@ T = TypeVar("T")
 Receive = Callable[[], Any]
 
 
-def admitted(
-    request: Request[Any, Any, Any], context: AppContext, *, variant: Variant = "open_clip"
-) -> Reservation:
+def admitted(request: Request[Any, Any, Any], context: AppContext, variant: Variant) -> Reservation:
     """The pipeline's admission before the first byte is read, for every route that takes a
     body: a declared length over the limit is refused at once, and the declared size already
-    costs its cheapest decode, charged to the request's API key. ``variant`` ``immich``: its
-    images will be decoded Immich's way (every pixel), and priced so."""
+    costs its cheapest decode, charged to the request's API key. ``variant``: whose
+    preprocessing the request's items get, decided here once for the whole request
+    (``immich``: its images decoded Immich's way, every pixel, and priced so)."""
     refuse_oversized(request, context.settings.max_body_bytes)
     return context.pipeline.admit(request.content_length, key_of(request), variant=variant)
+
+
+#: A route's reading of its body: its content type (media type and parameters), the body's
+#: chunks (under every limit: ``body_of``), the settings and the request's reservation (each
+#: item added to it as soon as it is complete) -> what the route takes from the body.
+Parse = Callable[
+    [tuple[str, dict[str, str]], AsyncIterator[bytes], ServerSettings, Reservation], Awaitable[T]
+]
+
+
+async def read_request(
+    request: Request[Any, Any, Any],
+    settings: ServerSettings,
+    reservation: Reservation,
+    parse: Parse[T],
+) -> T:
+    """The body read under its limits and parsed by the route's ``parse`` within the body
+    deadline; then it no longer counts as being received. Every route that embeds a body
+    reads it so."""
+    chunks = body_of(request, settings, reservation)
+    parsed = await in_time(settings, parse(request.content_type, chunks, settings, reservation))
+    reservation.body_read()
+    return parsed
 
 
 def refuse_oversized(request: Request[Any, Any, Any], limit: int) -> None:
@@ -104,6 +129,46 @@ def body_of(
     )
 
 
+async def peek(
+    request: Request[Any, Any, Any],
+    settings: ServerSettings,
+    look: Callable[[AsyncIterator[bytes]], Awaitable[T]],
+    most: int,
+) -> T:
+    """``look`` at the start of the body, within the body deadline: it reads what it needs of
+    the body's chunks, and at most ``most`` bytes (the chunk that passes them included). What
+    it read is then read again, from the first byte, by whichever path takes the request (the
+    channel's messages it took are put back in front of the rest). Outside admission: nothing
+    is counted, the body's size limit applies."""
+    receive, taken = request.receive, deque[Any]()
+
+    async def taking() -> Any:
+        message = await receive()
+        taken.append(message)
+        return message
+
+    async def replayed() -> Any:
+        return taken.popleft() if taken else await receive()
+
+    chunks = read_chunks(taking, settings.max_body_bytes)
+    head = _at_most(chunks, most)
+    try:
+        return await in_time(settings, look(head))
+    finally:
+        await head.aclose()
+        await chunks.aclose()
+        request.receive = replayed
+
+
+async def _at_most(chunks: AsyncIterator[bytes], most: int) -> AsyncGenerator[bytes, None]:
+    seen = 0
+    async for chunk in chunks:
+        yield chunk
+        seen += len(chunk)
+        if seen > most:
+            return
+
+
 @dataclass(frozen=True)
 class Pace:
     """The slowest upload accepted: after ``grace_s``, ``min_bytes_per_s`` on average."""
@@ -124,7 +189,7 @@ async def read_chunks(
     *,
     pace: Pace | None = None,
     on_bytes: Callable[[int], None] = lambda _: None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The request body from the ASGI channel, at most ``limit`` bytes; ends with ``b""``.
     ``on_bytes`` hears of every chunk as it arrives (admission counts bodies in flight by the
     bytes received) and may refuse it; a body slower than ``pace`` is ``BodyTooSlow``."""

@@ -1,6 +1,9 @@
 """What every route works with, in one typed object on ``app.state``: the settings, the
-pipeline, its canary, telemetry, metrics and the few clients the app holds. Built once per
-worker by the lifespan (http/app.py); handlers fetch it with ``app_context``."""
+pipeline, its canary, telemetry, metrics, the API keys and the client for Triton's metrics.
+Built once per worker by the lifespan (http/app.py); handlers fetch it with ``app_context``.
+Immich's upstream client (http/immich/passthrough.py) and URL items' fetcher
+(http/urls/fetch.py) sit beside it on ``app.state``, each its own room's, so this shared
+context imports neither room."""
 
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ import httpx
 from litestar.datastructures import State
 
 from clip_gateway.config.settings import ServerSettings
-from clip_gateway.http.fetch import Fetcher
-from clip_gateway.http.upstream import Upstream
 from clip_gateway.imaging.paths import ImagingPath
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import Telemetry
@@ -33,10 +34,6 @@ class AppContext:
     http: httpx.AsyncClient
     #: Which PIL this process imported: it cannot change.
     imaging: ImagingPath
-    #: URL items' fetcher (http/fetch.py); None: URL items are off.
-    fetcher: Fetcher | None = None
-    #: Immich's own ML server(s) for what /predict does not serve (None: not configured).
-    upstream: Upstream | None = None
 
 
 #: The key of the context on ``app.state``.

@@ -4,12 +4,14 @@ Which items are texts and which images (docs/API.md "Texts and images"): in JSON
 unless it is a ``data:image/...`` URI or ``modality`` is ``image``; ``{"text": ...}`` and
 ``{"image": ...}`` objects say what they are. A bare string that is base64 of a JPEG, PNG, WebP
 or GIF without ``modality`` is refused as ambiguous rather than embedded as text (clients of
-the image-only API sent images that way). In multipart, ``text`` fields are texts and every
-other part that is not an option is an image.
+the image-only API sent images that way). A URL item is ``{"image": "http(s)://..."}`` or
+OpenAI's ``{"type": "image_url", "image_url": {"url": ...}}``, never a bare string (http/urls/
+fetches it). In multipart (read by http/forms.py), ``text`` fields are texts and every other
+part that is not an option is an image.
 
 Bounded while reading, before objects are built (the body's bytes are bounded as they arrive,
-in http/body.py): the number of parts and each part's size (the multipart parser's own limits),
-and in JSON the number of items and each string's length (msgspec checks them while decoding).
+in http/body.py): the number of parts and each part's size (the form reader's limits), and in
+JSON the number of items and each string's length (msgspec checks them while decoding).
 Each image part is reported as soon as it is complete (``on_item``, the request's
 ``Reservation.add``) so admission can stop reading a body whose cost no longer fits. Items come
 out typed: an ``ImageItem`` (raw bytes, or the base64 text JSON carried) or a ``TextItem``.
@@ -26,15 +28,10 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 import msgspec
-from multipart import MultipartSegment, ParserError, ParserLimitReached, PushMultipartParser
+from multipart import MultipartSegment, ParserError, ParserLimitReached
 
-from clip_gateway.errors import (
-    InvalidFields,
-    LimitExceeded,
-    MalformedRequest,
-    UnsupportedFormat,
-)
-from clip_gateway.http import url_items
+from clip_gateway.errors import EmbeddingError, InvalidFields, LimitExceeded, MalformedRequest
+from clip_gateway.http import forms
 from clip_gateway.http.schemas import (
     FORM_OPTIONS,
     EmbeddingRequest,
@@ -43,8 +40,6 @@ from clip_gateway.http.schemas import (
     Modality,
 )
 from clip_gateway.pipeline.items import ImageItem, Item, TextItem
-
-Receive = Callable[[], Any]
 
 #: Multipart fields that are options, not items. ``text`` fields are texts; every other part is
 #: an image, in order.
@@ -276,7 +271,7 @@ def _items(values: list[str | InputObject], modality: Modality | None) -> list[I
 
 def _object_item(value: InputObject, index: int, modality: Modality | None) -> Item:
     if value.type is not msgspec.UNSET or value.image_url is not msgspec.UNSET:
-        value = url_items.openai_part(value, index)
+        value = _openai_part(value, index)
     has_text, has_image = value.text is not msgspec.UNSET, value.image is not msgspec.UNSET
     if has_text == has_image:
         raise InvalidFields(
@@ -290,99 +285,113 @@ def _object_item(value: InputObject, index: int, modality: Modality | None) -> I
         )
     if isinstance(value.text, str):
         return TextItem(value.text)
-    if url_items.is_url(str(value.image)):
+    if is_url(str(value.image)):
         return ImageItem(url=str(value.image))
     return ImageItem.from_base64(str(value.image))
+
+
+def is_url(value: str) -> bool:
+    """An ``image`` that is a URL item (http/urls/ fetches it): only ``http(s)://``."""
+    return value[:8].lower().startswith(("http://", "https://"))
+
+
+def _openai_part(value: InputObject, index: int) -> InputObject:
+    """OpenAI's typed part as our own object: ``image_url`` to ``{"image": url}``, ``text`` as
+    it is."""
+    if value.type == "image_url" and isinstance(value.image_url, msgspec.Struct):
+        if value.text is msgspec.UNSET and value.image is msgspec.UNSET:
+            return InputObject(image=value.image_url.url)
+    elif value.type == "text" and value.image_url is msgspec.UNSET:
+        return InputObject(text=value.text)
+    raise InvalidFields(
+        f'input[{index}]: a typed part is {{"type": "image_url", "image_url": {{"url": ...}}}} '
+        'or {"type": "text", "text": ...}',
+        index=index,
+    )
 
 
 def _looks_like_base64_image(value: str) -> bool:
     return value.startswith(_BASE64_IMAGE_STARTS) and _BASE64.fullmatch(value) is not None
 
 
-#: Charsets a text or option part may declare (RFC 7578 section 4.4: the default is UTF-8),
-#: by label, as the Python codec that decodes them: those real clients send. Others are 415:
-#: Python's other codecs include some that raise bare ``UnicodeError`` (``idna``,
-#: ``punycode``), some that take time quadratic in the input (``punycode``), and some that
-#: yield lone surrogates no tokenizer takes (``utf-7``); every codec here decodes in one C pass
-#: and yields only Unicode scalar values.
-CHARSETS = {
-    "utf-8": "utf-8",
-    "utf8": "utf-8",
-    "us-ascii": "ascii",
-    "ascii": "ascii",
-    "iso-8859-1": "latin-1",
-    "iso8859-1": "latin-1",
-    "iso_8859-1": "latin-1",
-    "latin1": "latin-1",
-    "latin-1": "latin-1",
-    "windows-1252": "cp1252",
-    "cp1252": "cp1252",
-}
 #: The longest option part (``model``, ``encoding_format``, ``normalize``, ``skip_invalid``).
 MAX_OPTION_BYTES = 4096
-#: Bytes a character takes at most in any accepted charset (UTF-8; the others take one): a
-#: text part longer than this many times the character limit cannot be within it.
-MAX_BYTES_PER_CHAR = 4
-
-
-def text_codec(charset: str | None, what: str, index: int | None = None) -> str:
-    """The codec of a part's declared ``charset`` (UTF-8 when none), or 415 naming the part."""
-    if charset is None:
-        return "utf-8"
-    codec = CHARSETS.get(charset.strip().lower())
-    if codec is None:
-        raise UnsupportedFormat(
-            f"{what} declares charset {charset[:40]!r}; accepted: utf-8, us-ascii, iso-8859-1, "
-            "windows-1252 (or no charset: UTF-8)",
-            index=index,
-        )
-    return codec
-
-
-def decode_text(data: bytes | bytearray, codec: str, what: str, index: int | None = None) -> str:
-    """``data`` as text in ``codec`` (one of ``CHARSETS``'), or 400 naming the part and the
-    byte where it stops being that charset."""
-    try:
-        return data.decode(codec)
-    except UnicodeDecodeError as exc:
-        raise MalformedRequest(
-            f"{what} is not valid {codec} ({exc.reason} at byte {exc.start})", index=index
-        ) from None
 
 
 @dataclass(frozen=True)
 class _FormPart:
-    """A part being read: what the refusals call it, its byte limit (None: the parser's own,
-    for images) and, for texts and options, its codec, checked when its headers arrive."""
+    """A text or option part being read: what the refusals call it, its byte limit and its
+    codec, checked when its headers arrive."""
 
     name: str
     what: str
     index: int | None
     limit: int | None
-    codec: str | None
+    codec: str
 
-    @classmethod
-    def of(cls, segment: MultipartSegment, index: int, max_text_bytes: int) -> _FormPart:
+    def too_large(self) -> LimitExceeded:
+        return LimitExceeded(
+            f"{self.what} is over {self.limit} bytes"
+            + (" (longer than the text limit in any charset)" if self.index is not None else ""),
+            index=self.index,
+            limit=self.limit,
+        )
+
+
+#: Every image part: no limit but the form's (the image limit), no codec.
+_IMAGE = _FormPart("", "an image", None, None, "")
+
+
+class _Uploads:
+    """/v1/embeddings' form as the form reader fills it: ``text`` fields are texts, option
+    fields (without a filename) options, every other part an image, in arrival order; each
+    item reported to ``on_item`` as soon as it is complete."""
+
+    def __init__(
+        self, max_items: int, max_image_bytes: int, max_text_chars: int,
+        on_item: Callable[[Item], None],
+    ) -> None:  # fmt: skip
+        self.items: list[Item] = []
+        self.options: dict[str, str] = {}
+        self.max_items, self.max_image_bytes = max_items, max_image_bytes
+        self.max_text_bytes = max_text_chars * forms.MAX_BYTES_PER_CHAR
+        self.on_item = on_item
+
+    def begin(self, segment: MultipartSegment) -> _FormPart:
         name = segment.name
         if name in OPTION_FIELDS and not segment.filename:
             what = f"form field {name!r}"
-            return cls(name, what, None, MAX_OPTION_BYTES, text_codec(segment.charset, what))
-        if name == TEXT_FIELD:
-            what = f"input[{index}] (form field {name!r})"
-            codec = text_codec(segment.charset, what, index)
-            return cls(name, what, index, max_text_bytes, codec)
-        return cls(name, f"input[{index}]", index, None, None)
-
-    def check_size(self, size: int) -> None:
-        if self.limit is not None and size > self.limit:  # images: the parser's own limit
-            raise LimitExceeded(
-                f"{self.what} is over {self.limit} bytes"
-                + (
-                    " (longer than the text limit in any charset)" if self.index is not None else ""
-                ),
-                index=self.index,
-                limit=self.limit,
+            return _FormPart(
+                name, what, None, MAX_OPTION_BYTES, forms.text_codec(segment.charset, what)
             )
+        if name == TEXT_FIELD:
+            index = len(self.items)
+            what = f"input[{index}] (form field {name!r})"
+            codec = forms.text_codec(segment.charset, what, index)
+            return _FormPart(name, what, index, self.max_text_bytes, codec)
+        return _IMAGE
+
+    def end(self, part: _FormPart, data: bytes) -> bool:
+        if part is _IMAGE:
+            item: Item = ImageItem(data)
+        elif part.index is None:
+            self.options[part.name] = forms.decode_text(data, part.codec, part.what).strip()
+            return False
+        else:
+            item = TextItem(forms.decode_text(data, part.codec, part.what, part.index))
+        self.on_item(item)  # may refuse: the rest is never read
+        self.items.append(item)
+        return False
+
+    def refused(self, exc: ParserError | ParserLimitReached) -> EmbeddingError:
+        if isinstance(exc, ParserLimitReached):
+            at = len(self.items)
+            return LimitExceeded(
+                f"multipart limit reached at part {at}: {exc} (at most {self.max_items} items, "
+                f"each part at most {self.max_image_bytes} bytes)",
+                index=at,
+            )
+        return forms.malformed(exc)
 
 
 async def parse_multipart(
@@ -397,55 +406,15 @@ async def parse_multipart(
     """Stream-parse the body, keeping items in arrival order: ``text`` fields are texts, other
     parts (whatever their field names) images. Text and option parts are bounded while they
     stream in (a text to what ``max_text_chars`` can take) and decoded only once complete."""
-    items: list[Item] = []
-    options: dict[str, str] = {}
-    part: _FormPart | None = None
-    # a part's body as the parser's chunks: most images arrive in one, kept as it is (no copy)
-    pieces: list[bytes] = []
-    size = 0
-    parser = PushMultipartParser(
-        boundary,
-        max_segment_count=max_items + len(OPTION_FIELDS),
-        max_segment_size=max_image_bytes,
-        max_header_count=16,
+    form = _Uploads(max_items, max_image_bytes, max_text_chars, on_item)
+    limits = forms.Limits(
+        parts=max_items + len(OPTION_FIELDS), part_bytes=max_image_bytes, headers=16
     )
-    try:
-        async for chunk in chunks:
-            for event in parser.parse(chunk):
-                if isinstance(event, MultipartSegment):
-                    part = _FormPart.of(event, len(items), max_text_chars * MAX_BYTES_PER_CHAR)
-                    pieces, size = [], 0
-                elif event is not None:
-                    pieces.append(event)
-                    size += len(event)
-                    assert part is not None
-                    part.check_size(size)
-                elif part is not None:
-                    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                    pieces = []
-                    if part.codec is None:
-                        item: Item = ImageItem(data)
-                    elif part.index is None:
-                        options[part.name] = decode_text(data, part.codec, part.what).strip()
-                        continue
-                    else:
-                        item = TextItem(decode_text(data, part.codec, part.what, part.index))
-                    on_item(item)  # may refuse: the rest is never read
-                    items.append(item)
-            if not chunk:
-                break
-        parser.close()
-    except ParserLimitReached as exc:
-        raise LimitExceeded(
-            f"multipart limit reached at part {len(items)}: {exc} (at most {max_items} items, "
-            f"each part at most {max_image_bytes} bytes)",
-            index=len(items),
-        ) from exc
-    except ParserError as exc:
-        raise MalformedRequest(f"malformed multipart body: {exc}") from exc
-    _check_count(len(items), max_items)
+    await forms.read_form(chunks, boundary, form, limits)
+    _check_count(len(form.items), max_items)
+    options = form.options
     return ParsedRequest(
-        items,
+        form.items,
         options.get("model"),
         _encoding_format(options.get("encoding_format")),
         _flag(options.get("normalize"), "normalize"),

@@ -16,7 +16,6 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from clip_gateway import errors
-from clip_gateway.http import upstream
 from clip_gateway.http.context import app_context
 
 log = logging.getLogger("gateway")
@@ -66,12 +65,12 @@ PROBLEMS: dict[type[Exception], ProblemKind] = {
         503, "backend-unavailable", "Inference backend unavailable"
     ),
     errors.BackendTimeout: ProblemKind(504, "backend-timeout", "Inference backend timed out"),
-    upstream.UpstreamFailed: ProblemKind(502, "upstream-error", "Immich's ML server failed"),
-    upstream.UpstreamUnavailable: ProblemKind(
+    errors.UpstreamFailed: ProblemKind(502, "upstream-error", "Immich's ML server failed"),
+    errors.UpstreamUnavailable: ProblemKind(
         503, "upstream-unavailable", "Immich's ML server unavailable"
     ),
-    upstream.UpstreamBusy: ProblemKind(503, "upstream-busy", "Too many forwards in flight"),
-    upstream.UpstreamTimeout: ProblemKind(504, "upstream-timeout", "Immich's ML server timed out"),
+    errors.UpstreamBusy: ProblemKind(503, "upstream-busy", "Too many forwards in flight"),
+    errors.UpstreamTimeout: ProblemKind(504, "upstream-timeout", "Immich's ML server timed out"),
     errors.DeadlineExceeded: ProblemKind(504, "deadline-exceeded", "Request deadline exceeded"),
     errors.EmbeddingError: ProblemKind(500, "internal", "Internal error"),
 }

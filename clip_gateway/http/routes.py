@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import httpx
@@ -22,9 +23,9 @@ from clip_gateway.errors import (
     UnknownModel,
     UnsupportedFormat,
 )
-from clip_gateway.http import encoding, parsing, url_items
+from clip_gateway.http import encoding, parsing
 from clip_gateway.http.auth import PUBLIC
-from clip_gateway.http.body import admitted, body_of, in_time, read_all, unless_disconnected
+from clip_gateway.http.body import admitted, read_all, read_request, unless_disconnected
 from clip_gateway.http.context import app_context
 from clip_gateway.http.docs import PROTECTED, EmbeddingsOperation
 from clip_gateway.http.schemas import (
@@ -36,6 +37,8 @@ from clip_gateway.http.schemas import (
     PreprocessingCard,
     TextTokenizer,
 )
+from clip_gateway.http.urls import items as url_items
+from clip_gateway.http.urls.fetch import fetcher_of
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, TextItem
 from clip_gateway.pipeline.service import Embeddings, EmbeddingService
@@ -43,21 +46,15 @@ from clip_gateway.pipeline.service import Embeddings, EmbeddingService
 JSON = encoding.JSON_MEDIA_TYPE
 
 
-async def read_request(
-    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
+async def parse_body(
+    content_type: tuple[str, dict[str, str]],
+    chunks: AsyncIterator[bytes],
+    settings: ServerSettings,
+    reservation: Reservation,
 ) -> parsing.ParsedRequest:
-    """The body, read and parsed under its limits and within the body deadline, each item added to
-    the reservation as soon as it is in; then the body no longer counts as being received."""
-    parsed = await in_time(settings, _parse(request, settings, reservation))
-    reservation.body_read()
-    return parsed
-
-
-async def _parse(
-    request: Request[Any, Any, Any], settings: ServerSettings, reservation: Reservation
-) -> parsing.ParsedRequest:
-    media_type, options = request.content_type
-    chunks = body_of(request, settings, reservation)
+    """/v1/embeddings' body by its content type: a form streamed, or OpenAI's JSON read whole;
+    each item added to the reservation as soon as it is in (a URL item once fetched)."""
+    media_type, options = content_type
     if media_type == "multipart/form-data":
         if not options.get("boundary"):
             raise MalformedRequest("multipart/form-data without a boundary parameter")
@@ -114,9 +111,9 @@ async def create_embeddings(
     context = app_context(state)
     settings, pipeline, tracer = context.settings, context.pipeline, context.telemetry.tracer
     declared = request.content_length
-    with admitted(request, context) as reservation:
+    with admitted(request, context, "open_clip") as reservation:
         with tracer.start_as_current_span("receive") as span:
-            parsed = await read_request(request, settings, reservation)
+            parsed = await read_request(request, settings, reservation, parse_body)
             # one deadline from here: URL items' fetches and the embedding together
             deadline = asyncio.get_running_loop().time() + settings.request_timeout_s
             window = url_items.fetch_window(settings.request_timeout_s, settings.horizon_s)
@@ -124,7 +121,7 @@ async def create_embeddings(
             items = parsed.items
             await check_request(pipeline, settings, parsed)
             if url_items.has_urls(items):  # what else needs no network, before any
-                fetcher = url_items.fetcher_for(items, context.fetcher)
+                fetcher = url_items.fetcher_for(items, fetcher_of(state))
                 if not skip:
                     await pipeline.check_texts(items)
                 items = await url_items.fetch_items(

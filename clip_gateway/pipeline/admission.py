@@ -45,6 +45,7 @@ from typing import Self
 
 from clip_gateway.errors import LimitExceeded, Overloaded
 from clip_gateway.imaging import work as _work
+from clip_gateway.imaging.preprocess import Variant
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.pipeline.cache import Entry
@@ -66,7 +67,7 @@ _DECODE_S_PER_ITEM = 3e-4
 MIN_DECODE_S_PER_BYTE = 4e-9
 #: What an item the embedding cache answers costs (a lookup: no decode, no model call); a URL
 #: item whose fetch gave no image costs the same (its error is its answer; the fetch cost the
-#: time it held a fetch slot, which the slots' shares bound, http/slots.py).
+#: time it held a fetch slot, which the slots' shares bound, http/urls/slots.py).
 CACHE_HIT_S = 1e-5
 #: Codings whose decode rate is learned (multipliers of imaging/work.py's measured factors).
 CODINGS = tuple(_work.FACTORS)
@@ -302,6 +303,9 @@ class Reservation:
         #: to (``Admission.meter_cost``).
         self.decode_s = 0.0
         self.meter_s = 0.0
+        #: Whose preprocessing the request's items get, decided once at admission (the
+        #: service's ``admit`` sets it): its images are priced, looked up and decoded so.
+        self.variant: Variant = "open_clip"
         #: The embedding cache's lookup for this request's model and preprocessing (the
         #: service sets it): an item it answers is priced as a lookup, not a decode.
         self.probe: Probe | None = None

@@ -19,7 +19,7 @@ class ImageItem:
 
     data: bytes = b""
     b64: str | None = None
-    #: Where a URL item came from (http/fetch.py fetches it into ``data`` before the pipeline
+    #: Where a URL item came from (http/urls/fetch.py fetches it into ``data`` before the pipeline
     #: sees it); ``error``: why it could not be, reported for its index (``skip_invalid``).
     url: str | None = None
     error: EmbeddingError | None = None

@@ -195,12 +195,16 @@ class EmbeddingService:
         self, declared_bytes: int | None, key: str | None = None, *, variant: Variant = "open_clip"
     ) -> Reservation:
         """A request's reservation, before its body is read: refused at once when even its
-        declared bytes could not be admitted (pipeline/admission.py). Its items are added to it
-        as they are read (``Reservation.add``, priced by the decode its ``variant`` will
-        run), its body bytes as they arrive (``Reservation.received``); ``embed`` takes it.
-        Release it (``with``) once answered."""
+        declared bytes could not be admitted (pipeline/admission.py). ``variant`` is decided
+        here, once, for the whole request: whose preprocessing its items get (``immich``:
+        images decoded and texts cleaned as Immich's own ML server does, its /predict,
+        docs/IMMICH.md), so how its images are priced, looked up in the cache and decoded.
+        Its items are added to it as they are read (``Reservation.add``), its body bytes as
+        they arrive (``Reservation.received``); ``embed`` takes it. Release it (``with``) once
+        answered."""
         plan = self._decode_options(self._preprocessing, variant).plan
         reservation = self.admission.reserve(declared_bytes, key, plan)
+        reservation.variant = variant
         if self._cache is not None and self._model is not None:
             reservation.probe = self._probe(self._model, variant)
         return reservation
@@ -255,22 +259,20 @@ class EmbeddingService:
         *,
         normalize: bool = True,
         skip_invalid: bool = False,
-        variant: Variant = "open_clip",
         timeout_s: float | None = None,
     ) -> Embeddings:
         """Embed items admitted on ``reservation`` (each one added to it as it was read)
         within the deadline, or within ``timeout_s`` when that is sooner (what is left of a
-        request's deadline after its URL items were fetched). ``variant`` ``immich``:
-        preprocess images and clean texts as Immich's own ML server does (its /predict,
-        docs/IMMICH.md), not as open_clip does; the model and batching are the same."""
+        request's deadline after its URL items were fetched), with the preprocessing its
+        admission decided (``admit``'s ``variant``); the model and batching are the same."""
         if reservation.admission is not self.admission or reservation.items < len(items):
             raise RuntimeError("embed() takes items admitted on this pipeline's reservation")
         deadline_s = self._options.request_timeout_s
         timeout = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
         try:
             async with asyncio.timeout(timeout):
-                return await self._embed(items, normalize, skip_invalid, variant,
-                                         reservation, timeout)  # fmt: skip
+                return await self._embed(items, normalize, skip_invalid, reservation,
+                                         timeout)  # fmt: skip
         except TimeoutError as exc:
             raise DeadlineExceeded(f"request took longer than {deadline_s:g} s") from exc
 
@@ -286,11 +288,11 @@ class EmbeddingService:
         items: Sequence[Item],
         normalize: bool,
         skip_invalid: bool,
-        variant: Variant,
         reservation: Reservation,
         timeout_s: float,
     ) -> Embeddings:
         deadline = time.monotonic() + timeout_s
+        variant = reservation.variant
         model = await self._backend.model_info()
         self._preprocessing, self._model = model.image_preprocessing, model
         cached = self._cached(items, model, variant, reservation)
@@ -437,7 +439,7 @@ class EmbeddingService:
         model: ModelInfo,
         skip_invalid: bool,
         deadline: float,
-        variant: Variant = "open_clip",
+        variant: Variant,
         meter: Meter | None = None,
         reservation: Reservation | None = None,
     ) -> _PartialEmbeddings:
@@ -490,7 +492,7 @@ class EmbeddingService:
         indices: list[int],
         model: ModelInfo,
         deadline: float,
-        variant: Variant = "open_clip",
+        variant: Variant,
     ) -> _PartialEmbeddings:
         assert model.text is not None
         texts: list[TextItem] = [items[i] for i in indices]  # type: ignore[misc]

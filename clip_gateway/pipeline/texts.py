@@ -109,7 +109,7 @@ class BatchTokenizer:
         indices: Sequence[int],
         tokenizer: Tokenizer,
         *,
-        variant: Variant = "open_clip",
+        variant: Variant,
     ) -> TokenBatch:
         """Token rows for texts without a ``problem`` (``indices``: each one's index in the
         request); one pool task for them all. ``variant`` ``immich``: the texts cleaned as

@@ -23,7 +23,7 @@ class Tokenizer(Protocol):
         ...
 
     def tokenize_counted(
-        self, texts: Sequence[str], *, variant: Variant = "open_clip"
+        self, texts: Sequence[str], *, variant: Variant
     ) -> tuple[np.ndarray, np.ndarray]:
         """``tokenize`` and the tokens the model reads of each row (padding not counted).
         ``variant`` ``immich``: cleaned as Immich's server cleans a query (its /predict), not as

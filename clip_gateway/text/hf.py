@@ -67,10 +67,10 @@ class HfTokenizer:
 
     def tokenize(self, texts: Sequence[str]) -> np.ndarray:
         """Token ids for each text, one row each, padded and truncated to the context."""
-        return self.tokenize_counted(texts)[0]
+        return self.tokenize_counted(texts, variant="open_clip")[0]
 
     def tokenize_counted(
-        self, texts: Sequence[str], *, variant: Variant = "open_clip"
+        self, texts: Sequence[str], *, variant: Variant
     ) -> tuple[np.ndarray, np.ndarray]:
         """``tokenize`` and the tokens the model reads of each row (padding not counted).
         ``variant`` ``immich``: cleaned as Immich's server cleans a query, not as open_clip does."""

@@ -138,7 +138,7 @@ class ClipBpeTokenizer:
         return rows
 
     def tokenize_counted(
-        self, texts: Sequence[str], *, variant: Variant = "open_clip"
+        self, texts: Sequence[str], *, variant: Variant
     ) -> tuple[np.ndarray, np.ndarray]:
         """``tokenize`` and the tokens the model reads of each row (start and end included,
         padding not): each row ends with the end token, truncated texts keep it last.

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.http.app import create_app
-from clip_gateway.http.parsing import CHARSETS
+from clip_gateway.http.forms import CHARSETS
 from tests.api.test_bad_input import problem
 from tests.api.test_immich import NAME, TEXTUAL
 from tests.fakes import FakeBackend

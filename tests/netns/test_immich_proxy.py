@@ -27,7 +27,7 @@ import pytest
 
 from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.errors import BodyTooSlow
-from clip_gateway.http.upstream import Upstream
+from clip_gateway.http.immich.upstream import Upstream
 from tests.netns.raw_upstream import BIG, RawUpstream, entries, ok
 
 HEADER_TIMEOUT_S = 5.0

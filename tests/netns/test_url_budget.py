@@ -25,7 +25,7 @@ from tests.netns.images import PART_BYTES, Images, gateway, serving
 
 BUDGET_MIB = 64
 #: What a connection may hold read from its socket and not yet counted: twice its stream's
-#: limit and one read of the event loop (clip_gateway/http/streams.py), rounded up.
+#: limit and one read of the event loop (clip_gateway/http/urls/streams.py), rounded up.
 READ_AHEAD = 512 << 10
 #: The chunks' and the requests' own bookkeeping.
 OVERHEAD = 2 << 20

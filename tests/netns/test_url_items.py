@@ -30,10 +30,10 @@ from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import UrlFailed
 from clip_gateway.http.app import create_app
 from clip_gateway.http.context import app_context
-from clip_gateway.http.fetch import Fetcher, FetchOptions
-from clip_gateway.http.guard import Allowlist
-from clip_gateway.http.streams import StreamBackend
-from clip_gateway.http.urls import parse
+from clip_gateway.http.urls.fetch import Fetcher, FetchOptions, fetcher_of
+from clip_gateway.http.urls.guard import Allowlist
+from clip_gateway.http.urls.streams import StreamBackend
+from clip_gateway.http.urls.targets import parse
 from tests import samples
 from tests.controlled import wait_until
 from tests.fakes import FakeBackend
@@ -164,7 +164,7 @@ def settings(**changes: Any) -> ServerSettings:
 def gateway() -> Iterator[tuple[TestClient, Counting]]:
     app = create_app(settings(), lambda *_: FakeBackend(max_batch_size=32))
     with TestClient(app) as client:
-        fetcher = app_context(app.state).fetcher
+        fetcher = fetcher_of(app.state)
         assert fetcher is not None
         counting = Counting()
         fetcher.network = counting
@@ -376,7 +376,7 @@ def test_fetches_beyond_the_cap_are_refused_at_once(server: str) -> None:
             target=lambda: stalled.append(post(client, {"image": f"{server}/stall"}))
         )
         holder.start()
-        fetcher = app_context(app.state).fetcher
+        fetcher = fetcher_of(app.state)
         assert fetcher is not None
         # the stalled fetch holds the one slot (observed, not assumed after a while: a loaded
         # machine may not have started it yet, and the next request would be fetched)
@@ -394,7 +394,7 @@ def test_a_request_admission_could_never_take_fetches_nothing(server: str) -> No
     fetched: 16 of them at 1 s each are more than the 15 s this gateway admits at once."""
     app = create_app(settings(admission_infer_s_per_image=1.0), lambda *_: FakeBackend())
     with TestClient(app) as client:
-        fetcher = app_context(app.state).fetcher
+        fetcher = fetcher_of(app.state)
         assert fetcher is not None
         fetcher.network = counting = Counting()
         response = post(client, *({"image": f"{server}/img/{n}"} for n in range(16)))

@@ -78,10 +78,11 @@ def test_immich_preprocessing_never_gets_the_open_clip_vector() -> None:
     image = ImageItem(samples.compact(7))
 
     async def run(pipeline: EmbeddingService, variant: Variant) -> np.ndarray:
+        # the variant is said once, at admission: embed takes it from the reservation
         with pipeline.admit(None, variant=variant) as reservation:
             reservation.add(image)
             reservation.body_read()
-            result = await pipeline.embed(reservation, [image], variant=variant, normalize=False)
+            result = await pipeline.embed(reservation, [image], normalize=False)
         return result.vectors[0]
 
     async def scenario() -> None:

@@ -42,7 +42,7 @@ def test_names_are_spelt_as_immich_lists_them() -> None:
 
 
 def test_immichs_clean_name_reads_a_hub_path_as_the_model() -> None:
-    from clip_gateway.http.immich import clean_name
+    from clip_gateway.http.immich.form import clean_name
 
     assert clean_name("immich-app/ViT-B-32__openai") == "ViT-B-32__openai"
     assert clean_name("ViT-B-16-SigLIP2__webli") == "ViT-B-16-SigLIP2__webli"

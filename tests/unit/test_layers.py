@@ -66,6 +66,10 @@ def forbidden(module: str) -> set[str]:
                     found.update(m for m in modules if m not in mine)
         elif rule["type"] == "forbidden" and any(within(module, s) for s in rule["source_modules"]):
             found.update(rule["forbidden_modules"])
+        elif rule["type"] == "independence":
+            mine = [m for m in rule["modules"] if within(module, m)]
+            if mine:
+                found.update(m for m in rule["modules"] if m not in mine)
     return found
 
 

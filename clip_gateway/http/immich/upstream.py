@@ -26,7 +26,14 @@ from litestar import Request, Response
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope, Send
 
-from clip_gateway.errors import BodyTooSlow, EmbeddingError, MalformedRequest
+from clip_gateway.errors import (
+    BodyTooSlow,
+    MalformedRequest,
+    UpstreamBusy,
+    UpstreamFailed,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 
 if TYPE_CHECKING:
     from litestar import Litestar
@@ -54,22 +61,6 @@ PIECE = 64 << 10
 #: How often each upstream's ``/ping`` is asked while the app runs (as Immich's own
 #: availability checks do), so the status route tells the truth between forwards.
 PING_INTERVAL_S = 10.0
-
-
-class UpstreamUnavailable(EmbeddingError):
-    """No configured upstream accepted the connection (all down, refused or unresolvable)."""
-
-
-class UpstreamBusy(UpstreamUnavailable):
-    """This worker already has its limit of forwards in flight."""
-
-
-class UpstreamTimeout(EmbeddingError):
-    """The upstream did not answer within the forward's timeout."""
-
-
-class UpstreamFailed(EmbeddingError):
-    """The upstream broke the exchange (closed mid-answer, not HTTP, an oversized answer)."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The URL guard's rules (http/guard.py), without any network: every spelling of an IPv4
+"""The URL guard's rules (http/urls/guard.py), without any network: every spelling of an IPv4
 address the C library accepts, the IPv6 forms that carry one, and an allowlist that allows
 exactly what it names."""
 
@@ -9,7 +9,7 @@ import ipaddress
 import pytest
 
 from clip_gateway.errors import UrlRefused
-from clip_gateway.http.guard import Allowlist, check, connected, ipv4, rule_of
+from clip_gateway.http.urls.guard import Allowlist, check, connected, ipv4, rule_of
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Which JSON items are URL items (http/parsing.py with http/url_items.py): only those that
+"""Which JSON items are URL items (http/parsing.py with http/urls/items.py): only those that
 say so; a bare string never is, and OpenAI's typed parts map onto our own objects."""
 
 from __future__ import annotations

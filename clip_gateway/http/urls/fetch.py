@@ -1,18 +1,17 @@
 """URL items fetched so that the fetch cannot be turned against the network it runs from.
 
-Each URL: parsed first into exactly what will be asked for (http/urls.py: http or https only,
-anything it cannot represent exactly refused); its host resolved once, and every address it
-resolved to checked by the guard (http/guard.py) before any connection; the connection made to
-the vetted address itself (httpcore's pluggable network backend, so there is no second
-resolution a DNS rebind could answer differently), the Host header and TLS SNI and certificate
-check still the URL's name; each redirect (at most ``MAX_REDIRECTS``) parsed and checked the
-same way; connect and total timeouts; the body streamed under a byte cap whatever
-Content-Length says, each chunk counted against the in-flight body bytes before it is kept,
-and never decompressed (``Accept-Encoding: identity``; a compressed answer is refused).
-httpcore, not httpx: it reads no proxy settings from the environment and decodes nothing.
-Whatever goes wrong below (the resolver, the connection, the HTTP exchange) is a ``UrlFailed``
-about the item, translated here, once. The bytes are then an image item like an upload's,
-sniffed by the decoder (Content-Type is not trusted).
+Each URL: parsed first into exactly what will be asked for (http/urls/targets.py: http or https
+only, anything it cannot represent exactly refused); its host resolved once, and every address it
+resolved to checked by the guard (http/urls/guard.py) before any connection; the connection made to
+the vetted address itself (httpcore's pluggable network backend, so there is no second resolution a
+DNS rebind could answer differently), the Host header and TLS SNI and certificate check still the
+URL's name; each redirect (at most ``MAX_REDIRECTS``) parsed and checked the same way; connect and
+total timeouts; the body streamed under a byte cap whatever Content-Length says, each chunk counted
+against the in-flight body bytes before it is kept, and never decompressed (``Accept-Encoding:
+identity``; a compressed answer is refused). httpcore, not httpx: it reads no proxy settings from
+the environment and decodes nothing. Whatever goes wrong below (the resolver, the connection, the
+HTTP exchange) is a ``UrlFailed`` about the item, translated here, once. The bytes are then an image
+item like an upload's, sniffed by the decoder (Content-Type is not trusted).
 """
 
 from __future__ import annotations
@@ -21,16 +20,17 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpcore
 
 from clip_gateway.errors import EmbeddingError, UrlFailed, UrlRefused
-from clip_gateway.http import guard, urls
-from clip_gateway.http.slots import FetchSlots
-from clip_gateway.http.streams import StreamBackend
+from clip_gateway.http.urls import guard
+from clip_gateway.http.urls.slots import FetchSlots
+from clip_gateway.http.urls.streams import StreamBackend
+from clip_gateway.http.urls.targets import Target, follow
 
 #: Redirects followed per URL item, each re-checked by the guard.
 MAX_REDIRECTS = 3
@@ -41,6 +41,17 @@ _HEADERS: list[tuple[bytes, bytes]] = [
     (b"Accept", b"image/*"),
     (b"User-Agent", b"clip-gateway"),
 ]
+
+
+#: The worker's fetcher's key on app.state (absent while URL items are off).
+KEY = "url_fetcher"
+
+
+def fetcher_of(state: Mapping[str, Any]) -> Fetcher | None:
+    """The worker's fetcher (the app's lifespan put it on ``state``); None: URL items are off."""
+    fetcher = state.get(KEY)
+    assert fetcher is None or isinstance(fetcher, Fetcher)
+    return fetcher
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ async def _resolve(host: str, port: int) -> list[str]:
 class Fetcher:
     """Fetches URL items for one worker under ``FetchOptions``, in the worker's fetch slots
     (``slots``); ``network`` is httpcore's backend the pinned connections go through
-    (http/streams.py: a connection reads no further ahead than it was asked; a test counts the
+    (http/urls/streams.py: a connection reads no further ahead than it was asked; a test counts the
     connections it is asked for), ``ssl_context`` the trust a test's own CA replaces."""
 
     def __init__(
@@ -147,7 +158,7 @@ class Fetcher:
         """Fetch slots held in this worker."""
         return self.slots.held
 
-    async def fetch(self, target: urls.Target, budget: Budget) -> bytes:
+    async def fetch(self, target: Target, budget: Budget) -> bytes:
         """The body at ``target``, redirects followed, under every rule; ``budget`` counts
         each chunk as it arrives (admission's body bytes in flight, which may refuse)."""
         timeout = self.options.total_timeout_s
@@ -158,13 +169,13 @@ class Fetcher:
         except TimeoutError:
             raise UrlFailed(f"the URL did not give its image within {timeout:g} s") from None
 
-    async def _follow(self, target: urls.Target, budget: Budget) -> bytes:
+    async def _follow(self, target: Target, budget: Budget) -> bytes:
         for hop in range(MAX_REDIRECTS + 1):
             status, location, body = await self._get(target, budget)
             if status in _REDIRECTS:
                 if location is None:
                     raise UrlFailed(f"the server answered {status} without a Location")
-                target = urls.follow(target, location)
+                target = follow(target, location)
                 continue
             if status != 200:
                 where = " after a redirect" if hop else ""
@@ -172,12 +183,12 @@ class Fetcher:
             return body
         raise UrlFailed(f"more than {MAX_REDIRECTS} redirects", rule="redirects")
 
-    async def _get(self, target: urls.Target, budget: Budget) -> tuple[int, bytes | None, bytes]:
+    async def _get(self, target: Target, budget: Budget) -> tuple[int, bytes | None, bytes]:
         address = await self._vet(target)
         options = self.options
         timeouts = {"connect": options.connect_timeout_s, "read": options.total_timeout_s,
                     "write": options.total_timeout_s, "pool": options.total_timeout_s}  # fmt: skip
-        # every part as http/urls.py made it: httpcore parses nothing again
+        # every part as http/urls/targets.py made it: httpcore parses nothing again
         url = httpcore.URL(scheme=target.scheme.encode(), host=target.host.encode(),
                            port=target.port, target=target.target.encode())  # fmt: skip
         headers = [(b"Host", target.authority.encode()), *_HEADERS]
@@ -218,7 +229,7 @@ class Fetcher:
             )
         return 200, None, await _body(response, self.options.max_bytes, budget)
 
-    async def _vet(self, target: urls.Target) -> str:
+    async def _vet(self, target: Target) -> str:
         """The one address to connect to for ``target``, every address its host resolved to
         having passed the guard."""
         allow = self.options.allow

@@ -1,8 +1,7 @@
-"""The one parse-and-normalise step of URL items (http/urls.py), without any network: what each
-class of string becomes or why it is refused, redirects resolved the same way, and, over
-generated strings (hypothesis), that every string is either refused with a rule or becomes
-what it reads back as: ASCII, no control character or space, a target httpcore and h11 send as
-it is."""
+"""The one parse-and-normalise step of URL items (http/urls/targets.py), without any network: what
+each class of string becomes or why it is refused, redirects resolved the same way, and, over
+generated strings (hypothesis), that every string is either refused with a rule or becomes what it
+reads back as: ASCII, no control character or space, a target httpcore and h11 send as it is."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clip_gateway.errors import UrlRefused
-from clip_gateway.http.urls import MAX_URL_CHARS, Target, follow, parse
+from clip_gateway.http.urls.targets import MAX_URL_CHARS, Target, follow, parse
 
 RULES = {"syntax", "scheme", "userinfo", "host", "port"}
 

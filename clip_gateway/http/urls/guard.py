@@ -1,6 +1,6 @@
-"""The URL guard: which hosts and addresses a URL item may reach (docs/RELIABILITY.md "URL
-items"). Pure: it classifies, it never resolves or connects (http/urls.py parses the URL first;
-http/fetch.py resolves, asks it about every address found, and connects to that very address).
+"""The URL guard: which hosts and addresses a URL item may reach (docs/RELIABILITY.md "URL items").
+Pure: it classifies, it never resolves or connects (http/urls/targets.py parses the URL first;
+http/urls/fetch.py resolves, asks it about every address found, and connects to that very address).
 
 An address is refused when any form of it falls in a denied network: the address itself, and
 the IPv4 address an IPv6 one carries (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible
@@ -129,7 +129,7 @@ class Allowlist:
         return cls(frozenset(hosts), tuple(networks))
 
     def allows(self, host: str, address: Address) -> bool:
-        """``host`` (a name as http/urls.py wrote it) is listed, or the address connected to
+        """``host`` (a name as http/urls/targets.py wrote it) is listed, or the address connected to
         for ``address`` is in a listed network of its family; never by an IPv4 address an
         IPv6 one carries."""
         if host in self.hosts:
@@ -148,8 +148,8 @@ def _own_family(network: Network) -> Network:
 
 
 def _name(entry: str) -> str:
-    """A host name entry as http/urls.py writes a URL's host: IDNA's form, lower case, no final
-    dot (an entry IDNA refuses stays as written, and matches nothing)."""
+    """A host name entry as http/urls/targets.py writes a URL's host: IDNA's form, lower case, no
+    final dot (an entry IDNA refuses stays as written, and matches nothing)."""
     name = entry
     if not name.isascii():
         try:

@@ -1,7 +1,7 @@
 """httpcore's network backend for URL fetches, on asyncio's streams, for what their reader does
 with the socket: it stops reading (pauses the transport, in the very callback that received
 the bytes) once it holds twice its ``limit``, so a connection never holds more than that and
-one read ahead of the bytes a fetch has taken and counted (http/fetch.py counts each chunk
+one read ahead of the bytes a fetch has taken and counted (http/urls/fetch.py counts each chunk
 against the in-flight body bytes). httpcore's default, AnyIO's stream, pauses only when its
 reader next runs: under uvloop (uvicorn's loop) libuv reads a readable socket up to 32 times a
 wakeup, so a connection held up to 8 MiB nobody had counted, and sixteen endless bodies held

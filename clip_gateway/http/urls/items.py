@@ -1,19 +1,17 @@
-"""URL items: which JSON items are URLs (only those that say so), and fetching them into image
-items under the request's admission and deadline, in the fetch slots the request gets
-(http/slots.py; http/fetch.py does each fetch).
+"""URL items fetched into image items under the request's admission and deadline, in the fetch
+slots the request gets (http/urls/slots.py; http/urls/fetch.py does each fetch). Which items
+are URL items the request's parser says (http/parsing.py: only those that say so).
 
-A URL item is ``{"image": "http(s)://..."}`` or OpenAI's ``{"type": "image_url", "image_url":
-{"url": "http(s)://..."}}``; a bare string is never taken for a URL. Every URL is parsed
-(http/urls.py) before any is fetched, and the request is checked against admission at the
-cheapest its URL items could cost, so a request that cannot be served does no network work.
-Fetched bytes count as the request's body bytes while they arrive, and each image is priced as
-an upload's once complete (``Reservation.add``), all held together when the last fetch is done,
-as a body's items are: a slow or large URL holds what a slow or large upload would. A URL that
-gave no image costs no model work: its price is the time it held a fetch slot, which the
-request's and its key's slot shares bound. The fetches end by ``fetch_window``: the request's
-deadline less the admission horizon (what its admitted work is given to finish in), so a
-request answers within its deadline however many of its URLs are dead; a URL not fetched by
-then is refused like one that timed out.
+Every URL is parsed (http/urls/targets.py) before any is fetched, and the request is checked against
+admission at the cheapest its URL items could cost, so a request that cannot be served does no
+network work. Fetched bytes count as the request's body bytes while they arrive, and each image is
+priced as an upload's once complete (``Reservation.add``), all held together when the last fetch is
+done, as a body's items are: a slow or large URL holds what a slow or large upload would. A URL that
+gave no image costs no model work: its price is the time it held a fetch slot, which the request's
+and its key's slot shares bound. The fetches end by ``fetch_window``: the request's deadline less
+the admission horizon (what its admitted work is given to finish in), so a request answers within
+its deadline however many of its URLs are dead; a URL not fetched by then is refused like one that
+timed out.
 """
 
 from __future__ import annotations
@@ -22,27 +20,15 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-import msgspec
-
-from clip_gateway.errors import (
-    InvalidFields,
-    MalformedRequest,
-    UrlFailed,
-    UrlRefused,
-)
-from clip_gateway.http import urls
-from clip_gateway.http.fetch import Fetcher, failed
-from clip_gateway.http.schemas import InputObject
+from clip_gateway.errors import MalformedRequest, UrlFailed, UrlRefused
+from clip_gateway.http.urls.fetch import Fetcher, failed
+from clip_gateway.http.urls.targets import Target, parse
 from clip_gateway.imaging import work
 from clip_gateway.pipeline.admission import Reservation
 from clip_gateway.pipeline.items import ImageItem, Item
 
 #: What a refused URL item says when URL items are off.
 TURN_ON = "the operator turns them on with GATEWAY_URL_INPUTS=true (docs/API.md, URL items)"
-
-
-def is_url(value: str) -> bool:
-    return value[:8].lower().startswith(("http://", "https://"))
 
 
 def has_urls(items: Sequence[Item]) -> bool:
@@ -53,21 +39,6 @@ def fetch_window(request_timeout_s: float, horizon_s: float) -> float:
     """Seconds a request's URL items are fetched in: its deadline less the admission horizon,
     and at least a quarter of the deadline (when the horizon is the whole deadline)."""
     return max(request_timeout_s - horizon_s, request_timeout_s / 4)
-
-
-def openai_part(value: InputObject, index: int) -> InputObject:
-    """OpenAI's typed part as our own object: ``image_url`` to ``{"image": url}``, ``text`` as
-    it is."""
-    if value.type == "image_url" and isinstance(value.image_url, msgspec.Struct):
-        if value.text is msgspec.UNSET and value.image is msgspec.UNSET:
-            return InputObject(image=value.image_url.url)
-    elif value.type == "text" and value.image_url is msgspec.UNSET:
-        return InputObject(text=value.text)
-    raise InvalidFields(
-        f'input[{index}]: a typed part is {{"type": "image_url", "image_url": {{"url": ...}}}} '
-        'or {"type": "text", "text": ...}',
-        index=index,
-    )
 
 
 def fetcher_for(items: Sequence[Item], fetcher: Fetcher | None) -> Fetcher:
@@ -110,7 +81,7 @@ async def fetch_items(
 
 
 #: A URL item to fetch: its index in the request, its URL as sent, what will be asked for.
-Fetch = tuple[int, str, urls.Target]
+Fetch = tuple[int, str, Target]
 
 
 def _parsed(out: list[Item], indices: list[int], skip: bool) -> deque[Fetch]:
@@ -120,7 +91,7 @@ def _parsed(out: list[Item], indices: list[int], skip: bool) -> deque[Fetch]:
     for index in indices:
         url = str(out[index].url)  # type: ignore[union-attr]
         try:
-            targets.append((index, url, urls.parse(url)))
+            targets.append((index, url, parse(url)))
         except UrlRefused as exc:
             error = failed(exc, index, url)
             if not skip:
@@ -184,7 +155,7 @@ async def _fetch_all(
 
 
 async def _fetched(
-    fetcher: Fetcher, target: urls.Target, url: str, index: int, skip: bool,
+    fetcher: Fetcher, target: Target, url: str, index: int, skip: bool,
     reservation: Reservation,
 ) -> ImageItem:  # fmt: skip
     """Item ``index`` fetched, or (with ``skip``) carrying why it was not."""

@@ -1,11 +1,11 @@
-"""A worker's URL fetch slots (http/slots.py): taken at once or not at all, within the worker's
+"""A worker's URL fetch slots (http/urls/slots.py): taken at once or not at all, within the worker's
 total, one request's share and one API key's, and given back one by one."""
 
 from __future__ import annotations
 
 import pytest
 
-from clip_gateway.http.slots import FetchSlots
+from clip_gateway.http.urls.slots import FetchSlots
 
 
 def test_a_request_takes_at_most_its_share_and_leaves_the_rest() -> None:
@@ -48,7 +48,7 @@ def test_a_per_request_share_over_the_total_is_the_total() -> None:
 def test_retry_after_is_when_the_oldest_fetch_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
     slots = FetchSlots(total=1, per_request=1, per_key=1, fetch_timeout_s=10)
     now = [100.0]
-    monkeypatch.setattr("clip_gateway.http.slots.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("clip_gateway.http.urls.slots.time.monotonic", lambda: now[0])
     with slots.fetching():
         now[0] = 103.5
         with slots.fetching():

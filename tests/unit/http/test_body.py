@@ -3,11 +3,13 @@ admission's count of the bytes as they arrive."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +36,8 @@ from clip_gateway.pipeline.items import ImageItem
 from clip_gateway.pipeline.service import EmbeddingService
 from tests import samples
 from tests.fakes import FakeBackend
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def chunked(data: bytes, size: int) -> AsyncIterator[bytes]:
@@ -238,11 +242,11 @@ def test_a_declared_length_over_the_body_limit_is_refused_before_admission(
 ) -> None:
     context = edge(ServerSettings(max_body_bytes=2048))
     with pytest.raises(LimitExceeded) as raised:
-        body.admitted(request_to(context, {"Content-Length": "2049"}), context)
+        body.admitted(request_to(context, {"Content-Length": "2049"}), context, "open_clip")
     assert raised.value.reason == "request body of 2049 bytes; the limit is 2048"
     assert raised.value.extra == {"limit": 2048}
     for declared in ({"Content-Length": "2048"}, {}):  # exactly the limit; none declared
-        with body.admitted(request_to(context, declared), context) as reservation:
+        with body.admitted(request_to(context, declared), context, "open_clip") as reservation:
             assert reservation.admission is context.pipeline.admission
 
 
@@ -253,18 +257,18 @@ def test_admission_prices_the_declared_length_charges_the_key_and_decodes_by_the
     context = edge(ServerSettings(admission_horizon_s=0.1, api_keys=("alpha", "beta")))
     declared = {"Content-Length": str(32 << 20), "Authorization": "Bearer beta"}
     with pytest.raises(LimitExceeded) as raised:
-        body.admitted(request_to(context, declared), context)
+        body.admitted(request_to(context, declared), context, "open_clip")
     assert raised.value.extra["cost_s"] == round((32 << 20) * MIN_DECODE_S_PER_BYTE, 3)
     unsized = {"Authorization": "Bearer beta"}
-    with body.admitted(request_to(context, unsized), context) as reservation:
+    with body.admitted(request_to(context, unsized), context, "open_clip") as reservation:
         assert reservation.key == hashlib.sha256(b"beta").hexdigest()[:16]
         assert not reservation.plan.full_size  # open_clip's: scaled decodes
-    immich = body.admitted(request_to(context, unsized), context, variant="immich")
+    immich = body.admitted(request_to(context, unsized), context, "immich")
     with immich as reservation:
         assert reservation.plan.full_size  # Immich's: every pixel decoded
 
 
-def test_a_request_admitted_without_a_variant_finds_what_open_clip_embeddings_cached(
+def test_a_request_admitted_with_open_clip_finds_what_open_clip_embeddings_cached(
     edge: Callable[[ServerSettings], AppContext],
 ) -> None:
     context = edge(ServerSettings(cache_mib=1))
@@ -274,8 +278,8 @@ def test_a_request_admitted_without_a_variant_finds_what_open_clip_embeddings_ca
         with pipeline.admit(None, variant="open_clip") as first:
             first.add(item)
             first.body_read()
-            await pipeline.embed(first, [item], variant="open_clip")
-        with body.admitted(request_to(context), context) as again:
+            await pipeline.embed(first, [item])
+        with body.admitted(request_to(context), context, "open_clip") as again:
             again.add(item)
             assert id(item) in again.hits
 
@@ -425,3 +429,145 @@ def test_a_client_that_leaves_first_cancels_its_pending_work(
         assert work.cancelled
 
     asyncio.run(scenario())
+
+
+# --- one way to read a request: parsed under its limits, or peeked at and read again ---------
+
+
+def messages_of(*bodies: bytes) -> list[dict[str, object]]:
+    *first, last = bodies
+    return [*({"type": "http.request", "body": b, "more_body": True} for b in first),
+            {"type": "http.request", "body": last, "more_body": False}]  # fmt: skip
+
+
+def test_a_request_is_read_by_its_routes_parser_then_no_longer_received(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings(max_body_bytes=1024))
+    settings, admission = context.settings, context.pipeline.admission
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    seen: list[object] = []
+
+    async def parse(content_type, chunks, settings_, reservation):  # type: ignore[no-untyped-def]
+        whole = await body.read_all(chunks)
+        seen.extend([content_type, settings_, reservation, reservation.body_bytes])
+        return whole
+
+    async def scenario() -> None:
+        receive = channel(*messages_of(b"ab", b"cd"))
+        with admission.reserve(None) as reservation:
+            request = request_to(context, headers, receive)
+            assert await body.read_request(request, settings, reservation, parse) == b"abcd"
+            # counted on the reservation as it arrived; then no longer a body being received
+            assert seen == [("multipart/form-data", {"boundary": "b"}), settings, reservation, 4]
+            assert reservation.body_bytes == admission.body_bytes_in_flight == 0
+            assert reservation not in admission._receiving
+        compressed = request_to(context, {**headers, "Content-Encoding": "gzip"}, channel())
+        with admission.reserve(None) as reservation, pytest.raises(UnsupportedFormat):
+            await body.read_request(compressed, settings, reservation, parse)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_not_parsed_by_the_deadline_is_too_slow(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings(body_timeout_s=0.01))
+
+    async def never(*_: object) -> None:
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        with context.pipeline.admission.reserve(None) as reservation:
+            request = request_to(context, receive=channel())
+            async with asyncio.timeout(10):  # a guard: without a deadline this would never end
+                with pytest.raises(BodyTooSlow):
+                    await body.read_request(request, context.settings, reservation, never)
+
+    asyncio.run(scenario())
+
+
+def test_a_peek_puts_back_every_message_it_took(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    """What the look read is read again from the first byte, the very messages the client sent,
+    then the rest from the channel."""
+    context = edge(ServerSettings())
+    sent = messages_of(b"ab", b"cd", b"ef")
+    request = request_to(context, receive=channel(*sent))
+
+    async def first_chunk(chunks: AsyncIterator[bytes]) -> bytes:
+        return await anext(chunks)
+
+    async def scenario() -> None:
+        assert await body.peek(request, context.settings, first_chunk, 100) == b"ab"
+        again = [await request.receive() for _ in sent]
+        assert again == sent and again[0] is sent[0]  # the message taken, put back as it was
+
+    asyncio.run(scenario())
+    replayed = request_to(context, receive=channel(*sent))
+
+    async def again() -> None:
+        assert await body.peek(replayed, context.settings, body.read_all, 100) == b"abcdef"
+        whole = body.body_of(replayed, context.settings, None)
+        assert await body.read_all(whole) == b"abcdef"  # read whole again after a full peek
+
+    asyncio.run(again())
+
+
+def test_a_peek_reads_at_most_its_bound_and_the_chunk_that_passes_it(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings())
+    sent = messages_of(b"a" * 4, b"b" * 4, b"c" * 4, b"d" * 4)
+    taken: list[object] = []
+    receive = channel(*sent)
+
+    async def counting() -> object:
+        taken.append(await receive())
+        return taken[-1]
+
+    request = request_to(context, receive=counting)
+
+    async def scenario() -> None:
+        assert await body.peek(request, context.settings, body.read_all, 5) == b"aaaabbbb"
+        assert len(taken) == 2  # 4 bytes are within 5; the second chunk passes them, and stops
+        rest = body.body_of(request, context.settings, None)
+        assert await body.read_all(rest) == b"aaaabbbbccccdddd"
+
+    asyncio.run(scenario())
+
+
+def test_a_peek_keeps_the_bodys_rules(edge: Callable[[ServerSettings], AppContext]) -> None:
+    """A client that leaves while it is looked at is gone, one that stalls is too slow (within
+    the body deadline), one over the body limit is refused."""
+    context = edge(ServerSettings(body_timeout_s=0.05, max_body_bytes=1024))
+    settings = context.settings
+    gone = request_to(context, receive=channel(*messages_of(b"a", b"")[:1],
+                                               {"type": "http.disconnect"}))  # fmt: skip
+    with pytest.raises(ClientGone):
+        asyncio.run(body.peek(gone, settings, body.read_all, 100))
+    stalled = request_to(context, receive=stalled_after(*messages_of(b"a", b"")[:1]))
+    with pytest.raises(BodyTooSlow):
+        asyncio.run(body.peek(stalled, settings, body.read_all, 100))
+    large = request_to(context, receive=channel(*messages_of(b"a" * 1000, b"b" * 25)))
+    with pytest.raises(LimitExceeded):
+        asyncio.run(body.peek(large, settings, body.read_all, 2048))
+
+
+def test_only_the_body_module_reads_the_channel() -> None:
+    """No module of the gateway but http/body.py calls an ASGI ``receive`` or replaces a
+    request's (middleware passes the channel on; it never reads it)."""
+    readers = set()
+    for path in sorted((ROOT / "clip_gateway").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = isinstance(node, ast.Call) and (
+                getattr(node.func, "id", None) == "receive"
+                or getattr(node.func, "attr", None) == "receive"
+            )
+            replaced = isinstance(node, ast.Assign) and any(
+                getattr(target, "attr", None) == "receive" for target in node.targets
+            )
+            if called or replaced:
+                readers.add(path.relative_to(ROOT).as_posix())
+    assert sorted(readers) == ["clip_gateway/http/body.py"]

@@ -1,6 +1,6 @@
 """A URL item's string parsed into exactly what will be fetched, or refused saying why: the one
 parse-and-normalise step every URL goes through, the client's and each redirect's ``Location``
-alike, before the guard (http/guard.py) sees its host and before http/fetch.py connects.
+alike, before the guard (http/urls/guard.py) sees its host and before http/urls/fetch.py connects.
 
 Nothing is guessed, and nothing that parsers read differently is passed on. The normalisations
 are the standard ones, each exact: a non-ASCII host is its IDNA form (UTS 46, as browsers look
@@ -25,7 +25,7 @@ from urllib.parse import quote, urljoin
 import idna
 
 from clip_gateway.errors import UrlRefused
-from clip_gateway.http import guard
+from clip_gateway.http.urls import guard
 
 #: The longest URL fetched, as sent (servers commonly refuse request lines over 8 KiB).
 MAX_URL_CHARS = 8192
