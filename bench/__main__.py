@@ -44,6 +44,7 @@ OWN_ARGUMENTS = {
     "cpu-instances": ("cpu_instances", "the CPU profiles' model plans alone (in .triton-env)"),
     "openvino-eval": ("openvino_eval", "OpenVINO beside ONNX Runtime on the image graph"),
     "bulk": ("bulk", "the bulk job on a local Ray beside `clip-gateway embed`: rate and CPU"),
+    "graph-resize": ("graph_resize", "the compact JPEGs' resize in the graph vs on the CPU"),
 }
 
 RESULTS = Path(__file__).resolve().parent / "results"
