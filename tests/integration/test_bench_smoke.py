@@ -83,10 +83,13 @@ def test_bench_cost_smoke(tmp_path: Path) -> None:
     assert results["local"]["compact"]["decode_only"] > 0
     assert results["imaging"]["resize"].startswith(("pillow ", "pillow-simd "))
     assert "| gateway / decode-only |" in (out / "cost.md").read_text()
-    # the client's upload now: nearer open_clip's own transform of the photo than the earlier one
+    # the client's uploads now (the centre square, and the whole resize it is cut from): nearer
+    # open_clip's own transform of the photo than the earlier one
     uploads = results["uploads"]
-    today, earlier = uploads["upload (today)"], uploads["upload (earlier: 8/7 size, 4:2:0)"]
+    earlier = uploads["upload (earlier: 8/7 size, 4:2:0)"]
+    today = uploads["upload (today: the centre square)"]
     assert today["mean_abs_error"] < earlier["mean_abs_error"]
+    assert uploads["upload (the whole 224-px resize)"]["mean_abs_error"] < earlier["mean_abs_error"]
     assert uploads["original, sent whole"]["mean_abs_error"] < today["mean_abs_error"]
     assert (out / "cost.png").stat().st_size > 10_000
 
