@@ -72,6 +72,19 @@ EOF
   fi
 fi
 
-# the wheel only: the venv it goes into is being installed meanwhile
-CC="cc $cflags" "$py" -m pip wheel --quiet --quiet --no-deps --no-cache-dir \
-  --no-binary pillow-simd --wheel-dir "$wheels" "pillow-simd==$version"
+# The wheel only, by a pip in a venv of its own: the venv it goes into is being installed
+# meanwhile (setuptools and its .pth hook among what uv writes), and a build run by that venv's pip
+# failed once on a first `make serve` with its output silenced. The output is kept and shown if
+# the build fails.
+build=$(mktemp -d)
+trap 'rm -rf "$build" "${log:-}"' EXIT
+"$py" -I -S -c 'import sys; print(sys._base_executable)' >"$build/python"
+"$(cat "$build/python")" -m venv "$build/venv"
+CC="cc $cflags" "$build/venv/bin/python" -m pip wheel --no-deps --no-cache-dir \
+  --disable-pip-version-check --no-binary pillow-simd --wheel-dir "$wheels" \
+  "pillow-simd==$version" >"$build/log" 2>&1 || {
+  tail -n 60 "$build/log" >&2
+  echo "error: building pillow-simd $version failed (the log's end above); PILLOW_SIMD=0" \
+    "keeps stock Pillow" >&2
+  exit 1
+}
