@@ -79,30 +79,26 @@ async def read_form(
         max_segment_size=limits.part_bytes,
         max_segment_count=limits.parts,
     )
-    part: P | None = None
-    limit: int | None = None
-    # a part's body as the parser's chunks: most images arrive in one, kept as it is (no copy)
+    part: P  # every body event follows its part's segment event
+    # a part's body as the parser's chunks: most images arrive in one, kept as it is (one
+    # bytes object joined alone is itself: no copy)
     pieces: list[bytes] = []
     size = 0
     try:
         async for chunk in chunks:
-            for event in parser.parse(chunk):
+            for event in parser.parse(chunk):  # b"", the end of the body, ends the form
                 if isinstance(event, MultipartSegment):
                     part = fields.begin(event)
-                    limit = part.limit
-                    pieces, size = [], 0
                 elif event is not None:
                     pieces.append(event)
                     size += len(event)
-                    if limit is not None and size > limit:
-                        assert part is not None
+                    if part.limit is not None and size > part.limit:
                         raise part.too_large()
-                elif part is not None and fields.end(
-                    part, pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                ):
-                    return
-            if not chunk:
-                break
+                else:
+                    wanted = fields.end(part, b"".join(pieces))
+                    pieces, size = [], 0
+                    if wanted:
+                        return
         parser.close()
     except (ParserError, ParserLimitReached) as exc:
         refusal = fields.refused(exc)

@@ -128,9 +128,12 @@ def test_a_part_over_its_own_limit_is_refused_while_it_streams_in() -> None:
     assert raised.value.reason == "b is over 10 bytes"
     assert fields.parts == [("a", b"ok")]  # b never completes, c never begins
     assert body.taken < len(body.chunks) - 1
-    exact = Recorder(limits={"b": 10})
-    read(cut(form(("b", b"x" * 10)), 8), exact)
-    assert exact.parts == [("b", b"x" * 10)]
+    # exactly at the limit, first or after other parts, in one chunk or several
+    for parts in ([("b", b"x" * 10)], [("a", b"12345"), ("b", b"x" * 10)]):
+        for size in (8, 4096):
+            exact = Recorder(limits={"b": 10})
+            read(cut(form(*parts), size), exact)
+            assert exact.parts == parts
 
 
 def test_the_form_limits_are_the_parsers() -> None:
