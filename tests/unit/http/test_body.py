@@ -357,6 +357,36 @@ def test_a_body_not_in_by_the_deadline_is_too_slow() -> None:
     asyncio.run(scenario())
 
 
+def test_a_body_passed_on_is_bounded_only_while_waiting_for_the_client() -> None:
+    """``by_deadline``: every chunk passed on in order while each arrives by the deadline; a
+    client that sends nothing more by it is too slow, however long the consumer took before."""
+    settings = ServerSettings(body_timeout_s=0.05)
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b"first"
+        await asyncio.Event().wait()  # the client sends nothing more
+        yield b"never"
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        passed = body.by_deadline(settings, deadline, chunked(b"abcdefgh", 3))
+        assert await collect(passed) == [b"abc", b"def", b"gh", b""]
+        taken: list[bytes] = []
+
+        async def take(chunks: AsyncIterator[bytes]) -> None:
+            async for chunk in chunks:
+                taken.append(chunk)
+
+        async with asyncio.timeout(10):  # a guard: without the deadline this would never end
+            with pytest.raises(BodyTooSlow) as slow:
+                await take(body.by_deadline(settings, loop.time() + 0.05, stalled()))
+        assert taken == [b"first"]
+        assert slow.value.reason == "request body not received within 0.05 s"
+
+    asyncio.run(scenario())
+
+
 def client(*messages: dict[str, object]) -> Callable[[], Awaitable[dict[str, object]]]:
     """An ASGI channel after the body: ``messages``, then (as servers do) nothing more, or, once
     a disconnect was sent, that disconnect again, each a loop turn later."""
