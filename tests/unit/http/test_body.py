@@ -470,6 +470,31 @@ def messages_of(*bodies: bytes) -> list[dict[str, object]]:
             {"type": "http.request", "body": last, "more_body": False}]  # fmt: skip
 
 
+def test_a_disconnect_is_watched_for_only_once_the_work_has_read_the_body(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    """The channel has one reader at a time: work that reads the body itself has every body
+    message, and the disconnect is watched for after it says the body is read."""
+    context = edge(ServerSettings())
+    request = request_to(context, receive=client(*messages_of(b"ab", b"cd", b"ef")))
+    body_read = asyncio.Event()
+
+    async def work() -> bytes:
+        for _ in range(5):  # turns in which a watcher that did not wait would take messages
+            await asyncio.sleep(0)
+        whole = await body.read_all(body.read_chunks(request.receive, 1024))
+        body_read.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return bytes(whole)
+
+    async def scenario() -> bytes:
+        async with asyncio.timeout(10):  # a guard: a watcher that took the body would hang it
+            return await body.unless_disconnected(request, work(), body_read=body_read)
+
+    assert asyncio.run(scenario()) == b"abcdef"
+
+
 def test_a_request_is_read_by_its_routes_parser_then_no_longer_received(
     edge: Callable[[ServerSettings], AppContext],
 ) -> None:
@@ -566,6 +591,11 @@ def test_a_peek_reads_at_most_its_bound_and_the_chunk_that_passes_it(
         assert await body.read_all(rest) == b"aaaabbbbccccdddd"
 
     asyncio.run(scenario())
+    # at the bound exactly, the next chunk is still read: it is the one that passes it
+    for most, seen in ((4, b"aaaabbbb"), (8, b"aaaabbbbcccc"), (16, b"aaaabbbbccccdddd")):
+        bounded = request_to(context, receive=channel(*sent))
+        peeked = body.peek(bounded, context.settings, body.read_all, most)
+        assert asyncio.run(peeked) == seen, most
 
 
 def test_a_peek_keeps_the_bodys_rules(edge: Callable[[ServerSettings], AppContext]) -> None:
