@@ -120,7 +120,7 @@ def _compact_jpeg(data: bytes, options: CompactOptions) -> bytes:
     if len(data) <= options.keep_bytes or header.colorspace in ("CMYK", "YCCK"):
         return data
     try:
-        rgb = jpeg.decode_scaled(data, header, options.short_side, max_scans=1000, dc_only=True,
+        rgb = jpeg.decode_scaled(data, options.short_side, max_scans=1000, dc_only=True,
                                  long_side=options.long_side)  # fmt: skip
     except jpeg.JpegError:
         return data

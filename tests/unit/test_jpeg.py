@@ -33,7 +33,7 @@ def test_decode_uses_power_of_two_scales_only(size, expected_shape) -> None:
     data = encode_jpeg(photo(*size, seed=1))
     header = jpeg.read_header(data)
     assert (header.width, header.height) == size
-    out = jpeg.decode_scaled(data, header, 224, max_scans=256, dc_only=True)
+    out = jpeg.decode_scaled(data, 224, max_scans=256, dc_only=True)
     assert out.shape == expected_shape  # 341x256 is decoded whole, not at the slow 7/8 scale
 
 
@@ -254,12 +254,15 @@ def test_header_fields() -> None:
 def test_unreadable_header_message() -> None:
     with pytest.raises(jpeg.JpegError, match=r"^unreadable JPEG header: "):
         jpeg.read_header(b"\xff\xd8\xff\xe0garbage")
+    for empty in ((0, 5), (5, 0), (0, 0)):  # libjpeg refuses a frame of no rows or columns
+        with pytest.raises(jpeg.JpegError, match=r"^unreadable JPEG header: "):
+            jpeg.read_header(samples.claims_pixels(*empty))
 
 
 @pytest.mark.parametrize("size", [(1, 64), (64, 1)])
 def test_a_one_pixel_strip_is_decoded_whole(size: tuple[int, int]) -> None:
     data = encode_jpeg(samples.small_photo(0).crop((0, 0, *size)))
-    out = jpeg.decode_scaled(data, jpeg.read_header(data), 224, max_scans=256, dc_only=True)
+    out = jpeg.decode_scaled(data, 224, max_scans=256, dc_only=True)
     assert out.shape == (size[1], size[0], 3)
 
 
@@ -268,14 +271,14 @@ def decode_at(data: bytes, height: int, width: int) -> np.ndarray:
 
 
 def test_dc_only_cut_is_decoded_at_one_eighth_only() -> None:
-    header = jpeg.read_header(PROGRESSIVE)  # 640x480: 1/8 for a target of 60, 1/4 for 61
+    # 640x480: 1/8 for a target of 60, 1/4 for 61
     cut = jpeg.walk(PROGRESSIVE, max_scans=256, dc_only_for=60).dc_only
     assert cut is not None
     full, dc = decode_at(PROGRESSIVE, 60, 80), decode_at(cut, 60, 80)
     assert not np.array_equal(full, dc)  # the two decodes really differ
 
     def scaled(target: int, dc_only: bool) -> np.ndarray:
-        return jpeg.decode_scaled(PROGRESSIVE, header, target, max_scans=256, dc_only=dc_only)
+        return jpeg.decode_scaled(PROGRESSIVE, target, max_scans=256, dc_only=dc_only)
 
     assert np.array_equal(scaled(60, dc_only=True), dc)
     assert np.array_equal(scaled(60, dc_only=False), full)
@@ -285,7 +288,7 @@ def test_dc_only_cut_is_decoded_at_one_eighth_only() -> None:
 def test_corrupt_stream_message() -> None:
     data = samples.truncated_jpeg()
     with pytest.raises(jpeg.JpegError, match=r"^corrupt or truncated JPEG: "):
-        jpeg.decode_scaled(data, jpeg.read_header(data), 224, max_scans=256, dc_only=True)
+        jpeg.decode_scaled(data, 224, max_scans=256, dc_only=True)
 
 
 # --- the frame header alone: what admission prices a JPEG by ------------------------------------
@@ -434,12 +437,9 @@ def test_decode_scales_by_the_short_side_unless_told_the_long_side() -> None:
 
 
 def test_decode_scaled_by_the_long_side_uses_the_dc_only_cut() -> None:
-    header = jpeg.read_header(PROGRESSIVE)
     cut = jpeg.walk(PROGRESSIVE, max_scans=256, dc_only_for=LONG_ONLY, long_side=True).dc_only
     assert cut is not None
-    out = jpeg.decode_scaled(
-        PROGRESSIVE, header, LONG_ONLY, max_scans=256, dc_only=True, long_side=True
-    )
+    out = jpeg.decode_scaled(PROGRESSIVE, LONG_ONLY, max_scans=256, dc_only=True, long_side=True)
     assert np.array_equal(out, decode_at(cut, 60, 80))  # the cut, not the full stream at 1/8
     assert not np.array_equal(out, decode_at(PROGRESSIVE, 60, 80))
 
