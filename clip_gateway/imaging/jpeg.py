@@ -214,10 +214,9 @@ class _Walk:
         return self._layout()
 
     def _next_marker(self) -> int | None:
-        """Move to the next marker (past junk and fill bytes, as libjpeg does); its code."""
+        """Move to the next marker (past junk and fill bytes, as libjpeg does); its code. (A
+        marker right here, the common case, ``run`` takes inline without calling this.)"""
         data, pos = self.data, self.pos
-        if pos + 1 < self.end and data[pos] == 0xFF and data[pos + 1] != 0xFF:
-            return data[pos + 1]  # the common case: a marker right here
         if pos < self.end and data[pos] != 0xFF:
             found = _NEXT_MARKER.search(data, pos)
             pos = found.start() if found else self.end
