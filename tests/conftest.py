@@ -39,7 +39,7 @@ if TESTS.parent.name == "mutants":  # `make mutation` runs the suite from its co
 #: ``@pytest.mark.torch`` itself.
 TORCH_MODULES = {
     "unit/test_calibration_set.py",
-    "unit/test_peers.py",
+    "bench/test_bench_peers.py",
     "unit/test_tensorrt_graph.py",
     "unit/test_hf_tokenizer.py",
     "unit/test_model_family.py",

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration  # the real stack (tests/bench/conftest.py)
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:

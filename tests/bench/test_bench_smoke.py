@@ -12,7 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration  # the real stack (tests/bench/conftest.py)
 SYSTEMS = {"gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http"}
 
 
