@@ -1,1 +1,1 @@
-"""Benchmarks: our gateway beside the baselines of the background reports, one command."""
+"""Benchmarks of the gateway: a harness and live studies, each run as ``python -m bench STUDY``."""

@@ -1,19 +1,10 @@
-"""One client per system, each doing a whole request: JPEG bytes in hand → embeddings in hand.
-
-- C  ``gateway``       multipart compact JPEGs → our gateway (binary response; ``gateway-json``)
-- A  ``pytorch``       base64 JPEGs in JSON → the PyTorch FastAPI baseline (bench/baselines)
-- B  ``triton-grpc``   client-side PIL decode + open_clip transforms → FP32 NCHW → Triton gRPC
-- B  ``triton-http``   the same over Triton's HTTP API with binary tensors
-"""
+"""The gateway's load client, a whole request each (multipart JPEGs in hand → embeddings in
+hand, binary or JSON), and the SDK's one-off ``post``."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import io
-import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +15,6 @@ import orjson
 from bench.harness.load import Reply
 from clip_gateway.client.core import Retries, multipart, send, send_async
 
-SYSTEMS = ("gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http")
 _TIMING = re.compile(r"(\w+);dur=([\d.]+)")
 
 
@@ -105,118 +95,6 @@ class GatewayClient:
         await self.http.aclose()
 
 
-@dataclass
-class PytorchClient:
-    """Baseline A's wire format: base64 JPEGs in a JSON body, JSON floats back."""
-
-    url: str
-    batches: Batches
-    http: httpx.AsyncClient = field(init=False)
-    bodies: list[bytes] = field(init=False)
-
-    def __post_init__(self) -> None:
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-        self.http = httpx.AsyncClient(base_url=self.url, timeout=300, limits=limits)
-        self.bodies = [
-            orjson.dumps({"images": [base64.b64encode(x).decode() for x in batch]})
-            for batch in self.batches.batches
-        ]
-
-    async def __call__(self, index: int) -> Reply:
-        slot = index % len(self.bodies)
-        body = self.bodies[slot]
-        try:
-            response = await self.http.post(
-                "/embed", content=body, headers={"Content-Type": "application/json"}
-            )
-        except httpx.HTTPError:
-            return Reply(599, 0, len(body))
-        images = len(self.batches.batches[slot])
-        if response.status_code != 200:
-            return Reply(response.status_code, images, len(body))
-        vectors = np.array(orjson.loads(response.content)["embeddings"], dtype=np.float32)
-        return Reply(
-            200, images, len(body), len(response.content), _check(self.batches, slot, vectors)
-        )
-
-    async def close(self) -> None:
-        await self.http.aclose()
-
-
-class ClientPreprocessing:
-    """What baseline B's client does before it can call Triton: PIL full decode + open_clip's
-    transforms to a normalised FP32 NCHW batch (in a thread, so the event loop keeps going)."""
-
-    def __init__(self) -> None:
-        import open_clip
-        import torch
-
-        torch.set_num_threads(1)
-        _, _, self.transform = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
-
-    def __call__(self, images: Sequence[bytes]) -> np.ndarray:
-        import torch
-        from PIL import Image
-
-        tensors = [self.transform(Image.open(io.BytesIO(x)).convert("RGB")) for x in images]
-        return torch.stack(tensors).numpy()
-
-
-@dataclass
-class TritonRawClient:
-    """Baseline B: the client sends FP32 NCHW tensors straight to Triton's ``clip_raw``."""
-
-    url: str
-    batches: Batches
-    protocol: str = "grpc"
-    preprocess: Callable[[Sequence[bytes]], np.ndarray] = field(default_factory=ClientPreprocessing)
-    client: Any = field(init=False)
-
-    def __post_init__(self) -> None:
-        if self.protocol == "grpc":
-            import tritonclient.grpc.aio as grpcclient
-
-            self.module = grpcclient
-            self.client = grpcclient.InferenceServerClient(
-                self.url,
-                channel_args=[
-                    ("grpc.max_send_message_length", 512 << 20),
-                    ("grpc.max_receive_message_length", 512 << 20),
-                ],
-            )
-        else:
-            import tritonclient.http.aio as httpclient
-
-            self.module = httpclient
-            self.client = httpclient.InferenceServerClient(self.url, conn_limit=256)
-
-    async def __call__(self, index: int) -> Reply:
-        from tritonclient.utils import InferenceServerException
-
-        slot = index % len(self.batches.batches)
-        images = self.batches.batches[slot]
-        tensor = await asyncio.to_thread(self.preprocess, images)
-        infer_input = self.module.InferInput("input", list(tensor.shape), "FP32")
-        if self.protocol == "grpc":
-            infer_input.set_data_from_numpy(tensor)
-            outputs = [self.module.InferRequestedOutput("embedding")]
-        else:
-            infer_input.set_data_from_numpy(tensor, binary_data=True)
-            outputs = [self.module.InferRequestedOutput("embedding", binary_data=True)]
-        try:
-            result = await self.client.infer("clip_raw", [infer_input], outputs=outputs)
-        except InferenceServerException:
-            return Reply(503, len(images), tensor.nbytes)
-        vectors = result.as_numpy("embedding")
-        vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-        return Reply(
-            200, len(images), tensor.nbytes, vectors.nbytes, _check(self.batches, slot, vectors)
-        )
-
-    async def close(self) -> None:
-        await self.client.close()
-
-
 def _check(batches: Batches, slot: int, vectors: np.ndarray) -> bool | None:
     if batches.expected is None:
         return None
@@ -227,19 +105,3 @@ def _check(batches: Batches, slot: int, vectors: np.ndarray) -> bool | None:
         np.linalg.norm(vectors, axis=1) * np.linalg.norm(expected, axis=1)
     )
     return bool(np.all(cosine > 0.99))
-
-
-def tensor_json_bytes(images: int = 1, size: int = 224) -> int:
-    """Bytes of Triton's JSON request for one FP32 image (the reports' ``.tolist()`` variant)."""
-    tensor = np.random.default_rng(0).standard_normal((images, 3, size, size)).astype(np.float32)
-    body = {
-        "inputs": [
-            {
-                "name": "input",
-                "shape": list(tensor.shape),
-                "datatype": "FP32",
-                "data": tensor.tolist(),
-            }
-        ]
-    }
-    return len(json.dumps(body).encode()) // images

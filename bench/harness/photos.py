@@ -80,19 +80,6 @@ class Sample:
     megapixels: float
 
 
-def camera_set(count_per_size: int = 1, sizes: tuple[int, ...] = (8, 12, 24)) -> list[Sample]:
-    """Camera-sized JPEGs, alternating baseline and progressive."""
-    samples = []
-    for mp in sizes:
-        w, h = CAMERA_SIZES[mp]
-        for i in range(count_per_size):
-            progressive = i % 2 == 1
-            data = jpeg(photo(w, h, seed=mp * 100 + i), progressive=progressive)
-            kind = "progressive" if progressive else "baseline"
-            samples.append(Sample(f"{mp}mp-{kind}-{i}", data, w * h / 1e6))
-    return samples
-
-
 #: Immich's preview: the short side at most 1440 px (its default ``preview.size``), JPEG
 #: quality 80 (or WebP); what its server sends to the ML service for smart search.
 IMMICH_PREVIEW_SIDE = 1440

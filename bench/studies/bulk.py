@@ -12,7 +12,6 @@ the load average at the start of each run (the machine is shared).
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -22,13 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.harness import study
 from bench.harness.cpu import _cpu, cpu_seconds, tree
 from bench.harness.machine import cpu_load, record
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
 from bench.harness.stack import running
 
-OUT = Path(__file__).parents[1] / "results" / "bulk"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -85,8 +84,8 @@ def _run(command: list[str], watch: list[int]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench bulk", description=__doc__)
+def main(argv: list[str]) -> int:
+    parser = study.parser("bulk", __doc__)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument(
@@ -96,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         help="both clients, per gateway (docs/BULK.md: 1-2 on a CPU profile)",
     )
     parser.add_argument("--workers", type=int, default=2, help="the job's Ray workers")
-    parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
         "--keep",
         type=Path,
@@ -160,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             watch,
         )
     ratios(results, watch)
-    write_results(args.out, "bulk", results, markdown=_markdown(results))
+    write_results(study.out(args, "bulk"), "bulk", results, markdown=_markdown(results))
     print(_markdown(results))
     return 0
 

@@ -19,6 +19,7 @@ import asyncio
 import io
 import json
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from bench.harness import load, profiling
+from bench.harness import load, profiling, study
 from bench.harness.clients import Batches, GatewayClient
 from bench.harness.cpu import cpu_seconds, per_cpu_second, thread_seconds
 from bench.harness.output import write_results
@@ -284,3 +285,15 @@ def smoke_verdict(results: dict[str, Any]) -> str | None:
             f"{SMOKE_FLOOR}x"
         )
     return None
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("cost", __doc__, smoke="a few requests; fails on a regression")
+    args = parser.parse_args(argv)
+    out = study.out(args, "cost")
+    measured = run(out, args.smoke)
+    print(out, flush=True)
+    failure = smoke_verdict(measured)
+    if failure:
+        print(f"error: {failure}", file=sys.stderr)
+    return 1 if failure else 0

@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from bench.harness import photos
+from bench.harness import photos, study
 from bench.harness.photos import photo
 from clip_gateway.imaging import jpeg, work
 from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
@@ -36,7 +35,6 @@ OPTIONS = DecodeOptions(
     size=224, max_pixels=100_000_000, max_bytes=64 << 20, max_decode_bytes=4 << 30
 )
 IMMICH = replace(OPTIONS, variant="immich")
-OUT = Path(__file__).parents[1] / "results" / "decode_factors"
 CODINGS: dict[str, tuple[str, dict[str, object]]] = {
     "png": ("PNG", {}),
     "webp-lossy": ("WEBP", {"quality": 80}),
@@ -195,15 +193,17 @@ def main(argv: list[str]) -> int:
     """Every factor and every check; ``--check``: only the check, at this machine's speed, and
     exit 1 unless every class is within 2x of its price here (the verdict a unit test once
     held against the factors alone, whatever CPU ran it: issue 42)."""
+    parser = study.parser("decode-factors", __doc__)
+    parser.add_argument("--check", action="store_true", help="only the check; exit 1 outside 2x")
+    args = parser.parse_args(argv)
+    out = study.out(args, "decode_factors")
     speed = decode_speed.measure()
     print("decode speed here:", speed.summary(), flush=True)
-    if argv == ["--check"]:
+    if args.check:
         rows = check(speed.speeds)
         outside = [n for n, r in rows.items() if not 0.5 <= r["measured_over_priced_here"] <= 2]
         print("outside 2x of their price here:", outside or "none", flush=True)
         return 1 if outside else 0
-    if argv:
-        raise SystemExit("usage: python -m bench decode-factors [--check]")
     report: dict[str, Any] = {
         "jpeg_fit_ns": {k: v * 1e9 for k, v in fit().items()},
         "others": others(),
@@ -211,13 +211,13 @@ def main(argv: list[str]) -> int:
     }
     print(report["jpeg_fit_ns"], flush=True)
     report["check"] = check(speed.speeds)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "factors.json").write_text(json.dumps(report, indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "factors.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["| class | bytes | measured ms | priced ms | measured / priced | speed here | "
              "measured / priced here |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, row in report["check"].items():
         lines.append(f"| {name} | {row['bytes']} | {row['measured_ms']} | {row['priced_ms']} | "
                      f"{row['measured_over_priced']} | {row['speed']} | "
                      f"{row['measured_over_priced_here']} |")  # fmt: skip
-    (OUT / "factors.md").write_text("\n".join(lines) + "\n")
+    (out / "factors.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness import study
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
 from bench.harness.systems import switched
@@ -121,3 +122,11 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
     ]
     write_results(out, "footprint", results, markdown="\n".join(rows) + "\n")
     return results
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("footprint", __doc__, smoke="seconds, for CI")
+    parser.add_argument("--minutes", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    out = study.out(args, "footprint")
+    return study.checked(out, run(args.minutes, out, args.smoke))

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import study
 from bench.harness.cores import Cores, Topology, pin_tree, pinned, triton_share
 from bench.harness.output import figure, write_results
 from bench.harness.triton_side import TritonSide
@@ -809,3 +810,37 @@ def child(argv: list[str]) -> int:
         return 0
     print(child.__doc__, file=sys.stderr)
     return 2
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("host", __doc__, smoke="a small sweep: CI's rehearsal")
+    parser.add_argument(
+        "--provider", choices=("auto", "cuda", "cpu"), default="auto",
+        help="auto: cuda where ONNX Runtime has its CUDA EP and a GPU answers, else cpu",
+    )  # fmt: skip
+    parser.add_argument("--phases", nargs="+", default=["wall", "engine", "ceilings"],
+                        choices=("wall", "engine", "ceilings"))  # fmt: skip
+    parser.add_argument("--models", nargs="+", default=None, help="default: the sweep's")
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="default: the sweep's")
+    parser.add_argument("--clients", nargs="+", type=int, default=None, help="default: the sweep's")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="the engine phase's gateway workers (0: core plan)"
+    )
+    parser.add_argument("--decode-threads", type=int, default=0, help="per worker (0: core plan)")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: the export cache")
+    args = parser.parse_args(argv)
+    gpu = args.provider == "cuda" or (args.provider == "auto" and has_gpu())
+    sweep = SMOKE if args.smoke else FULL
+    for name, value in (("models", args.models), ("batches", args.batches),
+                        ("concurrency", args.clients)):  # fmt: skip
+        if value:
+            chosen: dict[str, Any] = {name: tuple(value)}
+            sweep = replace(sweep, **chosen)
+    sweep = replace(sweep, workers_engine=args.workers, threads_engine=args.decode_threads)
+    out = study.out(args, "host")
+    results = run(sweep, out, args.cache_dir, gpu, tuple(args.phases))
+    print(out, flush=True)
+    failed = [key for key, found in results.items() if isinstance(found, dict) and "error" in found]
+    if failed:
+        print(f"error: phases failed: {failed}", file=sys.stderr)
+    return 1 if failed else 0

@@ -3,7 +3,6 @@ base and its layers, as podman reports them, to bench/results/image/ (JSON, Mark
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -11,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from bench.harness import study
 from bench.harness.output import figure, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,11 +86,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench image-budget", description=__doc__)
+    parser = study.parser("image-budget", __doc__)
     parser.add_argument("--image", default="clip-gateway:local")
     parser.add_argument("--base", default="localhost/clip-gateway-base/tritonserver:standin")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "image")
     args = parser.parse_args(argv)
-    write(measure(args.image, args.base), args.out)
-    print((args.out / "budget.md").read_text())
+    out = study.out(args, "image")
+    write(measure(args.image, args.base), out)
+    print((out / "budget.md").read_text())
     return 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness import load
+from bench.harness import load, study
 from bench.harness.clients import GatewayClient
 from bench.harness.output import figure, write_results
 from bench.harness.stack import camera_photos, reference_batches, running
@@ -129,3 +129,15 @@ def markdown(results: dict[str, Any]) -> str:
     rows += ["", f"Rejections by reason (gateway metrics): {results['rejected_by_reason']}; "
              f"5xx other than 503: {results['unexpected_5xx']}."]  # fmt: skip
     return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("overload", __doc__, smoke="seconds, for CI")
+    parser.add_argument("--minutes", type=float, default=4.0)
+    parser.add_argument(
+        "--photos", choices=("compact", "camera"), default="compact",
+        help="compact JPEGs, one per request, or 8-24 MP camera photos, four",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    out = study.out(args, "overload-camera" if args.photos == "camera" else "overload")
+    return study.checked(out, run(args.minutes, out, args.smoke, photos=args.photos))

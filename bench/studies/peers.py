@@ -17,14 +17,14 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ceilings
+from bench.harness import ceilings, study
 from bench.harness.machine import cpu_load as machine
 from bench.harness.machine import wait_quiet
-from bench.harness.systems import CELLS, SMOKE, Limits, system
+from bench.harness.systems import CELLS, FULL, SMOKE, Limits, cell_name, system
 
 SYSTEMS = ("infinity", "gateway-auto", "gateway-cpu", "gateway-cpu-int8", "gateway-cpu-bf16",
            "gateway-cpu-int8-openvino")  # fmt: skip
@@ -63,3 +63,22 @@ def run(
     results["machine"]["load_avg_after"] = list(os.getloadavg())
     write(results, out)
     return results
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("peers", __doc__, smoke="one request per cell, for a check")
+    parser.add_argument("--systems", nargs="+", default=None, help="default: all (SYSTEMS)")
+    parser.add_argument("--cells", nargs="+", default=None, metavar="bBxcC",
+                        help="only these cells, e.g. b1xc1 b32xc4 (default: all six)")  # fmt: skip
+    parser.add_argument("--quiet-wait", type=float, default=None, metavar="S",
+                        help="wait at most S s for a quiet machine before each system "
+                        "(default 600); gateway-PROFILE@IxT: a fixed plan")  # fmt: skip
+    args = parser.parse_args(argv)
+    limits = SMOKE if args.smoke else FULL
+    if args.quiet_wait is not None:
+        limits = replace(limits, quiet_wait_s=args.quiet_wait)
+    out = study.out(args, "peers")
+    cells = tuple(c for c in CELLS if args.cells is None or cell_name(*c) in args.cells)
+    run(out, limits, tuple(args.systems or SYSTEMS), cells)
+    print(out, flush=True)
+    return 0

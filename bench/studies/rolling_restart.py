@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.harness import study
 from bench.harness.output import figure, write_results
 from bench.harness.photos import compact_jpeg
 
@@ -261,7 +262,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench rolling-restart", description=__doc__)
+    parser = study.parser("rolling-restart", __doc__)
     parser.add_argument("--image", default="clip-gateway:local")
     parser.add_argument("--lb-image", default="localhost/clip-gateway-base/nginx:standin")
     parser.add_argument("--port", type=int, default=18000)
@@ -269,12 +270,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warm-s", type=float, default=10.0)
     parser.add_argument("--startup-s", type=float, default=600.0)
     parser.add_argument("--max-requests", type=int, default=50_000)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "compose")
     parser.add_argument(
         "--reload-lb", action="store_true", help="nginx -s reload once the gateway is back"
     )
     args = parser.parse_args(argv)
     results = measure(args)
-    write(results, args.out)
-    print((args.out / f"{stem(results)}.md").read_text())
+    out = study.out(args, "compose")
+    write(results, out)
+    print((out / f"{stem(results)}.md").read_text())
     return 0 if results["all"]["failed"] == 0 else 1

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import load
+from bench.harness import load, study
 from bench.harness.clients import GatewayClient
 from bench.harness.output import write_results
 from bench.harness.stack import reference_batches, running
@@ -92,3 +92,11 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
         f"fds {first['fds']} → {last['fds']}, threads {first['threads']} → {last['threads']}.\n"
     ))  # fmt: skip
     return results
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("soak", __doc__, smoke="seconds, for CI")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    out = study.out(args, "soak")
+    return study.checked(out, run(args.minutes, out, args.smoke))

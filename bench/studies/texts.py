@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.harness import load
+from bench.harness import load, study
 from bench.harness.clients import _TIMING
 from bench.harness.load import Reply
 from bench.harness.output import write_results
@@ -196,3 +196,11 @@ def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0))
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("texts", __doc__, smoke="seconds, for CI")
+    parser.add_argument("--seconds", type=float, default=20.0, help="per cell and concurrency")
+    args = parser.parse_args(argv)
+    out = study.out(args, "texts")
+    return study.checked(out, run(args.seconds, out, args.smoke))

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench.harness import load, models
+from bench.harness import load, models, study
 from bench.harness.clients import Batches, GatewayClient
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
@@ -140,3 +140,11 @@ def markdown(results: dict[str, Any]) -> str:
 
 def _spread(row: dict[str, Any]) -> str:
     return ", ".join(f"{v:.0f}" for v in row["rounds_images_per_s"])
+
+
+def main(argv: list[str]) -> int:
+    parser = study.parser("tracing", __doc__, smoke="seconds, for CI")
+    parser.add_argument("--minutes", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    out = study.out(args, "tracing")
+    return study.checked(out, run(args.minutes, out, args.smoke))

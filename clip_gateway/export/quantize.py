@@ -14,8 +14,9 @@ hold ~all of the compute, and quantizing anything else buys little and costs acc
 What never changes is the contract: the same input (uint8 pixels / int32 token ids, same name
 and shape) feeding the same Cast, the same FP32 output. The quantizer is asked only for MatMuls,
 so the input Cast and the normalisation after it stay FP32, and ``check_contract`` verifies it.
-bench/studies/quantization.py measured both on this machine; docs/PROFILES.md "The cpu-int8
-profile" has the figures and why ``dynamic`` won.
+The quantization study measured both on this machine (a concluded study:
+``git checkout bench-studies-2026-11 && python -m bench quantization``); docs/PROFILES.md
+"The cpu-int8 profile" has the figures and why ``dynamic`` won.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A plain thread pool runs tasks in arrival order, so one request of 32 heavy images (each priced,
 admitted and within its key's share) put every other client's small photo behind all 32 of its
-decodes: seconds of wait for a decode of milliseconds (``python -m bench attacks``, issue 31's
+decodes: seconds of wait for a decode of milliseconds (the bench's attacks study, issue 31's
 classes at 32 per request). Here each request is a *flow* and each task carries its priced
 seconds: a task's start tag is ``max(V, the flow's last finish tag)`` and its finish tag the start
 plus its cost, where V is the start tag of the task most recently started (Goyal et al.,

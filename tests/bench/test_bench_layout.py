@@ -82,6 +82,41 @@ def test_the_readme_has_a_row_per_study() -> None:
     assert len(rows) == len(set(rows))
 
 
+def test_every_study_has_the_same_main() -> None:
+    """``main(argv: list[str]) -> int`` in each study module, its arguments parsed by the
+    harness's one parser (``study.parser``): one way of starting and parsing a study."""
+    from bench.__main__ import STUDIES
+
+    odd = []
+    for module, _ in STUDIES.values():
+        tree = ast.parse((ROOT / "bench" / "studies" / f"{module}.py").read_text())
+        main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        if (
+            not main
+            or (ast.unparse(main[0].args), ast.unparse(main[0].returns or tree))
+            != (
+                "argv: list[str]",
+                "int",
+            )
+            or "study.parser(" not in ast.unparse(main[0])
+        ):
+            odd.append(module)
+    assert not odd, f"a study's entry is main(argv: list[str]) -> int over study.parser: {odd}"
+
+
+def test_the_readme_has_a_row_per_concluded_study() -> None:
+    """A concluded study's row gives its command at the tag that holds its code."""
+    from bench.__main__ import CONCLUDED, STUDIES, TAG
+
+    table = (ROOT / "bench" / "README.md").read_text()
+    command = rf"`git checkout {re.escape(TAG)} && python -m bench ([a-z][\w-]*)[^`]*`"
+    at_tag = rf"^\|[^|\n]*\| {command} \|"
+    rows = re.findall(at_tag, table, re.M)
+    assert sorted(rows) == sorted(CONCLUDED), "bench/README.md's concluded table vs CONCLUDED"
+    assert not set(CONCLUDED) & set(STUDIES)
+    assert not [name for name in CONCLUDED if (ROOT / "bench/studies" / f"{name}.py").exists()]
+
+
 def test_the_check_finds_each_way_of_importing_a_study(tmp_path: Path) -> None:
     tests = tmp_path / "tests"
     (tests / "unit").mkdir(parents=True)

@@ -1,9 +1,6 @@
-"""`python -m bench run --suite smoke`: every system and every section, in a minute or two.
-
-The benchmark's numbers are not asserted (speed targets live in bench/, not in tests); what is
-checked is that one command still produces the whole report: each system measured with
-successful requests, every table, the plots.
-"""
+"""The CI-sized runs of the live studies whose figures the docs quote and whose verdicts CI
+keeps: `python -m bench cost --smoke` and `python -m bench host --smoke`. What is checked is that
+each command still produces its whole report, and the verdicts it exits on."""
 
 from __future__ import annotations
 
@@ -16,50 +13,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration  # the real stack (tests/bench/conftest.py)
-SYSTEMS = {"gateway", "gateway-json", "pytorch", "triton-grpc", "triton-http"}
-
-
-def test_bench_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "smoke"
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--suite", "smoke", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
-    assert set(results["systems"]) == SYSTEMS
-    for system, data in results["systems"].items():
-        for name, phase in data["phases"].items():
-            assert phase["ok"] > 0 and phase["ok"] == phase["requests"], (system, name, phase)
-            assert phase["wrong"] == 0
-    assert results["raw_model_max_abs_delta"] < 1e-4  # baseline B serves the same function
-    assert {row["pipeline"] for row in results["decode"]} == {"naive-pil-open_clip", "gateway"}
-    assert {"triton", "gateway_after_triton", "pytorch"} <= set(results["cold_start_s"])
-    assert results["null_model"]["batch_32"]["ok"] > 0
-    assert results["shared_memory"]["null model"]["shm_ms"] > 0
-    assert results["payload"]["gateway_to_triton_bytes_per_image"] == 150_528
-    gateway = results["systems"]["gateway"]["phases"]["batch-32"]
-    assert gateway["triton"]["triton_requests"] >= 1  # server-side counters were diffed
-    assert gateway["gateway_ms"]["decode"] > 0  # Server-Timing was read
-    report = (out / "results.md").read_text()
-    for heading in (
-        "## Targets",
-        "## Single-image latency",
-        "## Batch size",
-        "## Concurrency",
-        "## Bytes on the wire",
-        "## Server-side breakdown",
-        "## Cold start",
-        "## Decode + preprocess",
-        "## Gateway capacity",
-        "gRPC tensor vs system",
-    ):
-        assert heading in report, heading
-    for plot in ("throughput_vs_batch.png", "concurrency.png", "breakdown.png"):
-        assert (out / plot).stat().st_size > 10_000
 
 
 def test_bench_cost_smoke(tmp_path: Path) -> None:

@@ -81,6 +81,8 @@ SECTION = re.compile(
 #: A page's path upward (``../shared/x.md``): it must stay inside the repository.
 UPWARD = re.compile(rf"{_BEFORE}(?:\.\./)+[\w.\-/]*[\w/]")
 PYTHON_M = re.compile(r"(?<![\w-])python3?(?:\.\d+)? -m ([\w.]+)(?:[ \t]+([a-z][\w-]*))?")
+#: A command run at a tag (a concluded study: ``git checkout TAG && python -m bench STUDY``).
+AT_TAG = re.compile(r"git checkout ([\w.-]+) && (?:\S*/)?$")
 #: Where a shell would run a command: at a line's start or after a separator (``;``, ``&&``,
 #: ``|``, ``(``, ``$``, a comment's ``#``, ``: ``), past VAR=value assignments and a folder
 #: (``.venv/bin/``); not an argument (``kubectl -n clip-gateway create``, ``-v
@@ -109,6 +111,8 @@ class Known:
     commands: frozenset[str]
     studies: frozenset[str]
     targets: frozenset[str]
+    tag: str = ""  # the tag that holds the concluded studies (bench/__main__.py TAG)
+    concluded: frozenset[str] = frozenset()
 
 
 # --- where references are read -----------------------------------------------------------------
@@ -171,7 +175,9 @@ def _read(where: str, line: int, text: str, paths: re.Pattern[str]) -> Iterator[
         yield Named(at, "path", match.group().rstrip(".,:;"))
     for match in PYTHON_M.finditer(text):
         at = f"{where}:{line + text.count(chr(10), 0, match.start())}"
-        yield Named(at, "module", match.group(1), match.group(2) or "")
+        tag = AT_TAG.search(text[text.rfind(chr(10), 0, match.start()) + 1 : match.start()])
+        study = (match.group(2) or "") + (f"@{tag[1]}" if tag else "")
+        yield Named(at, "module", match.group(1), study)
     for match in SECTION.finditer(text):
         at = f"{where}:{line + text.count(chr(10), 0, match.start())}"
         page = "README.md" if match[1] == "README" else match[1]
@@ -278,14 +284,19 @@ def path_problem(root: Path, path: str) -> str | None:
     return None
 
 
-def module_problem(root: Path, module: str, study: str, studies: frozenset[str]) -> str | None:
+def module_problem(root: Path, module: str, study: str, defined: Known) -> str | None:
     if module.split(".")[0] not in OWN_MODULES:
         return None  # pytest, pip, ...: another project's
     base = root.joinpath(*module.split("."))
     if not (base / "__main__.py").exists() and not base.with_suffix(".py").exists():
         return f"python -m {module}: no {module.replace('.', '/')}.py or __main__.py"
-    if module == "bench" and study and study not in studies:
-        return f"python -m bench {study}: no such study (bench/__main__.py has {sorted(studies)})"
+    if module == "bench" and "@" in study:
+        study, tag = study.split("@")
+        if tag != defined.tag or (study and study not in defined.concluded):
+            return f"python -m bench {study} at {tag}: not a concluded study there"
+    elif module == "bench" and study and study not in defined.studies:
+        studies = sorted(defined.studies)
+        return f"python -m bench {study}: no such study (bench/__main__.py has {studies})"
     return None
 
 
@@ -302,7 +313,7 @@ def make_targets(makefile: Path) -> frozenset[str]:
 def known(root: Path) -> Known:
     """What the CLI, bench and the Makefile define (the CLI's root and bench's parser imported:
     neither imports torch, Triton or the server)."""
-    from bench.__main__ import _parser
+    from bench.__main__ import CONCLUDED, TAG, _parser
     from clip_gateway.cli.main import CLIENT_COMMANDS, SERVER_COMMANDS
 
     subcommands = next(a for a in _parser()._actions if a.dest == "command")
@@ -310,6 +321,8 @@ def known(root: Path) -> Known:
         commands=frozenset({*CLIENT_COMMANDS, *SERVER_COMMANDS}),
         studies=frozenset(subcommands.choices or ()),
         targets=make_targets(root / "Makefile"),
+        tag=TAG,
+        concluded=frozenset(CONCLUDED),
     )
 
 
@@ -317,7 +330,7 @@ def problem(root: Path, ref: Named, defined: Known) -> str | None:
     if ref.kind == "path":
         return path_problem(root, ref.value)
     if ref.kind == "module":
-        return module_problem(root, ref.value, ref.detail, defined.studies)
+        return module_problem(root, ref.value, ref.detail, defined)
     if ref.kind == "section":
         return section_problem(root, ref.value, ref.detail)
     if ref.kind == "outside":
@@ -373,6 +386,7 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         "echo 'run make again'\n"
         "python -m bench smoke && python -m bench peers\n"
         "python -m bench.gone; python -m pip x  # another project's module is not checked\n"
+        "git checkout t1 && python -m bench old; git checkout t2 && .venv/bin/python -m bench old\n"
         "```\n\n"
         "## Cluster (kustomize)\n\n- **API keys, off loopback.** A bold lead-in is a section.\n"
     )
@@ -387,7 +401,7 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         '#: a citation that wraps (README\n#: "Wrapped"), read as one\nX = 1\n'
     )
     targets = make_targets(tmp_path / "Makefile")
-    defined = Known(commands=frozenset({"serve"}), studies=frozenset({"smoke"}), targets=targets)
+    defined = Known(frozenset({"serve"}), frozenset({"smoke"}), targets, "t1", frozenset({"old"}))
     assert defined.targets == {"serve", "test", ".PHONY"}
     assert problems(tmp_path, defined) == [
         "README.md:3: ../shared/NOTES.md: outside the repository",
@@ -406,4 +420,5 @@ def test_the_check_finds_each_kind_of_break(tmp_path: Path) -> None:
         "docs/A.md:9: clip-gateway nope: no such command",
         "docs/A.md:12: python -m bench peers: no such study (bench/__main__.py has ['smoke'])",
         "docs/A.md:13: python -m bench.gone: no bench/gone.py or __main__.py",
+        "docs/A.md:14: python -m bench old at t2: not a concluded study there",
     ]

@@ -1,1 +1,0 @@
-"""Baselines from the background reports, written the way the reports describe them."""
