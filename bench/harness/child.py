@@ -1,5 +1,5 @@
 """``python -m bench.harness.child STUDY ARGS...``: a process a study starts for a piece of its own
-work (stock Pillow first on its path, a load generator on a core of its own): the study module's
+work (a load generator on a core of its own): the study module's
 ``child(argv)``, whose return is this process's exit status. A person starts a study only through
 ``python -m bench STUDY``; no study module is a script of its own."""
 

@@ -21,7 +21,7 @@ _TIMING = re.compile(r"(\w+);dur=([\d.]+)")
 def post(url: str, **request: Any) -> httpx.Response:
     """One POST as the SDK sends it: a 429/502/503/504 or a dropped connection sent again after
     its Retry-After, within the SDK's bounds (clip_gateway/client/core.py ``Retries``). For the
-    bench's one-off requests (a parity check, a warm-up, a fidelity sample); the load generators
+    bench's one-off requests (a parity check, a warm-up); the load generators
     below count refusals instead, as what they measure."""
     return send(lambda: httpx.post(url, **request))
 

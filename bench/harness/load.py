@@ -3,7 +3,7 @@ always bounded by a request count and/or a duration. Loopback only; measures wha
 
 A *call* is an async function doing one complete request, from bytes in hand to embeddings in
 hand, and returning a :class:`Reply`. Everything else (which system, which protocol) lives in
-the call, so the same generator drives the gateway, the baselines, overload and soak runs.
+the call, so the same generator drives the gateway, the peers, overload and soak runs.
 """
 
 from __future__ import annotations

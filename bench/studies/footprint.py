@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from bench.harness import study
+from bench.harness.cpu import tree
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
 from bench.harness.systems import switched
@@ -26,23 +27,6 @@ from clip_gateway.config.processes import reserve_port
 
 #: The per-worker target (issue: warm-start serving process <= 250 MB RSS).
 TARGET_MB = 250
-
-
-def tree(pid: int) -> list[int]:
-    parents = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                parents[int(proc.name)] = int(
-                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [pid], {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found += sorted(frontier)
-    return found
 
 
 def describe(pid: int) -> dict[str, Any]:
