@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,13 @@ def record() -> dict[str, Any]:
         "git_commit": commit,
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def imaging() -> dict[str, Any]:
+    """The libraries the gateway decodes and resizes with here, as ``clip-gateway imaging``
+    prints them (what its ready line and /v1/models say)."""
+    command = [sys.executable, "-m", "clip_gateway", "imaging"]
+    return dict(json.loads(subprocess.run(command, capture_output=True, check=True).stdout))
 
 
 def _gpu() -> str | None:

@@ -12,13 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness.clients import Batches, GatewayClient
+from bench.harness.models import export, render
 from bench.harness.photos import CAMERA_SIZES, compact_jpeg, jpeg, photo
 from clip_gateway.config.processes import GatewayProcess
-from clip_gateway.config.settings import RepositorySettings
-from clip_gateway.export.build import ensure_exported
 from clip_gateway.launcher.local import LocalTriton
-from clip_gateway.launcher.repository import render
-from clip_gateway.model.spec import Weights
 
 
 @dataclass
@@ -30,10 +27,10 @@ class Stack:
 
 @contextlib.contextmanager
 def running(gateway_env: dict[str, str] | None = None) -> Iterator[Stack]:
-    exported = ensure_exported("ViT-B-32", Weights.random(0))
+    exported = export()
     with tempfile.TemporaryDirectory(prefix="bench-stack-") as tmp:
         work = Path(tmp)
-        repo = render(RepositorySettings(profile="cpu"), exported.directory, work / "repo")
+        repo = render(exported, work / "repo", "cpu")
         with LocalTriton(repo, log_path=work / "triton.log") as triton:
             gateway = GatewayProcess(
                 triton.grpc_url,

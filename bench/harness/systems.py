@@ -221,8 +221,8 @@ def system(name: str, export_dir: Path, work: Path, limits: Limits,
     # the machine quiet before this system starts (its own idle threads are its business)
     quiet = wait_quiet(limits.quiet_wait_s)
     with server as url:
-        chose = _profile_choice(url) if name == "gateway-auto" else None
-        planned = _core_plan(url) if name != "infinity" else None
+        chose = _noted(url, "profile_choice") if name == "gateway-auto" else None
+        planned = _noted(url, "core_plan") if name != "infinity" else None
         started = time.monotonic()
         cells_found = asyncio.run(measure(make(url), limits, cells))
     found = {"before": quiet, "seconds": round(time.monotonic() - started, 1),
@@ -249,40 +249,29 @@ def plan_env(name: str, env: dict[str, str]) -> tuple[str, dict[str, str]]:
 def switched(url: str, timeout_s: float, *, auto: bool = True) -> None:
     """Wait until what serves is what was chosen: ``auto``'s profile (each tower's /v1/models
     entry names the choice) and a CPU profile's core plan (no longer the table's until measured);
-    at once where both were recorded here earlier. A GPU's profile is chosen before ready."""
-    from clip_gateway.profiles import gpu
-
-    if gpu.detect() is not None:
-        return
+    at once where both were recorded here earlier. A GPU's profile is chosen before ready: a
+    ready model whose towers name no core plan is served on a GPU."""
     deadline = time.monotonic() + timeout_s
     while True:
         (card,) = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
         towers = list((card.get("quantization") or {}).values())
+        on_gpu = card["ready"] and not any("core_plan" in tower for tower in towers)
         chosen = not auto or (towers and all("profile_choice" in tower for tower in towers))
         planning = any("until measured" in tower.get("core_plan", {}).get("by", "")
                        for tower in towers)  # fmt: skip
-        if chosen and not planning:
+        if on_gpu or (chosen and not planning):
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"the choice was not serving within {timeout_s:g} s")
         time.sleep(2)
 
 
-def _core_plan(url: str) -> dict[str, Any] | None:
-    """The CPU profile's core plan and what it was chosen by, as /v1/models says it."""
+def _noted(url: str, key: str) -> dict[str, Any] | None:
+    """What the image model's /v1/models entry notes under ``key``: ``core_plan`` (the CPU
+    profile's plan and what chose it) or ``profile_choice`` (what ``auto`` measured and chose)."""
     for model in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]:
         image = (model.get("quantization") or {}).get("image") or {}
-        if "core_plan" in image:
-            planned: dict[str, Any] = image["core_plan"]
-            return planned
-    return None
-
-
-def _profile_choice(url: str) -> dict[str, Any] | None:
-    """What ``auto`` measured and chose, as the image model's /v1/models entry says it."""
-    for model in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]:
-        image = (model.get("quantization") or {}).get("image") or {}
-        if "profile_choice" in image:
-            chose: dict[str, Any] = image["profile_choice"]
-            return chose
+        if key in image:
+            noted: dict[str, Any] = image[key]
+            return noted
     return None

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import simplejpeg
-from PIL import Image
+from PIL import Image, ImageOps
 
 from bench.harness import load, profiling, study
 from bench.harness.clients import Batches, GatewayClient
@@ -39,7 +39,6 @@ from bench.harness.stack import camera_photos
 from clip_gateway.client.compact import CompactOptions, compact
 from clip_gateway.client.core import Retries
 from clip_gateway.imaging import jpeg as jpegs
-from clip_gateway.imaging import orientation, paths
 from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from clip_gateway.model.calibration import photo
 
@@ -127,8 +126,7 @@ def upload_figures(photos: list[bytes], smoke: bool) -> dict[str, dict[str, floa
 
     def open_clip_pixels(data: bytes) -> np.ndarray:
         with Image.open(io.BytesIO(data)) as opened:
-            upright = orientation.upright(np.asarray(opened.convert("RGB")), orientation.of(data))
-        image = Image.fromarray(np.ascontiguousarray(upright))
+            image = ImageOps.exif_transpose(opened).convert("RGB")
         return np.asarray(reference(image)).astype(np.float32)
 
     references = [open_clip_pixels(data) for data in photos]
@@ -188,11 +186,9 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
 
 def run(out: Path, smoke: bool = False) -> dict[str, Any]:
     from bench.harness import models
-    from bench.harness.machine import record as machine
+    from bench.harness.machine import imaging, record
     from clip_gateway.config.processes import GatewayProcess
-    from clip_gateway.export.build import ensure_exported
     from clip_gateway.launcher.local import LocalTriton
-    from clip_gateway.model.spec import Weights
 
     out.mkdir(parents=True, exist_ok=True)
     camera = camera_photos(4 if smoke else 8)
@@ -205,16 +201,16 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
         "camera": camera,
     }
     results: dict[str, Any] = {
-        "machine": machine(),
-        "imaging": paths.current().__dict__,
+        "machine": record(),
+        "imaging": imaging(),
         "shared_machine": True,
         "local": local_figures(pools, smoke),
         "uploads": upload_figures(camera, smoke),
         "phases": [],
     }
-    exported = ensure_exported("ViT-B-32", Weights.random(0))
+    exported = models.export()
     work = Path(tempfile.mkdtemp(prefix="bench-cost-"))  # the repository and the logs
-    repo = models.null_repository(exported.directory, work / "null-repo")
+    repo = models.null_repository(exported, work / "null-repo")
     for workers in sorted({phase.workers for phase in (SMOKE if smoke else FULL)}):
         env = {"GATEWAY_DECODE_THREADS": "1", "GATEWAY_CANARY_INTERVAL_S": "0",
                "GATEWAY_WORKERS": str(workers)}  # fmt: skip

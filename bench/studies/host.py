@@ -424,30 +424,26 @@ def engine(
 ) -> dict[str, Any]:
     """The model's graphs served by Triton through the gateway: the sweep, texts, parity; the
     cores split by a first calibration cell through this engine."""
+    from bench.harness.models import render
     from clip_gateway.config.plan import worker_plan
-    from clip_gateway.config.settings import RepositorySettings
     from clip_gateway.launcher.local import LocalTriton
-    from clip_gateway.launcher.repository import render
 
     manifest = json.loads((export_dir / "manifest.json").read_text())
     size = int(manifest["image_size"])
+    profile, settings = "cpu", dict[str, object](max_batch_size=sweep.max_batch_size)
     if gpu:
-        settings = RepositorySettings(
-            profile="cuda", gpu_backend="python", instance_count=2,
-            max_batch_size=sweep.max_batch_size,
-            preferred_batch_sizes=(32, 64, sweep.max_batch_size),
-        )  # fmt: skip
-    else:
-        settings = RepositorySettings(profile="cpu", max_batch_size=sweep.max_batch_size)
-    repo = render(settings, export_dir, work / f"repo-{model}")
+        profile = "cuda"
+        settings |= {"gpu_backend": "python", "instance_count": 2,
+                     "preferred_batch_sizes": [32, 64, sweep.max_batch_size]}  # fmt: skip
+    repo = render(export_dir, work / f"repo-{model}", profile, **settings)
     result: dict[str, Any] = {
-        "profile": settings.profile,
+        "profile": profile,
         "triton_backend": "python (ONNX Runtime CUDA EP)"
         if gpu
         else "python (ONNX Runtime CPU EP)",
         "graph": "FP16" if gpu else "FP32",
-        "max_batch_size": settings.max_batch_size,
-        "instances": settings.instance_count or 1,
+        "max_batch_size": sweep.max_batch_size,
+        "instances": settings.get("instance_count", 1),
         "images": [],
         "texts": [],
     }
@@ -501,8 +497,11 @@ def parity(url: str, model: str, size: int) -> dict[str, Any]:
     from clip_gateway.client.core import multipart
     from clip_gateway.export.model import load
     from clip_gateway.export.parity import reference, reference_text
-    from clip_gateway.model.gate import cosine
     from clip_gateway.model.spec import Weights
+
+    def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # row by row, both float64
+        found: np.ndarray = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        return found
 
     files, pixels = parity_images(16, size)
     body, content_type = multipart(files, "image/png")
@@ -530,7 +529,6 @@ def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str,
     """The served graph alone in ONNX Runtime, and open_clip in torch FP16 on device tensors."""
     from bench.harness import engine
     from clip_gateway.export.model import load
-    from clip_gateway.model.contract import INPUT_NAME
     from clip_gateway.model.spec import Weights
 
     manifest = json.loads((export_dir / "manifest.json").read_text())
@@ -540,8 +538,9 @@ def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str,
     session = engine.session(path, provider)
     pixels = np.random.default_rng(0).integers(0, 256, (1, size, size, 3), dtype=np.uint8)
     found: dict[str, Any] = {"provider": provider, "graph": path.name, "ort": {}}
+    (pixels_input,) = session.get_inputs()  # the export's one input: uint8 pixels
     for batch in sweep.ceiling_batches:
-        feed = {INPUT_NAME: pixels.repeat(batch, axis=0)}
+        feed = {pixels_input.name: pixels.repeat(batch, axis=0)}
         found["ort"][str(batch)] = engine.rate(
             lambda feed=feed, s=session: s.run(None, feed), batch, sweep.ceiling_seconds
         )
@@ -572,12 +571,11 @@ def has_gpu() -> bool:
 def environment(gpu: bool, machine: Machine, cores: Cores) -> dict[str, Any]:
     """The machine's record, its CPU topology and the split before anything is measured (each
     phase's measured split is in its own results)."""
-    from bench.harness.machine import record
-    from clip_gateway.imaging import paths
+    from bench.harness.machine import imaging, record
 
     found = record() | {"cpu_topology": machine.topology.record(),
                         "cores_split": asdict(cores), "pinned": cores.pinned,
-                        "imaging": paths.current().__dict__}  # fmt: skip
+                        "imaging": imaging()}  # fmt: skip
     try:
         import onnxruntime as ort
 
@@ -620,8 +618,7 @@ class Run:
 def run(
     sweep: Sweep, out: Path, cache: Path | None, gpu: bool, phases: tuple[str, ...]
 ) -> dict[str, Any]:
-    from clip_gateway.export.build import ensure_exported
-    from clip_gateway.model.spec import Weights
+    from bench.harness.models import export
 
     machine = Machine.here()
     cores = machine.split()  # Triton's before it is measured; each phase measures its own
@@ -632,7 +629,7 @@ def run(
     exports = {}
     for model in sweep.models:
         started = time.perf_counter()
-        exports[model] = ensure_exported(model, Weights.random(0), cache).directory
+        exports[model] = export(model, cache)
         state.results.setdefault("export_seconds", {})[model] = round(
             time.perf_counter() - started, 1
         )

@@ -14,6 +14,7 @@ base64 data URIs in JSON, base64 floats back; the gateway: multipart, binary flo
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -36,29 +37,29 @@ def run(
     systems: tuple[str, ...] = SYSTEMS,
     cells: tuple[tuple[int, int], ...] = CELLS,
 ) -> dict[str, Any]:
+    from bench.harness.models import export
     from bench.studies.peers_report import write
-    from clip_gateway.export.build import ensure_exported
-    from clip_gateway.model.spec import Weights
 
-    exported = ensure_exported("ViT-B-32", Weights.random(0), int8=True)
+    exported = export(int8=True)
+    manifest = json.loads((exported / "manifest.json").read_text())
     results: dict[str, Any] = {
         "machine": machine(),
         "limits": asdict(limits),
         "command": " ".join(["python -m bench", *sys.argv[1:]]),
-        "export": exported.manifest.get("int8", {}).get("figures"),
+        "export": manifest.get("int8", {}).get("figures"),
     }
     results["ceilings_before"] = wait_quiet(limits.quiet_wait_s)
     results["ceilings"] = ceilings.gemm_ceilings(reps=1 if limits is SMOKE else 5)
     reps = 1 if limits is SMOKE else 5
     results["model_alone"] = {
-        precision: ceilings.model_alone(exported.directory / file, "pixels", 224, reps=reps)
+        precision: ceilings.model_alone(exported / file, "pixels", 224, reps=reps)
         for precision, file in (("fp32", "model.onnx"), ("int8", "model_int8.onnx"))
     }
     results["gop_per_image"] = round(ceilings.VIT_B32_GOP, 3)
     results["systems"] = {}
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         for name in systems:
-            results["systems"][name] = system(name, exported.directory, Path(tmp), limits,
+            results["systems"][name] = system(name, exported, Path(tmp), limits,
                                               cells=cells)  # fmt: skip
     results["machine"]["load_avg_after"] = list(os.getloadavg())
     write(results, out)

@@ -18,9 +18,7 @@ from bench.harness.clients import Batches, GatewayClient
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
 from clip_gateway.config.processes import GatewayProcess
-from clip_gateway.export.build import ensure_exported
 from clip_gateway.launcher.local import LocalTriton, otel_trace_args
-from clip_gateway.model.spec import Weights
 
 MODES = {
     "off": {"GATEWAY_TRACING": "off"},
@@ -50,12 +48,12 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{sink.server_address[1]}"
-    exported = ensure_exported("ViT-B-32", Weights.random(0))
+    exported = models.export()
     pool = [compact_jpeg(i) for i in range(32)]
     measured: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
         work = Path(tmp)
-        repo = models.null_repository(exported.directory, work / "repo")
+        repo = models.null_repository(exported, work / "repo")
         trace_args = otel_trace_args(f"{endpoint}/v1/traces")
         with LocalTriton(repo, log_path=work / "triton.log", extra_args=trace_args) as triton:
             for round_ in range(rounds):
