@@ -53,8 +53,7 @@ def record() -> dict[str, Any]:
 
 
 def imaging() -> dict[str, Any]:
-    """The libraries the gateway decodes and resizes with here, as ``clip-gateway imaging``
-    prints them (what its ready line and /v1/models say)."""
+    """The gateway's image libraries here, as ``clip-gateway imaging`` prints them."""
     command = [sys.executable, "-m", "clip_gateway", "imaging"]
     return dict(json.loads(subprocess.run(command, capture_output=True, check=True).stdout))
 

@@ -1,6 +1,5 @@
-"""The model as a user makes it: the export (``python -m clip_gateway.export``) and its Triton
-repository (``clip-gateway render``); and the bench's null model (our exact signature, no
-model), which isolates the gateway's side of a hop."""
+"""The export and its Triton repository as a user makes them (``python -m clip_gateway.export``,
+``clip-gateway render``); the null model (our signature, no model) isolates the gateway's side."""
 
 from __future__ import annotations
 

@@ -103,7 +103,8 @@ def vectors(content: bytes) -> np.ndarray:
     return np.stack([np.frombuffer(base64.b64decode(row["embedding"]), "<f4") for row in data])
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Until ``url`` answers 200 (``log``'s end if ``process`` exits first or time runs out)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -149,7 +150,7 @@ def infinity(work: Path) -> Iterator[str]:
         process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port.port}"
-        _wait_http(f"{url}/health", process, log, timeout=600)
+        wait_http(f"{url}/health", process, log, timeout=600)
         yield url
     finally:
         _stop(process)

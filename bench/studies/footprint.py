@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from bench.harness import study
 from bench.harness.cpu import tree
 from bench.harness.output import write_results
 from bench.harness.photos import compact_jpeg
-from bench.harness.systems import switched
+from bench.harness.systems import switched, wait_http
 from clip_gateway.client.core import send
 from clip_gateway.config.processes import reserve_port
 
@@ -65,16 +64,7 @@ def run(minutes: float, out: Path, smoke: bool = False) -> dict[str, Any]:
                                    env=env)  # fmt: skip
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if process.poll() is not None:
-                    raise RuntimeError("serve exited before it was ready")
-                time.sleep(0.2)
+            wait_http(f"{url}/readyz", process, Path(work) / "serve.log", timeout=600)
             # auto's first start serves at once and quantizes, builds and times the CPU profiles
             # in child processes (the exporter among them, with torch): the footprint is the
             # one that stays, once it serves its choice
