@@ -38,13 +38,13 @@ if TESTS.parent.name == "mutants":  # `make mutation` runs the suite from its co
 #: ``torch``. A test that needs the export extra in a module not listed here carries
 #: ``@pytest.mark.torch`` itself.
 TORCH_MODULES = {
-    "unit/test_calibration_set.py",
+    "unit/model/test_calibration.py",
     "bench/test_bench_peers.py",
-    "unit/test_tensorrt_graph.py",
-    "unit/test_hf_tokenizer.py",
-    "unit/test_model_family.py",
-    "unit/test_resize_modes.py",
-    "unit/test_tokenizer.py",
+    "unit/export/test_graph.py",
+    "unit/text/test_hf.py",
+    "unit/export/test_model_family.py",
+    "unit/imaging/test_preprocess_resize_modes.py",
+    "unit/text/test_tokenizer.py",
     "api/test_texts.py",
 }
 #: What the fast tier makes unimportable, so that a test needing them fails there instead of

@@ -4,7 +4,7 @@ and API tiers need neither torch nor open_clip (`make test-fast`).
 It is the file the exporter writes (``clip_gateway.export.tokenizer.write_clip_bpe``) from
 open_clip's ``bpe_simple_vocab_16e6.txt.gz``, xz-compressed; ``SOURCE`` beside it names the
 open_clip release and the vocabulary's sha256 it came from. Regenerate both with
-``python -m tests.tokenizer_data`` (needs the export extra); tests/unit/test_tokenizer.py fails
+``python -m tests.tokenizer_data`` (needs the export extra); tests/unit/text/test_tokenizer.py fails
 when they no longer match what the installed open_clip and exporter write.
 """
 

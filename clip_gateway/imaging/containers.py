@@ -26,7 +26,7 @@ class ContainerInfo:
     width: int
     height: int
     #: Peak decoder memory per pixel: Pillow's full-size buffer, libwebp's own, and the RGB
-    #: copy when the mode is not RGB (measured: tests/unit/test_decode_memory.py).
+    #: copy when the mode is not RGB (measured: tests/unit/imaging/test_preprocess_memory.py).
     bytes_per_pixel: int
     #: Where the EXIF (TIFF) block is, ``data[start:end]``, if there is one.
     exif: tuple[int, int] | None = None

@@ -105,7 +105,7 @@ def read_header(data: bytes) -> JpegHeader:
         height, width, colorspace, _subsampling = simplejpeg.decode_jpeg_header(data)
     except ValueError as exc:
         raise JpegError(f"unreadable JPEG header: {exc}") from exc
-    # (libjpeg refuses a frame of no rows or no columns itself: tests/unit/test_jpeg.py)
+    # (libjpeg refuses a frame of no rows or no columns itself: tests/unit/imaging/test_jpeg.py)
     return JpegHeader(int(width), int(height), str(colorspace))
 
 

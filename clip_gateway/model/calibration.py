@@ -45,7 +45,7 @@ def photo(width: int, height: int, seed: int = 0) -> Image.Image:
     """An RGB image of ``width`` x ``height`` with photo-like statistics, deterministic for
     ``seed``. Random pixels compress to nothing like a photo and flat images far too well; these
     land where camera JPEGs do (roughly 0.2-0.5 bytes/pixel at q90). A change to it changes the
-    calibration set (tests/unit/test_calibration_set.py pins its digest)."""
+    calibration set (tests/unit/model/test_calibration.py pins its digest)."""
     rng = np.random.default_rng(seed)
     # low-frequency lighting: a tiny random image blown up smoothly
     small = rng.integers(30, 226, size=(4, 6, 3), dtype=np.uint8)

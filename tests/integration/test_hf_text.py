@@ -27,8 +27,8 @@ from tests import reference
 from tests.exports import ensure_exported
 from tests.hf_tokenizers import build
 from tests.integration.test_supervisor import SIGLIP_MEAN_LIMIT, siglip_photos
-from tests.unit.test_hf_tokenizer import SPECIAL_TEXTS
-from tests.unit.test_tokenizer import corpus
+from tests.unit.text.test_hf import SPECIAL_TEXTS
+from tests.unit.text.test_tokenizer import corpus
 
 #: Each model and the kind of tokenizer its hub repository holds (SigLIP2 at 224 and 256 px).
 MODELS = {"ViT-B-16-SigLIP": "t5", "ViT-B-16-SigLIP2": "gemma", "ViT-B-16-SigLIP2-256": "gemma"}

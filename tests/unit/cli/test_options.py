@@ -21,7 +21,7 @@ from clip_gateway.cli.serve import SERVE_FLAGS
 from clip_gateway.cli.tools import COMMAND_FLAGS
 from clip_gateway.config.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: For each of serve's settings: (environment value, flag value), each parsed as the settings
 #: read it. Both differ from each other and from the default, so each assertion can fail.

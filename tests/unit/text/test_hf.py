@@ -21,9 +21,9 @@ from clip_gateway.text import load_tokenizer
 from clip_gateway.text.hf import HfTokenizer
 from clip_gateway.text.tokenizer import canonicalize
 from tests.hf_tokenizers import build
-from tests.unit.test_tokenizer import corpus
+from tests.unit.text.test_tokenizer import corpus
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTEXT = 64
 #: kind, open_clip options: SigLIP2's and SigLIP's (their model configs), XLM-R's default
 #: cleaning, XLM-R with ``strip_sep_token`` (its separator is its end token), and NLLB with a
@@ -61,7 +61,7 @@ def differences(ours, theirs, texts: list[str]) -> list[str]:
 
 def parity_corpus() -> list[str]:
     """Accents, CJK, emoji, punctuation and underscores, HTML entities, special-token strings,
-    texts around and far past the context (tests/unit/test_tokenizer.py's corpus), more."""
+    texts around and far past the context (tests/unit/text/test_tokenizer.py's corpus), more."""
     long = ["a photo of a cat " * n for n in (10, 15, 16, 17, 40)] + ["東京" * 100, "x" * 3000]
     return corpus(2000, seed=27) + SPECIAL_TEXTS + long
 

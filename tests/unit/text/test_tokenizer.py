@@ -19,7 +19,7 @@ from clip_gateway.export.tokenizer import write_clip_bpe
 from clip_gateway.text.tokenizer import ClipBpeTokenizer, clean
 from tests import tokenizer_data
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTEXT = 77
 
 ACCENTED = ["naïve", "café", "Ångström", "façade", "São Paulo", "Zürich", "crème brûlée",

@@ -13,7 +13,7 @@ import pytest
 from clip_gateway.photos.walk import Counts, Photo, Unreadable, walk
 from tests import samples
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def found(root: Path, *, hidden: bool = False) -> tuple[list[str], dict[str, str], Counts]:

@@ -23,7 +23,7 @@ from PIL import Image
 from clip_gateway.imaging import preprocess as images
 from tests import samples
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 W, H = 3000, 2000  # 6 MP: large enough that the decoder's buffers dwarf its fixed overhead
 CHILD = r"""
 import sys

@@ -24,7 +24,7 @@ from clip_gateway.photos.embed_folder import Options, embed_folder, summary
 from clip_gateway.photos.library import Library
 from tests import samples
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

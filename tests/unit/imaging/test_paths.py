@@ -14,7 +14,7 @@ import pytest
 
 from clip_gateway.imaging import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "requirements" / "pillow-simd.sh"
 
 
