@@ -124,9 +124,13 @@ pytest:
 # The edit-test loop (docs/DEVELOPMENT.md "The fast tier"): tests/unit and tests/api without
 # torch, open_clip or a tritonserver, on one pytest-xdist worker per core; `make test` stays the
 # whole suite. --fast makes torch and open_clip unimportable even where they are installed.
+# Bytecode is kept between runs in build/pycache even where the environment says not to write it
+# (PYTHONDONTWRITEBYTECODE=1 on the 2-core machine): else every run, each worker and each child
+# process compiled every module it imported again, pytest's assertion rewriting included.
 FAST_WORKERS ?= auto
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest tests/unit tests/api --fast -m "not torch" -n $(FAST_WORKERS) $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache \
+	  $(PY) -m pytest tests/unit tests/api --fast -m "not torch" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # Mutation testing of the request path's pure modules against their unit tests ([tool.mutmut] in
 # pyproject.toml). Not part of `make test`: a full run takes minutes. mutmut keeps old verdicts
