@@ -9,6 +9,7 @@ pillow-simd's images/s per core (docs/PERFORMANCE.md).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,9 @@ def _pil_distribution() -> tuple[str, str]:
     return "unknown PIL", PIL.__version__
 
 
+# Once per process: the imported PIL's distribution cannot change, and finding it reads every
+# installed distribution's metadata (each app start and decode-speed record asked again).
+@functools.cache
 def current() -> ImagingPath:
     name, version = _pil_distribution()
     jpeg = f"libjpeg-turbo (simplejpeg {importlib.metadata.version('simplejpeg')}), DCT-scaled"
