@@ -183,6 +183,8 @@ def test_sampling_is_decided_at_the_edge(
     monkeypatch: pytest.MonkeyPatch, ratio: float, trust: bool, flags: str, sampled: bool
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # never reached
+    # a sampled span is exported at shutdown: refused, the exporter retried it for ~7 s
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.1")
     assert _decision(ratio, trust, flags) is sampled
 
 
