@@ -59,7 +59,7 @@ def test_the_check_names_the_pil_that_shadows_the_venvs_and_requires_simd(
     assert ("not pillow-simd" in done.stderr) == (code == 1)
 
 
-def _tools(bin_dir: Path, *, uid: int, headers_after_apt: bool) -> Path:
+def _tools(bin_dir: Path, *, uid: int, headers_after_apt: bool, wheel_fails: bool = False) -> Path:
     """Stand-ins for cc, id, sudo, apt-get and the venv's python that record their calls; cc
     finds the headers only once apt-get has run (when ``headers_after_apt``)."""
     bin_dir.mkdir()
@@ -72,7 +72,16 @@ def _tools(bin_dir: Path, *, uid: int, headers_after_apt: bool) -> Path:
         "id": f"echo {uid}",
         "sudo": "exit 1",  # no passwordless sudo
         "apt-get": f'echo "apt-get $*" >> {calls}; touch {bin_dir}/installed',
-        "python": f'[ "$1" = -c ] && {{ echo {include}; exit 0; }}; echo "python $*" >> {calls}',
+        # -c: the include path; -I -S -c: sys._base_executable (itself); -m venv: a venv whose
+        # python is this stand-in too, recorded as venv-python
+        "python": f"""[ "$1" = -c ] && {{ echo {include}; exit 0; }}
+[ "$1" = -I ] && {{ echo "$0"; exit 0; }}
+who=python; [ "$0" = {bin_dir}/python ] || who=venv-python
+[ "$1 $2" = "-m venv" ] && {{ mkdir -p "$3/bin"; cp "$0" "$3/bin/python"; }}
+echo "$who $*" >> {calls}
+[ "$who $1 $2 $3" = "venv-python -m pip wheel" ] && {str(wheel_fails).lower()} && {{
+  echo "gcc: fatal error: cc1 exploded"; exit 1; }}
+exit 0""",
     }
     for name, body in scripts.items():
         tool = bin_dir / name
@@ -119,10 +128,23 @@ def test_as_root_the_install_gets_the_packages_then_builds_and_checks(tmp_path: 
     lines = calls.read_text().splitlines()
     assert lines[0].startswith("apt-get install -y")
     assert lines[0].endswith("libwebp-dev zlib1g-dev libjpeg-dev")
-    assert lines[1].startswith("python -m pip wheel") and "pillow-simd==12.1.1.post0" in lines[1]
-    assert lines[2].startswith("python -m pip uninstall")
-    assert lines[3].startswith("python -m pip install") and "--no-index" in lines[3]
+    # the wheel is built by a venv of its own, not by the one being installed meanwhile
+    assert lines[1].startswith("python -m venv ")
+    assert lines[2].startswith("venv-python -m pip wheel")
+    assert "pillow-simd==12.1.1.post0" in lines[2]
+    assert lines[3].startswith("python -m pip uninstall")
+    assert lines[4].startswith("python -m pip install") and "--no-index" in lines[4]
     assert lines[-1] == "python -m clip_gateway imaging --require-simd"
+
+
+def test_a_failed_wheel_build_shows_its_output_and_installs_nothing(tmp_path: Path) -> None:
+    calls = _tools(tmp_path / "bin", uid=0, headers_after_apt=True, wheel_fails=True)
+    done = _install(tmp_path / "bin")
+    assert done.returncode == 1
+    assert "gcc: fatal error: cc1 exploded" in done.stderr  # the build's own words
+    assert "building pillow-simd 12.1.1.post0 failed" in done.stderr
+    assert "PILLOW_SIMD=0" in done.stderr
+    assert not any("pip install" in line for line in calls.read_text().splitlines())
 
 
 def test_packages_still_missing_after_apt_stop_the_install(tmp_path: Path) -> None:
