@@ -65,9 +65,11 @@ class Sampler:
             scan = tick % 4 == 0  # and the titles again: a Ray worker names itself once started
             tick += 1
             for member in tree(self.pid) if scan else list(self.seen):
+                known = self.seen.get(member, ("", 0.0))[0]
                 try:
                     seconds = _cpu(Path(f"/proc/{member}/stat"))  # its own threads
-                    title = _title(member) if scan else self.seen[member][0]
+                    # a process that has exited (a zombie) has no command line: keep its title
+                    title = (_title(member) or known) if scan else known
                 except OSError:
                     continue
                 self.seen[member] = (title, seconds)
