@@ -236,13 +236,15 @@ def pair_runs(
     watch: list[int],
     args: argparse.Namespace,
     poll_s: float,
+    keep: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """``args.pairs`` pairs over ``folder``, each ``embed`` then the job; fresh outputs."""
+    """``args.pairs`` pairs over ``folder``, each ``embed`` then the job; fresh outputs (the
+    first job's in ``keep`` where given)."""
     pairs = []
     for i in range(args.pairs):
         pair: dict[str, Any] = {}
         for client in ("embed", "bulk"):
-            out = tmp / f"out-{i}-{client}"
+            out = keep if keep and i == 0 and client == "bulk" else tmp / f"out-{i}-{client}"
             embed, bulk = commands(folder, f"{out}.npz", str(out), url, args)
             run = _run(embed if client == "embed" else bulk, watch, url, images, poll_s)
             pair[client] = figures_of(run, images)
@@ -333,7 +335,7 @@ def real_runs(tmp: Path, photos: list[bytes], args: argparse.Namespace) -> dict[
         assert gateway is not None and triton is not None
         watch = [gateway.pid, triton.pid]
         figures["pairs"] = pair_runs(
-            tmp / "real", folder, args.images, stack.gateway.url, watch, args, poll_s=1.0
+            tmp / "real", folder, args.images, stack.gateway.url, watch, args, 1.0, args.keep
         )
     figures["medians"] = medians(figures["pairs"])
     return figures
@@ -366,6 +368,7 @@ def main(argv: list[str]) -> int:
         help="both clients, per gateway (docs/BULK.md: 1-2 on a CPU profile)",
     )
     parser.add_argument("--workers", type=int, default=2, help="the job's Ray workers")
+    parser.add_argument("--keep", type=Path, help="the first cpu-profile job's output kept here")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
         "machine": record(),
