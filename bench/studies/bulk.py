@@ -94,11 +94,9 @@ class Sampler:
 
 
 class Window:
-    """The steady part of a run: every CPU counter read when the gateway has embedded
-    ``START`` and ``END`` of the run's images (its ``gateway_images_total``, read every
-    ``poll_s``: a /metrics page costs the gateway about a millisecond),
-    so a cost per image leaves the start-up and the end (Ray's start and shutdown, imports,
-    the last commit) out, however much they vary from run to run."""
+    """The steady part of a run: every CPU counter read as the gateway's count (/metrics, every
+    ``poll_s``) passes ``START`` and ``END`` of the run's images, leaving start-up and shutdown
+    out, however much they vary from run to run."""
 
     START, END = 0.2, 0.9
 
@@ -255,8 +253,7 @@ def pair_runs(
 
 
 def figures_of(run: dict[str, Any], images: int) -> dict[str, Any]:
-    """A run's images/s and CPU per image over the whole run (start-up included; no rate for
-    a run that did not finish: ``embed`` gives up on a 429 its retries do not outlast), and
+    """A run's images/s (none if it did not finish) and CPU per image, start-up included, and
     each part's start-up: its CPU beyond the steady cost of the run's images."""
     finished = run["exit"] in (0, 3)
     run["images_per_s"] = round(images / run["wall_s"], 2) if finished else None
@@ -284,12 +281,10 @@ def ratios(pair: dict[str, Any]) -> dict[str, float | None]:
         found["workers_vs_gateway"] = round(ms["workers"] / gateway, 3)
         found["job_vs_gateway"] = round((ms["workers"] + ms["driver"]) / gateway, 3)
         found["all_in_vs_gateway"] = round(sum(ms.values()) / gateway, 3)
-    if embed["steady"] is not None:
-        ms, gateway = (
-            embed["steady"]["cpu_ms_per_image"],
-            embed["steady"]["gateway_cpu_ms_per_image"],
+    if (e := embed["steady"]) is not None:
+        found["embed_vs_gateway"] = round(
+            sum(e["cpu_ms_per_image"].values()) / e["gateway_cpu_ms_per_image"], 3
         )
-        found["embed_vs_gateway"] = round(sum(ms.values()) / gateway, 3)
     both = job["images_per_s"] and embed["images_per_s"]
     found["rate_vs_embed"] = round(job["images_per_s"] / embed["images_per_s"], 3) if both else None
     if job["steady"] is not None and embed["steady"] is not None:
@@ -300,8 +295,7 @@ def ratios(pair: dict[str, Any]) -> dict[str, float | None]:
 
 
 def null_runs(tmp: Path, photos: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
-    """The pairs against the gateway in front of the null model (its defaults, the canary off
-    as ``bench cost`` has it: a probe is no image)."""
+    """The pairs against the gateway in front of the null model (the canary off, as in cost)."""
     folder = tmp / "null-photos"
     figures: dict[str, Any] = {
         "images": args.null_images,
@@ -350,34 +344,16 @@ def medians(pairs: list[dict[str, Any]]) -> dict[str, float | None]:
 
 def main(argv: list[str]) -> int:
     parser = study.parser("bulk", __doc__)
-    parser.add_argument(
-        "--images", type=int, default=2000, help="the CPU profile's folder; 0: no such runs"
-    )
-    parser.add_argument(
-        "--null-images",
-        type=int,
-        default=10_000,
-        help="the null model's folder (copies of the photos); 0: no null runs",
-    )
+    parser.add_argument("--images", type=int, default=2000, help="cpu profile photos (0: none)")
+    parser.add_argument("--null-images", type=int, default=10_000, help="null model's (0: none)")
     parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs on each stack")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument(
-        "--in-flight",
-        type=int,
-        default=2,
-        help="both clients, per gateway (docs/BULK.md: 1-2 on a CPU profile)",
-    )
+    parser.add_argument("--in-flight", type=int, default=2, help="both clients, per gateway")
     parser.add_argument("--workers", type=int, default=2, help="the job's Ray workers")
     parser.add_argument("--keep", type=Path, help="the first cpu-profile job's output kept here")
     args = parser.parse_args(argv)
-    results: dict[str, Any] = {
-        "machine": record(),
-        "images": args.images,
-        "batch_size": args.batch_size,
-        "in_flight": args.in_flight,
-        "workers": args.workers,
-        "pairs": args.pairs,
-    }
+    keys = ("images", "batch_size", "in_flight", "workers", "pairs")
+    results: dict[str, Any] = {"machine": record(), **{k: getattr(args, k) for k in keys}}
     photos = [compact_jpeg(5000 + i) for i in range(args.images or 2000)]
     with tempfile.TemporaryDirectory(prefix="bench-bulk-") as tmp:
         if args.null_images:
@@ -393,14 +369,8 @@ def _parts(ms: dict[str, float]) -> str:
     return " | ".join(f"{ms[k]}" for k in PARTS)
 
 
-RATIOS = (
-    "workers_vs_gateway",
-    "job_vs_gateway",
-    "all_in_vs_gateway",
-    "embed_vs_gateway",
-    "rate_vs_embed",
-    "steady_rate_vs_embed",
-)
+RATIOS = ("workers_vs_gateway", "job_vs_gateway", "all_in_vs_gateway", "embed_vs_gateway",
+          "rate_vs_embed", "steady_rate_vs_embed")  # fmt: skip
 
 
 def _stack_markdown(title: str, intro: str, r: dict[str, Any]) -> list[str]:
@@ -414,9 +384,7 @@ def _stack_markdown(title: str, intro: str, r: dict[str, Any]) -> list[str]:
                 f"{run['gateway_cpu_s']} | {run['triton_cpu_s']} | "
                 f"{run['load_avg_at_start'][0]:.2f} |"
             )
-            f = run["steady"]
-            if f is None:
-                steady.append(f"| {i} | `{client}` | no steady window ||||||||")
+            if (f := run["steady"]) is None:
                 continue
             start = run["start_up_cpu_s"]
             steady.append(
