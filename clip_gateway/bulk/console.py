@@ -69,7 +69,9 @@ def run_bulk(src: str, dst: str, gateways: list[str], options: dict[str, Any]) -
         bars.update(tasks["images"], completed=counts["rows"], note=note)
 
     try:
-        summary = run(spec, ray_options, shard_size=options["shard_size"], progress=update)
+        # live bars only on a terminal: elsewhere (a pipe, a RayJob's log) rich draws none
+        watched = update if console.is_terminal else None
+        summary = run(spec, ray_options, shard_size=options["shard_size"], progress=watched)
     except PlanMismatch as exc:
         raise click.UsageError(str(exc)) from exc
     except (OSError, sources.SourceError) as exc:

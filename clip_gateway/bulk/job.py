@@ -120,8 +120,10 @@ def run(
     ray_options: RayOptions,
     *,
     shard_size: int = 10_000,
-    progress: Callable[[dict[str, int]], None] = lambda counts: None,
+    progress: Callable[[dict[str, int]], None] | None = None,
 ) -> Summary:
+    """The job to the end of its shards; ``progress`` (None: nobody watches) is called with the
+    counts so far twice a second, from a thread of its own."""
     started = time.monotonic()
     shards = load_plan(spec, shard_size)
     spec = replace(spec, captions=captions_of(spec))
@@ -144,7 +146,7 @@ def _run_on_ray(
     options: RayOptions,
     pending: list[sources.Shard],
     summary: Summary,
-    progress: Callable[[dict[str, int]], None],
+    progress: Callable[[dict[str, int]], None] | None,
 ) -> None:
     import ray
     import ray.data
@@ -166,7 +168,11 @@ def _run_on_ray(
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False
         context.print_on_execution_start = False
-        tally = ray.remote(num_cpus=0)(Tally).remote()
+        # no thread per worker polling its memory each second for Ray Data's operator stats
+        context.memory_usage_poll_interval_s = None
+        # the workers' counts as they go, for progress bars: an actor (a process of its own,
+        # a Ray worker to start) only when someone watches them
+        tally = ray.remote(num_cpus=0)(Tally).remote() if progress is not None else None
         rows = [{"shard": json.dumps(s.to_json())} for s in pending]
         # no more workers than shards, and the job's requests in flight per gateway shared by
         # the workers there are (each has at least one)
@@ -183,7 +189,8 @@ def _run_on_ray(
         watcher = threading.Thread(
             target=_watch, args=(tally, stop, progress, summary), daemon=True
         )
-        watcher.start()
+        if progress is not None:
+            watcher.start()
         try:
             for row in dataset.iter_rows():
                 if row["error"]:
@@ -194,9 +201,10 @@ def _run_on_ray(
                 summary.failures.update(json.loads(row["failures"]))
                 summary.bytes_read += int(row["bytes_read"])
         finally:
-            stop.set()
-            watcher.join()
-            _report(tally, progress, summary)  # the bars' last state: every shard counted
+            if progress is not None:
+                stop.set()
+                watcher.join()
+                _report(tally, progress, summary)  # the bars' last state: every shard counted
     finally:
         ray.shutdown()
 

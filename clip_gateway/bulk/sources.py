@@ -10,6 +10,7 @@ webdataset and clip-retrieval do); what the bytes really are is the gateway's to
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import posixpath
@@ -20,6 +21,10 @@ from typing import Any, Literal
 
 import fsspec
 import pyarrow.parquet as pq
+
+from clip_gateway.bulk.output import is_local
+from clip_gateway.client import formats
+from clip_gateway.imaging import jpeg
 
 Format = Literal["folder", "webdataset", "parquet"]
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "heic", "heif", "avif", "bmp")
@@ -241,13 +246,20 @@ def _read_tar(source: Source, fs: fsspec.AbstractFileSystem, path: str) -> Itera
 def _read_folder(source: Source, fs: fsspec.AbstractFileSystem, shard: Shard) -> Iterator[Item]:
     _, root = source.filesystem()
     prefix = "" if fs.isfile(root) else root.rstrip("/") + "/"
+    cat = _read_local if is_local(fs) else fs.cat_file
     for key, files in _by_key(list(shard.files)):
         images = [p for p in files if _suffix(p) in IMAGE_EXTENSIONS]
         captions = [p for p in files if _suffix(p) in CAPTION_EXTENSIONS]
-        data = fs.cat_file(images[0]) if images else None
-        caption = _caption(fs.cat_file(captions[0])) if captions else None
+        data = cat(images[0]) if images else None
+        caption = _caption(cat(captions[0])) if captions else None
         where = source.full(fs, images[0] if images else files[0])
         yield Item(key.removeprefix(prefix), where, data, caption)
+
+
+def _read_local(path: str) -> bytes:
+    """A local file's bytes: half of what fsspec's ``cat_file`` spends on a small photo."""
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _parquet_columns(source: Source, shard: Shard) -> Columns:
@@ -306,10 +318,15 @@ def _read_parquet(source: Source, fs: fsspec.AbstractFileSystem, shard: Shard) -
 
 
 def peek(data: bytes) -> tuple[int | None, int | None]:
-    """An image's width and height from its header (Pillow reads no pixels for this), or
-    (None, None) when Pillow cannot tell."""
+    """An image's width and height from its header (libjpeg-turbo's header read for a JPEG, a
+    tenth of Pillow's open; Pillow for the others, which reads no pixels for this either), or
+    (None, None) when neither can tell."""
     from PIL import Image
 
+    if formats.identify(data[: formats.HEAD_BYTES]) == "jpeg":
+        with contextlib.suppress(jpeg.JpegError):
+            header = jpeg.read_header(data)
+            return header.width, header.height
     try:
         with Image.open(io.BytesIO(data)) as image:
             return image.size
