@@ -19,6 +19,7 @@ from clip_gateway.imaging.preprocess import Decoded, DecodeOptions, preprocess
 from clip_gateway.imaging.work import Work
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import record_span
+from clip_gateway.pipeline.cputime import own_cpu_s, watch_collections
 from clip_gateway.pipeline.fair import FairExecutor, Flow
 from clip_gateway.pipeline.items import ImageItem, item_bytes
 
@@ -93,6 +94,7 @@ class BatchDecoder:
         on_decoded: OnDecoded | None = None,
     ) -> None:
         self._pool = pool
+        watch_collections()  # the meter charges decodes, not the collector (pipeline/cputime.py)
         self._tracer = tracer
         self._metrics = metrics
         #: admission learns its decode rates from it, the trimmer how much memory was churned
@@ -330,7 +332,7 @@ def _decode_one(
     meter: Meter | None = None,
     priced: Work | None = None,
 ) -> _Timed:
-    start, cpu = time.time_ns(), time.thread_time()
+    start, cpu = time.time_ns(), own_cpu_s()  # a collection run here is not the input's doing
     try:
         decoded = preprocess(item_bytes(item), out, options, priced)
     except (EmbeddingError, MemoryError):
@@ -338,7 +340,7 @@ def _decode_one(
     except Exception as exc:  # hostile bytes reach C decoders: any failure is the image's fault
         raise InvalidImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
     finally:
-        spent = time.thread_time() - cpu  # failed decodes are paid for too
+        spent = own_cpu_s() - cpu  # failed decodes are paid for too
         if meter is not None:
             meter.spend(spent)
     return _Timed(decoded, start, time.time_ns(), spent)

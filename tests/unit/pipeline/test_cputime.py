@@ -1,0 +1,61 @@
+"""A thread's CPU time less its garbage collections (pipeline/cputime.py)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from clip_gateway.pipeline import cputime
+from clip_gateway.pipeline.cputime import collected_s, own_cpu_s, watch_collections
+
+
+@pytest.fixture
+def heap() -> Iterator[list[list[object]]]:
+    """200,000 tracked objects in cycles: a full collection walks them all (tens of ms)."""
+    watch_collections()
+    objects: list[list[object]] = []
+    for _ in range(200_000):
+        cell: list[object] = []
+        cell.append(cell)
+        objects.append(cell)
+    yield objects
+    objects.clear()
+
+
+def test_a_full_collection_is_kept_out_of_the_threads_own_cpu_time(
+    heap: list[list[object]],
+) -> None:
+    cpu, own, collected = time.thread_time(), own_cpu_s(), collected_s()
+    gc.collect()
+    spent = time.thread_time() - cpu
+    assert collected_s() - collected == pytest.approx(spent, abs=2e-3)
+    assert spent > 5e-3  # the collection really walked the heap
+    assert own_cpu_s() - own < spent / 5
+
+
+def test_each_thread_keeps_its_own_collections(heap: list[list[object]]) -> None:
+    """A collection run in one thread is charged to none of the others."""
+    here = collected_s()
+
+    def collect_there() -> float:
+        before = collected_s()
+        gc.collect()
+        return collected_s() - before
+
+    with ThreadPoolExecutor(1) as pool:
+        there = pool.submit(collect_there).result()
+    assert there > 5e-3
+    assert collected_s() == here
+    assert threading.current_thread() is threading.main_thread()
+
+
+def test_watching_twice_registers_one_callback() -> None:
+    watch_collections()
+    watch_collections()
+    ours = [callback for callback in gc.callbacks if callback.__module__ == cputime.__name__]
+    assert len(ours) == 1
