@@ -100,3 +100,38 @@ def test_models_shows_the_quantization_the_backend_reports(
     fake.info = dataclasses.replace(fake.info, quantization=reported)
     (entry,) = client.get("/v1/models").json()["data"]
     assert entry["quantization"] == reported
+
+
+FROZEN = """
+import gc, sys
+from litestar.testing import TestClient
+from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http.app import create_app
+from tests.fakes import FakeBackend
+from tests import samples
+
+fake = FakeBackend()
+settings = ServerSettings(decode_threads=1, canary_interval_s=0, model_aliases=("clip",))
+with TestClient(create_app(settings, lambda *_: fake, freeze_at_start=sys.argv[1] == "1")) as c:
+    frozen = gc.get_freeze_count()
+    answer = c.post("/v1/embeddings", files=[("image", ("a.jpg", samples.compact(0)))])
+print(frozen, answer.status_code, len(answer.json()["data"]))
+"""
+
+
+def test_a_servers_worker_keeps_what_startup_made_out_of_the_collector() -> None:
+    """A worker (``ServerConfig``) freezes its startup heap: the collector, which runs in
+    whichever thread allocates (a decode's included), walks only what came after. An app made
+    in-process (these tests) freezes nothing: its frozen cycles would never be freed."""
+    import subprocess
+    import sys
+
+    def run(freeze: str) -> list[int]:
+        done = subprocess.run(
+            [sys.executable, "-c", FROZEN, freeze], capture_output=True, text=True, check=True
+        )
+        return [int(word) for word in done.stdout.split()]
+
+    assert run("0") == [0, 200, 1]
+    frozen, status, items = run("1")
+    assert frozen > 20_000 and (status, items) == (200, 1)
