@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import base64
 import math
+import statistics
 import struct
-import time
 import zlib
 
 import numpy as np
@@ -20,6 +20,7 @@ from clip_gateway.errors import InvalidImage
 from clip_gateway.imaging import jpeg, work
 from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from clip_gateway.pipeline import decode_speed
+from clip_gateway.pipeline.cputime import own_cpu_s, watch_collections
 from clip_gateway.pipeline.items import ImageItem, item_bytes, price
 from tests import hostile, samples
 
@@ -127,13 +128,14 @@ def test_immichs_full_size_decode_is_priced_as_it_runs() -> None:
 
 
 def measured_cpu_s(data: bytes, options: DecodeOptions) -> float:
-    """The best of three decodes' thread CPU time: what the gateway's meter counts."""
+    """The best of three decodes' thread CPU time less collections: what the meter counts."""
+    watch_collections()
     out = np.empty((options.size, options.size, 3), np.uint8)
     best = math.inf
     for _ in range(3):
-        start = time.thread_time()
+        start = own_cpu_s()
         preprocess(data, out, options)
-        best = min(best, time.thread_time() - start)
+        best = min(best, own_cpu_s() - start)
     return best
 
 
@@ -164,9 +166,12 @@ def test_the_issue_31_classes_are_priced_within_2x_of_their_decode_here(
     the factors alone this was a verdict on the CPU: a 2-core Xeon with AMX decoded the
     300 x 30,000 strip in 0.105 CPU-s that they price at 0.042 (issue 42)."""
     priced = work.estimate(data, plan=OPTIONS.plan)
-    speed, _ = decode_speed.speed(priced.coding, references[priced.coding])
-    measured = measured_cpu_s(data, OPTIONS)
-    assert 0.5 <= measured / (priced.seconds * speed) <= 2.0, (measured, priced, speed)
+    ratios = []
+    for _ in range(3):  # the speed and the decode measured side by side, three times: a
+        # neighbour's load (the fast tier's other worker) moves both, and not only one of them
+        speed, _ = decode_speed.speed(priced.coding, references[priced.coding])
+        ratios.append(measured_cpu_s(data, OPTIONS) / (priced.seconds * speed))
+    assert 0.5 <= statistics.median(ratios) <= 2.0, (ratios, priced)
 
 
 def test_an_interlaced_png_is_priced_as_interlaced() -> None:
