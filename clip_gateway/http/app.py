@@ -149,6 +149,7 @@ def create_app(
         canary_task = asyncio.create_task(canary.run()) if canary.enabled else None
         try:
             async with passthrough.opened(app.state, settings):  # Immich's upstream, if any
+                await pipeline.warm()
                 if freeze_at_start:
                     # What startup made lives as long as the worker: kept out of the collector,
                     # a full collection walks hundreds of objects instead of ~100,000 (0.1-0.4

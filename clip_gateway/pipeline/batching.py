@@ -5,11 +5,13 @@ its budget decodes nothing more."""
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from opentelemetry.trace import Span, Tracer
@@ -17,6 +19,7 @@ from opentelemetry.trace import Span, Tracer
 from clip_gateway.errors import EmbeddingError, InvalidImage, Overspent
 from clip_gateway.imaging.preprocess import Decoded, DecodeOptions, preprocess
 from clip_gateway.imaging.work import Work
+from clip_gateway.model.calibration import photo
 from clip_gateway.observability.metrics import Metrics
 from clip_gateway.observability.tracing import record_span
 from clip_gateway.pipeline.cputime import own_cpu_s, watch_collections
@@ -99,6 +102,14 @@ class BatchDecoder:
         self._metrics = metrics
         #: admission learns its decode rates from it, the trimmer how much memory was churned
         self._on_decoded = on_decoded
+
+    async def warm(self, options: DecodeOptions) -> None:
+        """Decode a small image of each common format once, in the pool, before any request:
+        a process's first JPEG decode costs ~5 ms more than the next (one-time set-up in the
+        decoders and the resize), PNG's and WebP's ~0.5 ms; unwarmed, a fresh worker's first
+        request paid that on its meter (8 photos priced 6 ms, 23 ms spent against a 20 ms
+        budget: 429) and its latency."""
+        await asyncio.get_running_loop().run_in_executor(self._pool, _warm, options)
 
     async def decode(
         self,
@@ -323,6 +334,21 @@ def _detached(exc: EmbeddingError) -> EmbeddingError:
     exc.__cause__ = exc.__context__ = None
     exc.__suppress_context__ = True
     return exc
+
+
+def _warm(options: DecodeOptions) -> None:
+    image = photo(64, 48)
+    out = np.empty((options.size, options.size, 3), np.uint8)
+    for form, kwargs in _WARM_FORMS:
+        encoded = io.BytesIO()
+        (image.convert("P") if form == "GIF" else image).save(encoded, form, **kwargs)
+        preprocess(encoded.getvalue(), out, options)
+
+
+#: What ``warm`` decodes: the formats photo libraries send.
+_WARM_FORMS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("JPEG", {}), ("JPEG", {"progressive": True}), ("PNG", {}), ("WEBP", {}), ("GIF", {}),
+)  # fmt: skip
 
 
 def _decode_one(

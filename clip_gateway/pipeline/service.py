@@ -234,6 +234,10 @@ class EmbeddingService:
             variant=variant,
         )
 
+    async def warm(self) -> None:
+        """Run each decoder's one-time set-up before the first request (``BatchDecoder.warm``)."""
+        await self._decoder.warm(self._decode_options(None, "open_clip"))
+
     async def capabilities(self) -> Capabilities:
         """What the served model embeds; BackendUnavailable while the backend cannot say."""
         info = await self._backend.model_info()
