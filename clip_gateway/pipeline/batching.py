@@ -5,6 +5,7 @@ its budget decodes nothing more."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import threading
 import time
@@ -337,15 +338,22 @@ def _detached(exc: EmbeddingError) -> EmbeddingError:
 
 
 def _warm(options: DecodeOptions) -> None:
-    image = photo(64, 48)
     out = np.empty((options.size, options.size, 3), np.uint8)
+    for data in _warm_files():
+        preprocess(data, out, options)
+
+
+@functools.cache
+def _warm_files() -> tuple[bytes, ...]:
+    """What ``warm`` decodes: a small photo in the formats photo libraries send."""
+    image, files = photo(64, 48), []
     for form, kwargs in _WARM_FORMS:
         encoded = io.BytesIO()
         (image.convert("P") if form == "GIF" else image).save(encoded, form, **kwargs)
-        preprocess(encoded.getvalue(), out, options)
+        files.append(encoded.getvalue())
+    return tuple(files)
 
 
-#: What ``warm`` decodes: the formats photo libraries send.
 _WARM_FORMS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("JPEG", {}), ("JPEG", {"progressive": True}), ("PNG", {}), ("WEBP", {}), ("GIF", {}),
 )  # fmt: skip

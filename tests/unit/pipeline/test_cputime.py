@@ -16,10 +16,10 @@ from clip_gateway.pipeline.cputime import collected_s, own_cpu_s, watch_collecti
 
 @pytest.fixture
 def heap() -> Iterator[list[list[object]]]:
-    """200,000 tracked objects in cycles: a full collection walks them all (tens of ms)."""
+    """50,000 more tracked objects in cycles: a full collection walks them all (ms at least)."""
     watch_collections()
     objects: list[list[object]] = []
-    for _ in range(200_000):
+    for _ in range(50_000):
         cell: list[object] = []
         cell.append(cell)
         objects.append(cell)
@@ -34,7 +34,7 @@ def test_a_full_collection_is_kept_out_of_the_threads_own_cpu_time(
     gc.collect()
     spent = time.thread_time() - cpu
     assert collected_s() - collected == pytest.approx(spent, abs=2e-3)
-    assert spent > 5e-3  # the collection really walked the heap
+    assert spent > 1e-3  # the collection really walked the heap
     assert own_cpu_s() - own < spent / 5
 
 
@@ -49,7 +49,7 @@ def test_each_thread_keeps_its_own_collections(heap: list[list[object]]) -> None
 
     with ThreadPoolExecutor(1) as pool:
         there = pool.submit(collect_there).result()
-    assert there > 5e-3
+    assert there > 1e-3
     assert collected_s() == here
     assert threading.current_thread() is threading.main_thread()
 
