@@ -25,7 +25,7 @@ from clip_gateway.client.core import Retries, retry_after, send
 from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
 from tests import samples
 
-BIG = jpeg(photo(*CAMERA_SIZES[8], seed=3))
+BIG = jpeg(samples.camera_photo(*CAMERA_SIZES[8], seed=3))
 
 
 def size(data: bytes) -> tuple[int, int]:
@@ -54,7 +54,8 @@ def test_the_gateway_only_crops_or_pads_a_compact_upload(
     preprocessing of it resamples nothing: its output is the upload's pixels, cropped (or
     padded), and equals what it makes of the upload at a plain crop."""
     card = {"image_size": 224, "preprocessing": {"resize_mode": mode}}
-    upload = compact(jpeg(photo(*dimensions, seed=5)), CompactOptions().for_model(card))
+    original = jpeg(samples.camera_photo(*dimensions, seed=5))
+    upload = compact(original, CompactOptions().for_model(card))
     pixels = simplejpeg.decode_jpeg(upload, colorspace="RGB")
     height, width = pixels.shape[:2]
     out = np.empty((224, 224, 3), np.uint8)
@@ -117,7 +118,7 @@ def test_the_models_interpolation_sizes_the_upload() -> None:
 
 
 def test_compact_applies_exif_orientation_before_dropping_it() -> None:
-    rotated = jpeg(photo(*CAMERA_SIZES[8], seed=3), orientation=6)
+    rotated = jpeg(samples.camera_photo(*CAMERA_SIZES[8], seed=3), orientation=6)
     assert size(compact(rotated))[0] < size(compact(rotated))[1]  # now upright: portrait
 
 

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.harness.photos import jpeg as encode_jpeg
-from bench.harness.photos import photo
 from clip_gateway.imaging import jpeg
 from tests import samples
 
@@ -30,7 +29,7 @@ def test_scale_divisor_keeps_short_side_at_least_the_target(size, divisor) -> No
     [((4032, 3024), (378, 504, 3)), ((2000, 1500), (375, 500, 3)), ((341, 256), (256, 341, 3))],
 )
 def test_decode_uses_power_of_two_scales_only(size, expected_shape) -> None:
-    data = encode_jpeg(photo(*size, seed=1))
+    data = encode_jpeg(samples.camera_photo(*size, seed=1))
     header = jpeg.read_header(data)
     assert (header.width, header.height) == size
     out = jpeg.decode_scaled(data, 224, max_scans=256, dc_only=True)
