@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,8 @@ from clip_gateway.observability.tracing import record_span
 from clip_gateway.pipeline.cputime import own_cpu_s, watch_collections
 from clip_gateway.pipeline.fair import FairExecutor, Flow
 from clip_gateway.pipeline.items import ImageItem, item_bytes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -340,16 +343,23 @@ def _detached(exc: EmbeddingError) -> EmbeddingError:
 def _warm(options: DecodeOptions) -> None:
     out = np.empty((options.size, options.size, 3), np.uint8)
     for data in _warm_files():
-        preprocess(data, out, options)
+        try:
+            preprocess(data, out, options)
+        except Exception as exc:  # a warm-up never stops a start: the request says it instead
+            log.warning("decoder warm-up: %s: %s", type(exc).__name__, exc)
 
 
 @functools.cache
 def _warm_files() -> tuple[bytes, ...]:
-    """What ``warm`` decodes: a small photo in the formats photo libraries send."""
+    """What ``warm`` decodes: a small photo in the formats photo libraries send (those this
+    Pillow can write: a build without WebP skips it)."""
     image, files = photo(64, 48), []
     for form, kwargs in _WARM_FORMS:
         encoded = io.BytesIO()
-        (image.convert("P") if form == "GIF" else image).save(encoded, form, **kwargs)
+        try:
+            (image.convert("P") if form == "GIF" else image).save(encoded, form, **kwargs)
+        except (OSError, KeyError, ValueError):
+            continue
         files.append(encoded.getvalue())
     return tuple(files)
 

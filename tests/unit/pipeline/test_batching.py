@@ -689,3 +689,21 @@ def test_a_warmed_decoder_pays_no_set_up_on_its_first_request(warmed: bool, tmp_
     )  # fmt: skip
     first, then = (float(word) for word in done.stdout.split())
     assert (first - then < 1.5e-3) is warmed, (first, then)  # unwarmed here: 2.8-7.2 ms more
+
+
+def test_a_decoder_that_fails_its_warm_up_never_stops_a_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Pillow built without one of the formats (or a decoder that breaks) is said in the log;
+    the gateway starts, and a request of that format gets its 4xx as it would have."""
+    tried: list[bytes] = []
+
+    def failing(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
+        tried.append(data)
+        raise OSError("decoder webp not available")
+
+    monkeypatch.setattr(batching, "preprocess", failing)
+    with ThreadPoolExecutor(1) as pool:
+        asyncio.run(BatchDecoder(pool, TracerProvider().get_tracer("t"), Metrics()).warm(OPTIONS))
+    assert len(tried) == 5
+    assert caplog.text.count("decoder warm-up: OSError: decoder webp not available") == 5
