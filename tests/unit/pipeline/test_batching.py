@@ -707,3 +707,14 @@ def test_a_decoder_that_fails_its_warm_up_never_stops_a_start(
         asyncio.run(BatchDecoder(pool, TracerProvider().get_tracer("t"), Metrics()).warm(OPTIONS))
     assert len(tried) == 5
     assert caplog.text.count("decoder warm-up: OSError: decoder webp not available") == 5
+
+
+def test_the_warm_up_decodes_each_format_photo_libraries_send() -> None:
+    """A baseline and a progressive JPEG, a PNG, a WebP and a GIF, each a 64x48 photo."""
+    files = batching._warm_files()
+    codings = [work.estimate(data).coding for data in files]
+    assert codings == ["jpeg-baseline", "jpeg-progressive", "png", "webp-lossy", "gif"]
+    out = np.empty((OPTIONS.size, OPTIONS.size, 3), np.uint8)
+    for data in files:
+        decoded = preprocess(data, out, OPTIONS)
+        assert decoded.decoded_pixels == 64 * 48
