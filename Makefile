@@ -130,7 +130,7 @@ pytest:
 FAST_WORKERS ?= auto
 test-fast: $(VENV)/.installed
 	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(CURDIR)/build/pycache \
-	  $(PY) -m pytest tests/unit tests/api --fast -m "not torch" -n $(FAST_WORKERS) $(PYTEST_ARGS)
+	  $(PY) -m pytest tests/unit tests/api --fast -m "not torch and not slow" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # Mutation testing of the request path's pure modules against their unit tests ([tool.mutmut] in
 # pyproject.toml). Not part of `make test`: a full run takes minutes. mutmut keeps old verdicts

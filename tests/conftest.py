@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,33 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str | None:
     if not config.getoption("--fast"):
         return None
-    return "fast tier: left to `make test`: " + ", ".join(sorted(TORCH_MODULES))
+    return "fast tier: left to `make test`: tests marked slow or torch, and " + ", ".join(
+        sorted(TORCH_MODULES)
+    )
+
+
+#: A unit or API test that takes this long here (setup, call and teardown) is marked ``slow``:
+#: the fast tier leaves it to `make test`, and names any unmarked one that takes longer.
+SLOW_S = 1.0
+_unmarked_slow: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords and "integration" not in report.keywords:
+        _unmarked_slow[report.nodeid] = _unmarked_slow.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if not config.getoption("--fast"):
+        return
+    over = sorted(
+        ((seconds, name) for name, seconds in _unmarked_slow.items() if seconds >= 2 * SLOW_S),
+        reverse=True,
+    )
+    if over:
+        terminalreporter.section("unit and API tests over 2 s not marked slow")
+        for seconds, name in over:
+            terminalreporter.write_line(f"{seconds:5.1f} s {name}")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -76,6 +76,7 @@ def _decodes(client: TestClient) -> float:
     return sample(client.get("/metrics").text, "gateway_images_total", format="jpeg")
 
 
+@pytest.mark.slow
 def test_another_model_never_hits_the_shared_file(settings: ServerSettings, tmp_path: Path) -> None:
     shared = cached(settings, cache_path=tmp_path / "cache.sqlite")
     image = samples.compact(3)

@@ -36,6 +36,7 @@ def here(speed: dict[str, float]) -> ServerSettings:
                           admission_infer_s_per_image=0.01, decode_speed=speed)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_class_priced_ten_times_too_low_is_stopped_at_the_multiple_and_learned(
     fake: FakeBackend, monkeypatch: pytest.MonkeyPatch, decode_speed_here: dict[str, float]
 ) -> None:
@@ -79,6 +80,7 @@ def test_a_class_priced_ten_times_too_low_is_stopped_at_the_multiple_and_learned
         assert client.post("/v1/embeddings", files=files(data)).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_request_within_its_price_is_never_stopped(
     fake: FakeBackend, decode_speed_here: dict[str, float]
 ) -> None:
@@ -87,6 +89,7 @@ def test_a_request_within_its_price_is_never_stopped(
         assert answer.status_code == 200, answer.text
 
 
+@pytest.mark.slow
 def test_a_rate_learned_below_the_machines_speed_does_not_tighten_the_meter(
     fake: FakeBackend, decode_speed_here: dict[str, float]
 ) -> None:

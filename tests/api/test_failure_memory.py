@@ -65,6 +65,7 @@ FAILURES: dict[str, tuple[Callable[[TestClient], httpx.Response], int]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("collector_off")
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 def test_a_failed_request_holds_no_images_once_answered(client: TestClient, failure: str) -> None:
@@ -73,6 +74,7 @@ def test_a_failed_request_holds_no_images_once_answered(client: TestClient, fail
     assert settled() == (0, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("collector_off")
 def test_a_failed_immich_predict_holds_no_image_once_answered(
     settings: ServerSettings, fake: FakeBackend

@@ -63,6 +63,7 @@ def test_the_routes_are_off_unless_enabled(client: TestClient) -> None:
     assert predict(client, VISUAL, samples.compact(0)).status_code == 404
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(1440, 1920), (2160, 1440), (640, 480), (1440, 1440), (300, 900)])
 def test_an_image_gets_the_embedding_of_immichs_own_pixels(
     immich: TestClient, size: tuple[int, int]

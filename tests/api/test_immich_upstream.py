@@ -123,6 +123,7 @@ def test_an_oversized_forward_is_refused_by_the_gateways_body_limit(
     assert streamed.headers["content-type"] == "application/problem+json"
 
 
+@pytest.mark.slow
 def test_a_dead_upstream_fails_only_forwards_and_the_status_route_says_so(
     settings: ServerSettings, fake: FakeBackend
 ) -> None:
@@ -144,6 +145,7 @@ def test_a_dead_upstream_fails_only_forwards_and_the_status_route_says_so(
         assert client.get("/ping").text == "pong"
 
 
+@pytest.mark.slow
 def test_upstreams_are_tried_in_order(
     settings: ServerSettings, fake: FakeBackend, upstream: UpstreamProcess
 ) -> None:

@@ -88,6 +88,7 @@ def test_settings_refuse_a_horizon_longer_than_the_deadline() -> None:
     assert ServerSettings(request_timeout_s=10).horizon_s == 5.0
 
 
+@pytest.mark.slow
 def test_request_deadline(fake: FakeBackend) -> None:
     fake.hold()  # never answers by itself
     # a deadline long enough for the decode to end on a loaded machine (0.3 s was not, once):

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 
 import PIL
+import pytest
 from litestar.testing import TestClient
 
 from tests.fakes import FakeBackend
@@ -120,6 +121,7 @@ for freeze in (False, True):
 """
 
 
+@pytest.mark.slow
 def test_a_servers_worker_keeps_what_startup_made_out_of_the_collector() -> None:
     """A worker (``ServerConfig``) freezes its startup heap: the collector, which runs in
     whichever thread allocates (a decode's included), walks only what came after. An app made

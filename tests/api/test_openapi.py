@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 from litestar.testing import TestClient
 from openapi_spec_validator import validate
 
@@ -69,6 +70,7 @@ def test_docs_need_no_internet(client: TestClient) -> None:
         assert asset.status_code == 200 and len(asset.content) > 100, url
 
 
+@pytest.mark.slow
 def test_serving_the_docs_assets_never_imports_flask() -> None:
     # flask-swagger-ui ships Swagger UI's files; its module imports Flask, never run here
     code = "import sys, clip_gateway.http.docs as d; d.assets(); print('flask' in sys.modules)"

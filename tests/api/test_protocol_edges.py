@@ -54,6 +54,7 @@ def test_data_uri_scheme_and_media_type_are_case_insensitive(
     assert reply.json()["usage"]["images"] == 1  # an image, not a text
 
 
+@pytest.mark.slow
 def test_mime_wrapped_base64_is_accepted(client: TestClient) -> None:
     encoded = base64.encodebytes(samples.compact(0)).decode()  # 76-character lines
     assert "\n" in encoded

@@ -467,6 +467,7 @@ def interpolate(value: Any, shell: dict[str, str] | None = None) -> str:
     return re.sub(r"\$\{(\w+)(:-([^}]*))?\}", one, str(value))
 
 
+@pytest.mark.slow
 def test_compose_files_follow_the_compose_specification(tmp_path: Path) -> None:
     checker = tool("check-jsonschema")
     files = [

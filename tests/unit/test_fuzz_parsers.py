@@ -8,6 +8,7 @@ import contextlib
 import json
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ def damaged(draw: st.DrawFn, seed: bytes) -> bytes:
     return bytes(data[: draw(st.integers(0, len(data)))])
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, database=None)
 @given(st.sampled_from(sorted(SEEDS)), st.data())
 def test_container_readers_answer_or_refuse(kind: str, data: st.DataObject) -> None:
@@ -96,6 +98,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, database=None)
 @given(json_values, st.integers(1, 8), st.integers(1, 30))
 def test_the_item_scanner_agrees_with_a_full_parse(value: object, limit: int, chars: int) -> None:

@@ -12,6 +12,7 @@ from itertools import pairwise
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
@@ -107,6 +108,7 @@ def problems(root: Path, pending: frozenset[str] = frozenset()) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_every_link_anchor_and_page_holds() -> None:
     assert problems(ROOT, PENDING) == []
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+import pytest
 from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -353,6 +354,7 @@ def problems(root: Path, defined: Known) -> list[str]:
     return [f"{where}: {why}" for where, why in sorted(found, key=by_place)]
 
 
+@pytest.mark.slow
 def test_every_named_path_and_command_exists() -> None:
     missing = problems(ROOT, known(ROOT))
     assert not missing, "named, but not in the repository:\n" + "\n".join(missing)

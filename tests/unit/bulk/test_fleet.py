@@ -80,6 +80,7 @@ def test_429_and_503_slow_the_work_for_their_retry_after_and_never_fail_it() -> 
     assert fleet.gateways[0].events[1].startswith(f"gateway {A} back in rotation")
 
 
+@pytest.mark.slow
 def test_a_429_shrinks_the_share_and_the_admitted_requests_keep_the_gateway_busy() -> None:
     """The refused request waits its Retry-After (1 s) while the gateway, which admitted the
     others, is sent the rest one at a time: it is never left idle for the Retry-After."""

@@ -88,6 +88,7 @@ def nobody_listens() -> Iterator[str]:
         yield f"http://127.0.0.1:{bound.getsockname()[1]}"
 
 
+@pytest.mark.slow
 def test_an_unreachable_gateway_is_exit_4(nobody_listens: str, tmp_path: Path) -> None:
     (tmp_path / "a.jpg").write_bytes(samples.compact(0))
     out = tmp_path / "lib.npz"

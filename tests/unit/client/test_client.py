@@ -129,6 +129,7 @@ def test_compact_leaves_small_or_unknown_bytes_alone(image: bytes) -> None:
     assert compact(image) is image or compact(image) == image
 
 
+@pytest.mark.slow
 def test_compact_png_and_pil_inputs() -> None:
     png = io.BytesIO()
     photo(1600, 1200, seed=1).convert("RGBA").save(png, "PNG")

@@ -248,6 +248,7 @@ def test_a_protocol_switch_is_a_400_at_once_and_the_connection_closed(
     refused(exchange(address, raw, half_close=False), 400, words)
 
 
+@pytest.mark.slow
 def test_an_answer_not_taken_in_time_resets_the_connection() -> None:
     """A client that asks for 16 MiB and reads none of it: once the server's buffer is full it
     has ``answer_timeout_s`` to take the rest, then the connection is reset (nothing waits for

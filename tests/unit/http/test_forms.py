@@ -191,6 +191,7 @@ def test_charsets_are_a_short_list_and_utf8_by_default() -> None:
     )
 
 
+@pytest.mark.slow
 def test_the_form_reader_is_the_only_part_walking_loop() -> None:
     """No module of the gateway but http/forms.py runs the multipart parser."""
     parsers = {"PushMultipartParser", "MultipartParser", "parse_form_data"}

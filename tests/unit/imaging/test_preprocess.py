@@ -196,6 +196,7 @@ def preprocess(data: bytes, options: images.DecodeOptions = OPTIONS) -> images.D
     return images.preprocess(data, np.zeros((options.size, options.size, 3), np.uint8), options)
 
 
+@pytest.mark.slow
 def test_what_was_decoded_is_reported() -> None:
     compact, big = samples.compact(0), samples.progressive_jpeg(2)
     png, webp, cmyk = samples.png(0), samples.webp(0), samples.cmyk_jpeg(0)
@@ -454,6 +455,7 @@ def test_immich_variant_ignores_the_models_interpolation_mode_and_exif_orientati
             assert np.abs(out.astype(int) - expected).max() <= 1
 
 
+@pytest.mark.slow
 def test_immich_variant_decodes_every_scan_of_a_progressive_jpeg() -> None:
     """2400x1800 at 224 would be decoded at 1/8 from its DC scans: Immich decodes it all."""
     data = samples.progressive_jpeg(2)

@@ -49,6 +49,7 @@ def damaged(draw: st.DrawFn, seed: bytes) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SEEDS))
 def test_damaged_images_fail_cleanly(kind: str) -> None:
     out = np.empty((224, 224, 3), np.uint8)

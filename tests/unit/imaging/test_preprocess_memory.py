@@ -96,6 +96,7 @@ def estimate(data: bytes) -> int:
     return (refused + 1) * step
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux /proc needed")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_measured_decoder_peak_is_within_a_quarter_of_the_estimate(

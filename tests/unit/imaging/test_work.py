@@ -68,6 +68,7 @@ def test_each_jpeg_coding_is_priced_by_the_plan_the_decoder_runs(data: bytes, co
     )
 
 
+@pytest.mark.slow
 def test_a_progressive_jpeg_pays_every_scan_unless_it_is_decoded_at_an_eighth() -> None:
     """The same blocks and scans: a wide file decoded at 1/8 runs its DC scans alone; a strip
     whose short side is the target runs all ten at full size and outputs every pixel."""
@@ -148,6 +149,7 @@ def references() -> dict[str, dict[str, bytes]]:
     return decode_speed.references()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "data",
     [
@@ -308,6 +310,7 @@ def test_a_jpeg_walked_whole_for_its_price_keeps_its_layout_for_the_decoder() ->
     assert work.estimate(big).layout is None  # past the prefix: its scans were not all read
 
 
+@pytest.mark.slow
 def test_the_decoder_uses_the_layout_it_is_given_and_walks_only_for_the_dc_only_stream(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -52,6 +52,7 @@ def test_the_png_pillow_cannot_write_decodes_to_its_pixels(interlaced: bool) -> 
         np.testing.assert_array_equal(np.asarray(image.convert("RGB")), pixels)
 
 
+@pytest.mark.slow
 def test_a_codings_speed_is_its_dearest_reference_within_the_bounds(
     references: dict[str, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -122,6 +123,7 @@ def test_a_record_is_kept_in_the_first_place_that_can_be_written(tmp_path: Path)
     assert decode_speed.keep(found(), [blocked / "decode-speed.json"]) is None
 
 
+@pytest.mark.slow
 def test_measured_once_then_reused_from_the_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

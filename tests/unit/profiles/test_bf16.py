@@ -154,6 +154,7 @@ def test_a_failing_check_says_why(tmp_path: Path) -> None:
         bf16.measure(export, python, tmp_path / "check.py", 1)
 
 
+@pytest.mark.slow
 def test_a_stopped_launch_ends_the_check(tmp_path: Path) -> None:
     export, python = fake_check(tmp_path, "exec sleep 600")
     with pytest.raises(bf16.Bf16Unavailable, match="the launch was stopped"):

@@ -202,6 +202,7 @@ def _check(target: Target | UrlRefused) -> None:
                  target=target.target.encode())  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(st.one_of(URLISH, VALIDISH, st.text(max_size=80)))
 def test_every_string_is_refused_with_a_rule_or_fetched_as_what_it_reads_back_as(text: str) -> None:
