@@ -72,8 +72,9 @@ CACHE_HIT_S = 1e-5
 #: Codings whose decode rate is learned (multipliers of imaging/work.py's measured factors).
 CODINGS = tuple(_work.FACTORS)
 #: What a request may spend on decodes: at least this many CPU seconds, whatever its price
-#: (a first decode's page faults and cold caches are not the input's doing).
-METER_FLOOR_S = 0.02
+#: (a first decode's page faults and cold caches are not the input's doing: a fresh worker's
+#: first request of 8 photos, priced 6 ms and warmed, spent 23 ms on a loaded 2-core VM).
+METER_FLOOR_S = 0.05
 #: One sample moves a format's rate by at most this fraction...
 MAX_STEP = 0.25
 #: ...and only in proportion to the CPU seconds it measured, up to this much (full weight).

@@ -5,6 +5,7 @@ its budget decodes nothing more."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import logging
@@ -113,7 +114,12 @@ class BatchDecoder:
         decoders and the resize), PNG's and WebP's ~0.5 ms; unwarmed, a fresh worker's first
         request paid that on its meter (8 photos priced 6 ms, 23 ms spent against a 20 ms
         budget: 429) and its latency."""
-        await asyncio.get_running_loop().run_in_executor(self._pool, _warm, options)
+        threads = _threads(self._pool)
+        meet = threading.Barrier(threads, timeout=5.0)  # one task in each thread: each warms
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(loop.run_in_executor(self._pool, _warm, options, meet) for _ in range(threads))
+        )
 
     async def decode(
         self,
@@ -340,7 +346,10 @@ def _detached(exc: EmbeddingError) -> EmbeddingError:
     return exc
 
 
-def _warm(options: DecodeOptions) -> None:
+def _warm(options: DecodeOptions, meet: threading.Barrier | None = None) -> None:
+    if meet is not None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            meet.wait()  # so that no thread takes two of them
     out = np.empty((options.size, options.size, 3), np.uint8)
     for data in _warm_files():
         try:
