@@ -110,11 +110,12 @@ class BatchDecoder:
         self._on_decoded = on_decoded
 
     async def warm(self, options: DecodeOptions) -> None:
-        """Decode a small image of each common format once, in the pool, before any request:
-        a process's first JPEG decode costs ~5 ms more than the next (one-time set-up in the
-        decoders and the resize), PNG's and WebP's ~0.5 ms; unwarmed, a fresh worker's first
-        request paid that on its meter (8 photos priced 6 ms, 23 ms spent against a 20 ms
-        budget: 429) and its latency."""
+        """Decode ``_warm_files`` (a small image of each common format, then JPEGs of the
+        sizes requests carry) once in each pool thread, before any request: a process's first
+        JPEG decode costs ~5 ms more than the next (one-time set-up in the decoders and the
+        resize), PNG's and WebP's ~0.5 ms; unwarmed, a fresh worker's first request paid that
+        on its meter (8 photos priced 6 ms, 23 ms spent against a 20 ms budget: 429) and its
+        latency."""
         threads = _threads(self._pool)
         meet = threading.Barrier(threads, timeout=5.0)  # one task in each thread: each warms
         loop = asyncio.get_running_loop()
