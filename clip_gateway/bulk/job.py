@@ -36,6 +36,26 @@ FORWARDED_ENV = (
 )
 
 
+#: How long Ray Data's scheduling loop waits for a task to finish before it looks again. Its
+#: default, 0.1 s, wakes the driver ten times a second whatever happens: 123-134 ms of the
+#: driver's CPU a second here while two workers ran one long task each, 76-80 with 1 s. A task
+#: here is a whole shard (seconds to minutes), and each worker holds several queued (Ray Data's
+#: tasks in flight per actor), so a second's delay in seeing one finish idles no worker.
+SCHEDULING_WAIT_S = 1.0
+
+
+def _slower_scheduling_loop() -> None:
+    """``SCHEDULING_WAIT_S`` in Ray Data's loop: a module constant of its internals, which Ray
+    offers no setting for (the pinned Ray has it: tests/unit/bulk/test_job.py; a Ray without it
+    runs at its own pace)."""
+    from ray.data._internal.execution import streaming_executor_state as state
+
+    if hasattr(state, "WAIT_FOR_TASK_COMPLETION_TIMEOUT_S"):
+        state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = max(
+            state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S, SCHEDULING_WAIT_S
+        )
+
+
 class PlanMismatch(ValueError):
     """The output folder holds another job's plan (another source, format or dtype)."""
 
@@ -164,6 +184,7 @@ def _run_on_ray(
         init["address"] = options.address
     ray.init(**init)
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines: our bars say it
+    _slower_scheduling_loop()
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False
