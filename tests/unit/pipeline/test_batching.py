@@ -702,21 +702,22 @@ def test_a_warm_up_decodes_every_file_in_every_thread_and_says_nothing(
     broke on its own files would be swallowed by its log line, and warm nothing."""
     import threading
 
-    done: list[tuple[int, bytes]] = []
+    done: list[tuple[str, bytes]] = []
 
     def counted(data: bytes, out: np.ndarray, options: DecodeOptions) -> Decoded:
         decoded = preprocess(data, out, options)
-        done.append((threading.get_ident(), data))
+        done.append((threading.current_thread().name, data))
         return decoded
 
     monkeypatch.setattr(batching, "preprocess", counted)
-    with caplog.at_level("DEBUG"), ThreadPoolExecutor(2) as pool:
+    with caplog.at_level("DEBUG"), ThreadPoolExecutor(2, thread_name_prefix="decode") as pool:
         asyncio.run(BatchDecoder(pool, TracerProvider().get_tracer("t"), Metrics()).warm(OPTIONS))
     assert "warm-up" not in caplog.text
-    threads = {ident for ident, _ in done}
+    threads = {name for name, _ in done}
     assert len(threads) == 2
-    for ident in threads:
-        assert [data for who, data in done if who == ident] == list(batching._warm_files())
+    assert all(name.startswith("decode_") for name in threads)  # the decoder's own pool
+    for name in threads:
+        assert [data for who, data in done if who == name] == list(batching._warm_files())
 
 
 def test_a_decoder_that_fails_its_warm_up_never_stops_a_start(
