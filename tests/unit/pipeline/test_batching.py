@@ -680,8 +680,8 @@ print(spent[0], statistics.median(spent[1:]))
 def test_a_warmed_decoder_pays_no_set_up_on_its_first_request(warmed: bool, tmp_path: Path) -> None:
     """A fresh process's first JPEG decode cost 3-7 ms more than the next (~1 ms here): a fresh
     worker's first request was refused over its meter's 20 ms floor. Warmed (the app's lifespan
-    does it) with photo-sized JPEGs too, the first costs within 1.5 ms of the others (-0.03 to
-    0.57 ms more in 28 runs here; warmed with 64x48 files only, 0.8-2.9 ms: 1 run in 3 failed)."""
+    does it) with photo-sized JPEGs too, the first costs within 1.5 ms of the others (0.06 to
+    0.57 ms more in 12 runs here; warmed with 64x48 files only, 0.8-2.9 ms: 1 run in 3 failed)."""
     import subprocess
     import sys
 
