@@ -655,7 +655,6 @@ import asyncio, statistics, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
-from PIL import Image
 from opentelemetry.trace import NoOpTracer
 from clip_gateway.imaging.preprocess import DecodeOptions
 from clip_gateway.observability.metrics import Metrics
