@@ -5,6 +5,7 @@ the measured time on files of every class, the issue-31 classes included, at the
 this machine's decode speed (pipeline/decode_speed.py, what a gateway started here prices by).
 ``--check`` runs only that check and fails unless every class is within 2x of its price here:
 a verdict on the machine that runs it, so it lives here, not in the tests (issue 42).
+``--first N``: a first compact JPEG's cost over the next in N fresh processes, warmed and cold.
 
 Each JPEG factor is fitted on files of its own class, where its term dominates: the output per
 decoded pixel and the baseline pass per block on flat baseline strips (no DCT scaling) and flat
@@ -16,19 +17,29 @@ bench/results/decode_factors/factors.json and .md."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from opentelemetry.trace import NoOpTracer
 from PIL import Image
 
-from bench.harness import photos, study
+from bench.harness import output, photos, study
 from bench.harness.photos import photo
 from clip_gateway.imaging import jpeg, work
 from clip_gateway.imaging.preprocess import DecodeOptions, preprocess
-from clip_gateway.pipeline import decode_speed
+from clip_gateway.observability.metrics import Metrics
+from clip_gateway.pipeline import batching, decode_speed
 from tests import samples
 
 OPTIONS = DecodeOptions(
@@ -189,14 +200,47 @@ def check(speeds: dict[str, float]) -> dict[str, dict[str, float]]:
     return rows
 
 
+def child(argv: list[str]) -> int:
+    """``warmed|cold DIR``: a fresh process decodes DIR's JPEGs (encoded elsewhere: an encode
+    warms the library) in one decoder thread; prints the first's CPU s and the others' median."""
+    with ThreadPoolExecutor(1, thread_name_prefix="decode") as pool:
+        if argv[0] == "warmed":
+            asyncio.run(batching.BatchDecoder(pool, NoOpTracer(), Metrics()).warm(OPTIONS))
+        files = sorted(Path(argv[1]).iterdir())
+        spent = [pool.submit(cpu_s, file.read_bytes(), OPTIONS, 1).result() for file in files]
+    print(spent[0], statistics.median(spent[1:]))
+    return 0
+
+
+def first_decode(runs: int, out: Path) -> None:
+    """Milliseconds a fresh process's first compact JPEG costs over the median of its next five,
+    in ``runs`` processes warmed and ``runs`` not, alternating: first_decode.json and .md."""
+    found: dict[str, list[float]] = {"warmed": [], "cold": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for seed in range(6):
+            (Path(folder) / f"{seed}.jpg").write_bytes(samples.compact(seed))
+        for _, (way, extra) in itertools.product(range(runs), found.items()):
+            command = [sys.executable, "-m", "bench.harness.child", "decode_factors", way, folder]
+            first, then = map(float, subprocess.check_output(command, text=True).split())
+            extra.append(round((first - then) * 1e3, 3))
+    table = [f"| {way} | {min(v)} | {statistics.median(v):.3f} | {max(v)} | {len(v)} |"
+             for way, v in found.items()]  # fmt: skip
+    head = "| decoder | ms over the next: min | median | max | processes |\n" + "| --- " * 5 + "|"
+    output.write_results(out, "first_decode", found, markdown="\n".join([head, *table]) + "\n")
+
+
 def main(argv: list[str]) -> int:
     """Every factor and every check; ``--check``: only the check, at this machine's speed, and
     exit 1 unless every class is within 2x of its price here (the verdict a unit test once
     held against the factors alone, whatever CPU ran it: issue 42)."""
     parser = study.parser("decode-factors", __doc__)
     parser.add_argument("--check", action="store_true", help="only the check; exit 1 outside 2x")
+    parser.add_argument("--first", type=int, metavar="N", help="only N first decodes each way")
     args = parser.parse_args(argv)
     out = study.out(args, "decode_factors")
+    if args.first:
+        first_decode(args.first, out)
+        return 0
     speed = decode_speed.measure()
     print("decode speed here:", speed.summary(), flush=True)
     if args.check:

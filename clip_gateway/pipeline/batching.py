@@ -112,10 +112,10 @@ class BatchDecoder:
     async def warm(self, options: DecodeOptions) -> None:
         """Decode ``_warm_files`` (a small image of each common format, then JPEGs of the
         sizes requests carry) once in each pool thread, before any request: a process's first
-        JPEG decode costs ~5 ms more than the next (one-time set-up in the decoders and the
-        resize), PNG's and WebP's ~0.5 ms; unwarmed, a fresh worker's first request paid that
-        on its meter (8 photos priced 6 ms, 23 ms spent against a 20 ms budget: 429) and its
-        latency."""
+        JPEG decode costs more than the next (one-time set-up in the decoders and the resize;
+        a compact JPEG's 1.3-1.9 ms here, 0.04-0.14 warmed: ``python -m bench decode-factors
+        --first``); unwarmed, a fresh worker's first request paid that on its meter (8 photos
+        priced 6 ms, 23 ms spent against a 20 ms budget: 429) and its latency."""
         threads = _threads(self._pool)
         meet = threading.Barrier(threads, timeout=5.0)  # one task in each thread: each warms
         loop = asyncio.get_running_loop()
@@ -367,7 +367,7 @@ def _warm_files() -> tuple[bytes, ...]:
     carry, which take the paths a 64x48 image does not (a DCT-scaled decode, a downscale): a
     compact 341x256 upload and a 1440x1080 preview (Immich's). Warmed with the small files
     only, a compact JPEG's first decode still cost 0.8-2.9 ms more than its next here; with
-    these, 0.1-0.6 ms."""
+    these, 0.04-0.14 ms (bench/results/decode_factors/first_decode.md)."""
     small = photo(64, 48)
     images = [
         (small.convert("P") if form == "GIF" else small, form, kw) for form, kw in _WARM_FORMS

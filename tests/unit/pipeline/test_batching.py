@@ -10,7 +10,6 @@ import io
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -648,50 +647,6 @@ def test_a_collection_the_decode_happens_to_run_is_not_charged_to_it() -> None:
     assert collected > 5e-3  # a full collection ran inside the decode
     assert meter.spent_s == timed.cpu_s <= spent - collected + 1e-3
     assert meter.spent_s < collected / 3
-
-
-WARMED = """
-import asyncio, statistics, sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-import numpy as np
-from opentelemetry.trace import NoOpTracer
-from clip_gateway.imaging.preprocess import DecodeOptions
-from clip_gateway.observability.metrics import Metrics
-from clip_gateway.pipeline import batching
-from clip_gateway.pipeline.items import ImageItem
-
-photos = [path.read_bytes() for path in sorted(Path(sys.argv[2]).iterdir())]  # none encoded here
-options = DecodeOptions(size=224, max_pixels=30_000_000, max_bytes=1 << 20)
-with ThreadPoolExecutor(1) as pool:
-    decoder = batching.BatchDecoder(pool, NoOpTracer(), Metrics())
-    if sys.argv[1] == "1":
-        asyncio.run(decoder.warm(options))
-    out = np.empty((224, 224, 3), np.uint8)
-    def decode(data):
-        return batching._decode_one(ImageItem(data), out, options).cpu_s
-    spent = [pool.submit(decode, data).result() for data in photos]
-print(spent[0], statistics.median(spent[1:]))
-"""
-
-
-@pytest.mark.parametrize("warmed", [True, False])
-def test_a_warmed_decoder_pays_no_set_up_on_its_first_request(warmed: bool, tmp_path: Path) -> None:
-    """A fresh process's first JPEG decode cost 3-7 ms more than the next (~1 ms here): a fresh
-    worker's first request was refused over its meter's 20 ms floor. Warmed (the app's lifespan
-    does it) with photo-sized JPEGs too, the first costs within 1.5 ms of the others (0.06 to
-    0.57 ms more in 12 runs here; warmed with 64x48 files only, 0.8-2.9 ms: 1 run in 3 failed)."""
-    import subprocess
-    import sys
-
-    for seed in range(6):
-        (tmp_path / f"{seed}.jpg").write_bytes(samples.compact(seed))
-    done = subprocess.run(
-        [sys.executable, "-c", WARMED, "1" if warmed else "0", str(tmp_path)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    first, then = (float(word) for word in done.stdout.split())
-    assert (first - then < 1.5e-3) is warmed, (first, then)  # unwarmed here: 2.8-7.2 ms more
 
 
 def test_a_warm_up_decodes_every_file_in_every_thread_and_says_nothing(
