@@ -203,7 +203,7 @@ def check(speeds: dict[str, float]) -> dict[str, dict[str, float]]:
 def child(argv: list[str]) -> int:
     """``warmed|cold DIR``: a fresh process decodes DIR's JPEGs (encoded elsewhere: an encode
     warms the library) in one decoder thread; prints the first's CPU s and the others' median."""
-    with ThreadPoolExecutor(1, thread_name_prefix="decode") as pool:
+    with ThreadPoolExecutor(1) as pool:
         if argv[0] == "warmed":
             asyncio.run(batching.BatchDecoder(pool, NoOpTracer(), Metrics()).warm(OPTIONS))
         files = sorted(Path(argv[1]).iterdir())
