@@ -36,13 +36,13 @@ from clip_gateway.launcher.local import LocalTriton
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Who spends a client's CPU, by process title (the first that matches; Ray names its actors'
-#: processes ``ray::Class``): the job's workers and driver, Ray Data's actors, Ray's daemons.
+#: processes ``ray::Class``): the job's workers and driver, Ray's daemons.
 GROUPS = (
-    ("workers", ("MapWorker",)),
+    ("workers", ("ShardWorker",)),
     ("driver", ("clip_gateway bulk", "clip_gateway embed")),
-    ("ray_data_actors", ("_StatsActor", "_AutoscalingCoordinatorActor", "ActorLocationTracker")),
 )
-#: The rest of a job's tree: GCS, raylet, dashboard and its agents, monitors, idle workers.
+#: The rest of a job's tree: GCS, raylet, dashboard and its agents, monitors, idle workers
+#: (and the progress bars' actor, when the job has bars).
 DAEMONS = "ray_daemons"
 PARTS = (*(name for name, _ in GROUPS), DAEMONS)
 
@@ -272,7 +272,7 @@ def figures_of(run: dict[str, Any], images: int) -> dict[str, Any]:
 
 def ratios(pair: dict[str, Any]) -> dict[str, float | None]:
     """The bars in one pair: the job's steady CPU per image against the gateway's in the same
-    run (its workers; workers and driver; everything, Ray's daemons and Ray Data's actors
+    run (its workers; workers and driver; everything, Ray's daemons
     included), ``embed``'s likewise, and the job's images/s against ``embed``'s."""
     job, embed = pair["bulk"], pair["embed"]
     found: dict[str, float | None] = {}
@@ -404,18 +404,18 @@ def _stack_markdown(title: str, intro: str, r: dict[str, Any]) -> list[str]:
         "Each run, CPU seconds by part over the whole run (`embed` is one process: its "
         "driver column):",
         "",
-        "| pair | client | exit | wall s | images/s | workers | driver | Ray Data actors "
+        "| pair | client | exit | wall s | images/s | workers | driver "
         "| Ray daemons | gateway | Triton | load avg (1 min) at start |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *runs,
         "",
         f"The steady window (from {Window.START:.0%} to {Window.END:.0%} of the images, by the "
         "gateway's own count), CPU ms per image by part; start-up: the run's CPU seconds "
         "beyond its images at the steady cost:",
         "",
-        "| pair | client | images | images/s | workers | driver | Ray Data actors "
+        "| pair | client | images | images/s | workers | driver "
         "| Ray daemons | gateway | Triton | start-up CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *steady,
         "",
         "Ratios: steady CPU per image against the gateway's in the same run (bar <= 0.25 "
@@ -438,8 +438,7 @@ def _markdown(r: dict[str, Any]) -> str:
         f"the job on a local Ray with {r['workers']} workers; {r['pairs']} interleaved "
         f"pairs (`embed`, then the job). {machine['cpu']}, {machine['cores']} cores, "
         f"commit {machine['git_commit']}, {machine['when']}. Parts of the job's CPU: its "
-        "Ray workers (`ray::MapWorker`), its driver (`clip-gateway bulk`), Ray Data's "
-        "actors (`_StatsActor`, `_AutoscalingCoordinatorActor`, `ActorLocationTracker`), "
+        "Ray workers (`ray::ShardWorker`), its driver (`clip-gateway bulk`), "
         "Ray's daemons (GCS, raylet, dashboard, its agents, monitors, idle workers).",
         "",
     ]

@@ -1,27 +1,31 @@
 """The driver: the plan (made once, kept in the output), the shards not yet committed handed
-to Ray Data (one row per shard, a fixed pool of ``ShardWorker`` actors; Ray restarts a worker
-that dies and gives its shard to another), progress, and the summary.
+to a fixed pool of ``ShardWorker`` Ray actors (one shard in hand each; Ray restarts a worker
+that dies and hands it its shard again), progress, and the summary.
 
-Why one row per shard and not Ray's file readers feeding a map: a reader's blocks mix and
-split files as Ray sees fit, so nothing downstream knows when every item of an input shard has
-passed (only a shuffle at the very end would), and a job killed at 90 % would keep nothing.
-With the shard as the unit, each worker reads its shard as a stream, and commits it whole.
+Why the shard as the unit, and not Ray Data's file readers feeding a map: a reader's blocks
+mix and split files as Ray sees fit, so nothing downstream knows when every item of an input
+shard has passed (only a shuffle at the very end would), and a job killed at 90 % would keep
+nothing. With the shard as the unit, each worker reads its shard as a stream, and commits it
+whole. And why Ray's actors and not Ray Data's actor pool over one row per shard, as the job
+first ran: that pool is all the job used of Ray Data, and it came with three actors of Ray
+Data's own (stats, autoscaling, actor locations) and a scheduling loop in the driver, each
+spending CPU every second and the first two seconds to start (docs/BULK.md has the figures).
 """
 
 from __future__ import annotations
 
-import json
+import collections
 import logging
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from clip_gateway.bulk import output, sources
-from clip_gateway.bulk.work import JobSpec, ShardWorker
+from clip_gateway.bulk.work import JobSpec, ShardResult, ShardWorker
 
 #: Environment passed on to Ray's workers: object storage credentials and endpoint.
 FORWARDED_ENV = (
@@ -34,26 +38,6 @@ FORWARDED_ENV = (
     "AWS_ENDPOINT_URL_S3",
     "CLIP_GATEWAY_API_KEY",
 )
-
-
-#: How long Ray Data's scheduling loop waits for a task to finish before it looks again. Its
-#: default, 0.1 s, wakes the driver ten times a second whatever happens: 123-134 ms of the
-#: driver's CPU a second here while two workers ran one long task each, 76-80 with 1 s. A task
-#: here is a whole shard (seconds to minutes), and each worker holds several queued (Ray Data's
-#: tasks in flight per actor), so a second's delay in seeing one finish idles no worker.
-SCHEDULING_WAIT_S = 1.0
-
-
-def _slower_scheduling_loop() -> None:
-    """``SCHEDULING_WAIT_S`` in Ray Data's loop: a module constant of its internals, which Ray
-    offers no setting for (the pinned Ray has it: tests/unit/bulk/test_job.py; a Ray without it
-    runs at its own pace)."""
-    from ray.data._internal.execution import streaming_executor_state as state
-
-    if hasattr(state, "WAIT_FOR_TASK_COMPLETION_TIMEOUT_S"):
-        state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = max(
-            state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S, SCHEDULING_WAIT_S
-        )
 
 
 class PlanMismatch(ValueError):
@@ -169,7 +153,6 @@ def _run_on_ray(
     progress: Callable[[dict[str, int]], None] | None,
 ) -> None:
     import ray
-    import ray.data
 
     env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     init: dict[str, Any] = {
@@ -183,29 +166,22 @@ def _run_on_ray(
     else:
         init["address"] = options.address
     ray.init(**init)
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines: our bars say it
-    _slower_scheduling_loop()
     try:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False
-        context.print_on_execution_start = False
-        # no thread per worker polling its memory each second for Ray Data's operator stats
-        context.memory_usage_poll_interval_s = None
         # the workers' counts as they go, for progress bars: an actor (a process of its own,
         # a Ray worker to start) only when someone watches them
         tally = ray.remote(num_cpus=0)(Tally).remote() if progress is not None else None
-        rows = [{"shard": json.dumps(s.to_json())} for s in pending]
         # no more workers than shards, and the job's requests in flight per gateway shared by
         # the workers there are (each has at least one)
-        workers = min(options.workers, len(pending))
-        share = replace(spec.fleet, in_flight=max(1, spec.fleet.in_flight // workers))
-        dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-            ShardWorker,
-            batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=workers),
-            fn_constructor_kwargs={"spec": replace(spec, fleet=share), "tally": tally},
-            num_cpus=options.worker_cpus,
+        count = min(options.workers, len(pending))
+        share = replace(
+            spec, fleet=replace(spec.fleet, in_flight=max(1, spec.fleet.in_flight // count))
         )
+        # a worker whose process dies is started again, and its shard given to it again (a
+        # shard is committed whole or not at all, so a shard done twice is written once)
+        worker = ray.remote(ShardWorker).options(
+            num_cpus=options.worker_cpus, max_restarts=-1, max_task_retries=-1
+        )
+        workers = [worker.remote(share, tally) for _ in range(count)]
         stop = threading.Event()
         watcher = threading.Thread(
             target=_watch, args=(tally, stop, progress, summary), daemon=True
@@ -213,14 +189,14 @@ def _run_on_ray(
         if progress is not None:
             watcher.start()
         try:
-            for row in dataset.iter_rows():
-                if row["error"]:
-                    summary.errors[row["name"]] = row["error"]
+            for result in _through(workers, pending):
+                if result.error:
+                    summary.errors[result.name] = result.error
                     continue
                 summary.committed += 1
-                summary.rows += int(row["rows"])
-                summary.failures.update(json.loads(row["failures"]))
-                summary.bytes_read += int(row["bytes_read"])
+                summary.rows += result.rows
+                summary.failures.update(result.failures)
+                summary.bytes_read += result.bytes_read
         finally:
             if progress is not None:
                 stop.set()
@@ -228,6 +204,24 @@ def _run_on_ray(
                 _report(tally, progress, summary)  # the bars' last state: every shard counted
     finally:
         ray.shutdown()
+
+
+def _through(workers: list[Any], shards: list[sources.Shard]) -> Iterator[ShardResult]:
+    """Each shard's result as it ends, each worker given the next shard as it hands one back:
+    one shard in hand per worker, so that the last shards go to whichever workers are free."""
+    import ray
+
+    queue = collections.deque(shards)
+    running: dict[Any, Any] = {}
+    for worker in workers:
+        if queue:
+            running[worker.run.remote(queue.popleft())] = worker
+    while running:
+        (ready,), _ = ray.wait(list(running), num_returns=1)
+        worker = running.pop(ready)
+        if queue:
+            running[worker.run.remote(queue.popleft())] = worker
+        yield ray.get(ready)
 
 
 def _watch(

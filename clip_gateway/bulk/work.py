@@ -2,8 +2,8 @@
 SDK does and sent in batches with ``skip_invalid`` through the fleet, their captions
 embedded, then every item written once: a row (img_emb, text_emb, metadata) or a failure.
 
-``ShardWorker`` is what Ray Data runs in each worker (an actor): it keeps one event loop, one
-fleet and its connections for every shard it is given. A shard it cannot finish (every gateway
+``ShardWorker`` is the job's Ray actor: it keeps one event loop, one fleet and its
+connections for every shard it is given. A shard it cannot finish (every gateway
 gone, a refusal of the whole job such as a wrong API key) is answered with its error and no
 commit, so the next run does it again.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import sys
 import threading
 import time
@@ -344,9 +343,9 @@ class Reports:
 
 
 class ShardWorker:
-    """Ray Data's callable class (``map_batches``, one shard per call): a ``ShardEmbedder`` on
-    an event loop of its own thread, kept for the worker's life. ``tally``: the progress
-    bars' actor (None: nobody watches them)."""
+    """The job's Ray actor: a ``ShardEmbedder`` on an event loop of its own thread, kept for the
+    worker's life, given one shard per ``run``. ``tally``: the progress bars' actor (None:
+    nobody watches them)."""
 
     def __init__(self, spec: JobSpec, tally: Any = None) -> None:
         self.loop = asyncio.new_event_loop()
@@ -362,19 +361,8 @@ class ShardWorker:
 
         self.embedder = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        results = []
-        for shard in batch["shard"]:
-            parsed = sources.Shard.from_json(json.loads(str(shard)))
-            run = asyncio.run_coroutine_threadsafe(self.embedder.run(parsed), self.loop)
-            results.append(run.result())
-            if self.reports is not None:
-                self.reports.flush()
-        return {
-            "name": [r.name for r in results],
-            "rows": [r.rows for r in results],
-            "failures": [json.dumps(dict(r.failures)) for r in results],
-            "bytes_read": [r.bytes_read for r in results],
-            "seconds": [r.seconds for r in results],
-            "error": [r.error or "" for r in results],
-        }
+    def run(self, shard: sources.Shard) -> ShardResult:
+        result = asyncio.run_coroutine_threadsafe(self.embedder.run(shard), self.loop).result()
+        if self.reports is not None:
+            self.reports.flush()
+        return result

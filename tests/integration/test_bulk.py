@@ -437,7 +437,7 @@ def worker_pids() -> set[int]:
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 title = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                if b"MapWorker(MapBatches(ShardWorker))" in title:
+                if b"ray::ShardWorker" in title:
                     pids.add(int(entry.name))
     return pids
 
