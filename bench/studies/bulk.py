@@ -35,14 +35,9 @@ from clip_gateway.config.processes import GatewayProcess
 from clip_gateway.launcher.local import LocalTriton
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Who spends a client's CPU, by process title (the first that matches; Ray names its actors'
-#: processes ``ray::Class``): the job's workers and driver, Ray's daemons.
-GROUPS = (
-    ("workers", ("ShardWorker",)),
-    ("driver", ("clip_gateway bulk", "clip_gateway embed")),
-)
-#: The rest of a job's tree: GCS, raylet, dashboard and its agents, monitors, idle workers
-#: (and the progress bars' actor, when the job has bars).
+#: Who spends a client's CPU, by process title (Ray's actors' processes are ``ray::Class``).
+GROUPS = (("workers", ("ShardWorker",)), ("driver", ("clip_gateway bulk", "clip_gateway embed")))
+#: The rest of a job's tree: GCS, raylet, dashboard, its agents, monitors, idle workers.
 DAEMONS = "ray_daemons"
 PARTS = (*(name for name, _ in GROUPS), DAEMONS)
 

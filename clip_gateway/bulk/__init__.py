@@ -1,3 +1,3 @@
-"""``clip-gateway bulk``: embed a collection that outgrows one machine on Ray Data, through a
-fleet of gateways, resumably and exactly once (docs/BULK.md). The bulk extra; never imported
+"""``clip-gateway bulk``: embed a collection that outgrows one machine on Ray, through a fleet
+of gateways, resumably and exactly once (docs/BULK.md). The bulk extra; never imported
 by the server."""

@@ -9,7 +9,8 @@ nothing. With the shard as the unit, each worker reads its shard as a stream, an
 whole. And why Ray's actors and not Ray Data's actor pool over one row per shard, as the job
 first ran: that pool is all the job used of Ray Data, and it came with three actors of Ray
 Data's own (stats, autoscaling, actor locations) and a scheduling loop in the driver, each
-spending CPU every second and the first two seconds to start (docs/BULK.md has the figures).
+spending CPU every second and all of them started before the first shard (docs/BULK.md has the
+figures).
 """
 
 from __future__ import annotations
