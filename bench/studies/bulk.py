@@ -267,8 +267,8 @@ def figures_of(run: dict[str, Any], images: int) -> dict[str, Any]:
 
 def ratios(pair: dict[str, Any]) -> dict[str, float | None]:
     """The bars in one pair: the job's steady CPU per image against the gateway's in the same
-    run (its workers; workers and driver; everything, Ray's daemons
-    included), ``embed``'s likewise, and the job's images/s against ``embed``'s."""
+    run (its workers; workers and driver; everything, Ray's daemons included), ``embed``'s
+    likewise, and the job's images/s against ``embed``'s."""
     job, embed = pair["bulk"], pair["embed"]
     found: dict[str, float | None] = {}
     if job["steady"] is not None:

@@ -15,12 +15,11 @@ figures).
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -212,7 +211,7 @@ def _through(workers: list[Any], shards: list[sources.Shard]) -> Iterator[ShardR
     one shard in hand per worker, so that the last shards go to whichever workers are free."""
     import ray
 
-    queue = collections.deque(shards)
+    queue = deque(shards)
     running: dict[Any, Any] = {}
     for worker in workers:
         if queue:
