@@ -24,9 +24,11 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import aiohttp
 import httpx
+import yarl
 
 from clip_gateway.client.core import ClientError, T, problem
 
@@ -38,6 +40,62 @@ TRANSIENT = frozenset({502, 504})
 
 class GatewaysGone(RuntimeError):
     """Every gateway has been out of service for longer than the fleet waits."""
+
+
+class Unreachable(Exception):
+    """A request that got no answer: the connection refused, reset or timed out."""
+
+
+class Http(Protocol):
+    """One gateway's connections: ``request`` sends ``method path`` with httpx's keyword
+    arguments (``content``, ``json``, ``params``, ``headers``) and returns the whole answer, or
+    raises Unreachable."""
+
+    async def request(self, method: str, path: str, **request: Any) -> httpx.Response: ...
+
+    async def aclose(self) -> None: ...
+
+
+class AiohttpGateway:
+    """``Http`` on aiohttp: at most ``in_flight`` connections kept open to ``url``, the
+    session made on the event loop of the first request."""
+
+    def __init__(self, url: str, options: FleetOptions, headers: dict[str, str] | None) -> None:
+        self.base = url.rstrip("/")
+        self.options = options
+        self.headers = headers or {}
+        self.session: aiohttp.ClientSession | None = None
+        self.urls: dict[str, yarl.URL] = {}
+
+    async def request(self, method: str, path: str, **request: Any) -> httpx.Response:
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.options.in_flight),
+                timeout=aiohttp.ClientTimeout(total=self.options.timeout_s),
+                headers=self.headers,
+                # the body handed on as it came: httpx.Response decodes any Content-Encoding
+                auto_decompress=False,
+            )
+        url = self.urls.get(path)
+        if url is None:
+            url = self.urls[path] = yarl.URL(self.base + path)
+        try:
+            async with self.session.request(
+                method,
+                url,
+                data=request.get("content"),
+                json=request.get("json"),
+                params=request.get("params"),
+                headers=request.get("headers"),
+            ) as response:
+                body = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
+        return httpx.Response(response.status, headers=response.raw_headers, content=body)
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await self.session.close()
 
 
 @dataclass(frozen=True)
@@ -57,7 +115,7 @@ class FleetOptions:
 @dataclass(eq=False)
 class Gateway:
     url: str
-    http: httpx.AsyncClient
+    http: Http
     #: Requests it may have in flight now: ``FleetOptions.in_flight``, less after a 429.
     limit: int
     busy: int = 0
@@ -84,7 +142,7 @@ class Fleet:
         options: FleetOptions,
         *,
         headers: dict[str, str] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        http: Callable[[str], Http] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[str], None] = lambda message: None,
     ) -> None:
@@ -93,35 +151,20 @@ class Fleet:
         self.options = options
         self.clock = clock
         self.on_event = on_event
-        limits = httpx.Limits(
-            max_connections=options.in_flight, max_keepalive_connections=options.in_flight
-        )
-        self.gateways = [
-            Gateway(
-                url.rstrip("/"),
-                httpx.AsyncClient(
-                    base_url=url,
-                    timeout=options.timeout_s,
-                    limits=limits,
-                    transport=transport,
-                    headers=headers,
-                ),
-                options.in_flight,
-            )
-            for url in urls
-        ]
+        connect = http or (lambda url: AiohttpGateway(url, options, headers))
+        self.gateways = [Gateway(url.rstrip("/"), connect(url), options.in_flight) for url in urls]
         self._changed = asyncio.Condition()
 
     async def post(self, request: dict[str, Any], read: Callable[[httpx.Response], T]) -> T:
-        """``POST /v1/embeddings`` with ``request`` (httpx keyword arguments) on some gateway;
+        """``POST /v1/embeddings`` with ``request`` (``Http.request``'s arguments) on some gateway;
         ``read``'s answer, or ClientError for an answer that trying again will not change."""
         failures = 0
         while True:
             gateway = await self._acquire()
             try:
-                response = await gateway.http.post("/v1/embeddings", **request)
-            except httpx.TransportError as exc:
-                self._out(gateway, f"{type(exc).__name__}: {exc}".rstrip(": "), None)
+                response = await gateway.http.request("POST", "/v1/embeddings", **request)
+            except Unreachable as exc:
+                self._out(gateway, str(exc), None)
                 continue
             finally:
                 await self._release(gateway)
@@ -144,8 +187,10 @@ class Fleet:
         """``GET path`` on the first gateway that answers it (None: none does)."""
         for gateway in self.gateways:
             try:
-                return await gateway.http.get(path, headers={"Accept": "application/json"})
-            except httpx.TransportError:
+                return await gateway.http.request(
+                    "GET", path, headers={"Accept": "application/json"}
+                )
+            except Unreachable:
                 continue
         return None
 

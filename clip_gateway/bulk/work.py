@@ -19,14 +19,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import httpx
 import numpy as np
 
 from clip_gateway.bulk import output, sources
-from clip_gateway.bulk.fleet import Fleet, FleetOptions, GatewaysGone
+from clip_gateway.bulk.fleet import Fleet, FleetOptions, GatewaysGone, Http
 from clip_gateway.client import formats
 from clip_gateway.client.compact import CompactOptions
 from clip_gateway.client.core import (
@@ -110,7 +109,7 @@ class ShardEmbedder:
         self,
         spec: JobSpec,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
+        http: Callable[[str], Http] | None = None,
         progress: Callable[[int, int, int], None] = lambda rows, failed, read: None,
     ) -> None:
         self.spec = spec
@@ -120,7 +119,7 @@ class ShardEmbedder:
             spec.gateways,
             spec.fleet,
             headers=headers,
-            transport=transport,
+            http=http,
             on_event=lambda m: print(f"clip-gateway bulk: {m}", file=sys.stderr, flush=True),
         )
         self.progress = progress
@@ -196,6 +195,10 @@ class ShardEmbedder:
             await self._captions([s for s in batch if s.vector is not None])
         done = sum(s.vector is not None for s in batch)
         self.progress(done, len(batch) - done, sum(len(s.item.data or b"") for s in batch))
+        # answered: the image's bytes go, so that a worker holds the shard's vectors and
+        # metadata until its commit, not every image it read (10,000 photos of 3 MB: 30 GB)
+        for slot in batch:
+            slot.item = replace(slot.item, data=None)
 
     async def _images(self, batch: list[tuple[int, bytes]]) -> Embedded:
         """One skip_invalid request for ``batch`` (input index, bytes); one the gateway finds

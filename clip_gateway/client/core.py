@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -203,10 +204,26 @@ def multipart(
     content_type: str = "application/octet-stream",
     fields: dict[str, str] | None = None,
 ) -> tuple[bytes, str]:
-    """One multipart body (httpx's encoder), built once per batch so retries reuse it."""
-    files = [("image", (f"{i}.jpg", data, content_type)) for i, data in enumerate(images)]
-    request = httpx.Request("POST", "/", files=files, data=fields)
-    return request.read(), request.headers["Content-Type"]
+    """One multipart/form-data body (RFC 7578) and its Content-Type, built once per batch so
+    retries reuse it: ``fields`` first, then each image as an ``image`` part named ``{i}.jpg``.
+    Joined here in one pass rather than by httpx's encoder, which spent 120 us per 32-image
+    batch against 17 (a part's objects and headers built one by one); the boundary is random,
+    as httpx's is."""
+    boundary = secrets.token_hex(16)
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in (fields or {}).items()
+    ]
+    head = f"\r\nContent-Type: {content_type}\r\n\r\n"
+    for i, data in enumerate(images):
+        parts += (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="{i}.jpg"'
+            f"{head}".encode(),
+            data,
+            b"\r\n",
+        )
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
 def embed_request(batch: Sequence[bytes], settings: ClientSettings) -> dict[str, Any]:
@@ -250,7 +267,7 @@ def parse_json(response: httpx.Response) -> Embedded:
         raise ClientError(response.status_code, problem(response))
     body = response.json()
     rows = sorted(body["data"], key=lambda row: int(row["index"]))
-    vectors = [_vector(row["embedding"]) for row in rows]
+    vectors = _vectors([row["embedding"] for row in rows])
     errors = [
         ItemError(
             int(e["index"]),
@@ -262,16 +279,21 @@ def parse_json(response: httpx.Response) -> Embedded:
         for e in body.get("errors", [])
     ]
     return Embedded(
-        np.stack(vectors) if vectors else np.empty((0, 0), np.float32),
+        vectors,
         [int(row["index"]) for row in rows],
         sorted(errors, key=lambda e: e.index),
     )
 
 
-def _vector(embedding: str | list[float]) -> np.ndarray:
-    if isinstance(embedding, str):
-        return np.frombuffer(base64.b64decode(embedding), "<f4").astype(np.float32)
-    return np.asarray(embedding, dtype=np.float32)
+def _vectors(embeddings: list[str | list[float]]) -> np.ndarray:
+    """float32 ``[n, D]`` from base64 rows (decoded into one buffer) or float lists."""
+    if not embeddings:
+        return np.empty((0, 0), np.float32)
+    rows = [e for e in embeddings if isinstance(e, str)]
+    if len(rows) == len(embeddings):
+        raw = b"".join([base64.b64decode(e) for e in rows])
+        return np.frombuffer(raw, "<f4").reshape(len(embeddings), -1).astype(np.float32)
+    return np.stack([np.asarray(e, dtype=np.float32) for e in embeddings])
 
 
 def problem(response: httpx.Response) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from clip_gateway.bulk.fleet import Fleet, FleetOptions, GatewaysGone
+from clip_gateway.bulk.fleet import Fleet, FleetOptions, GatewaysGone, Unreachable
 from clip_gateway.client.core import ClientError
 
 A, B = "http://a.test", "http://b.test"
@@ -36,8 +36,24 @@ def run(fleet: Fleet, count: int) -> list[str]:
     return asyncio.run(main())
 
 
+class Mocked:
+    """The fleet's ``Http`` on httpx's MockTransport: ``handler`` answers every request."""
+
+    def __init__(self, url: str, handler) -> None:  # type: ignore[no-untyped-def]
+        self.client = httpx.AsyncClient(base_url=url, transport=httpx.MockTransport(handler))
+
+    async def request(self, method: str, path: str, **request: object) -> httpx.Response:
+        try:
+            return await self.client.request(method, path, **request)  # type: ignore[arg-type]
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
 def fleet_of(handler, urls=(A,), **options: float) -> Fleet:  # type: ignore[no-untyped-def]
-    return Fleet(urls, FleetOptions(**options), transport=httpx.MockTransport(handler))  # type: ignore[arg-type]
+    return Fleet(urls, FleetOptions(**options), http=lambda url: Mocked(url, handler))  # type: ignore[arg-type]
 
 
 def test_requests_in_flight_are_bounded_per_gateway() -> None:
