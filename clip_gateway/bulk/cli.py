@@ -141,7 +141,7 @@ def bulk(src: str, dst: str, gateways: list[str], **options: Any) -> int:
     same command, and every input ends in exactly one row or one failure; a run over a
     finished DST does nothing.
     """
-    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("pyarrow") is None:
+    if any(importlib.util.find_spec(name) is None for name in ("ray", "pyarrow", "aiohttp")):
         click.echo(
             "clip-gateway: bulk needs the bulk extra: pip install 'clip-gateway[bulk]'", err=True
         )
