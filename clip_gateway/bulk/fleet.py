@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import aiohttp
 import httpx
-import yarl
 
 from clip_gateway.client.core import ClientError, T, problem
 
@@ -65,7 +64,6 @@ class AiohttpGateway:
         self.options = options
         self.headers = headers or {}
         self.session: aiohttp.ClientSession | None = None
-        self.urls: dict[str, yarl.URL] = {}
 
     async def request(self, method: str, path: str, **request: Any) -> httpx.Response:
         if self.session is None:
@@ -76,13 +74,10 @@ class AiohttpGateway:
                 # the body handed on as it came: httpx.Response decodes any Content-Encoding
                 auto_decompress=False,
             )
-        url = self.urls.get(path)
-        if url is None:
-            url = self.urls[path] = yarl.URL(self.base + path)
         try:
             async with self.session.request(
                 method,
-                url,
+                self.base + path,
                 data=request.get("content"),
                 json=request.get("json"),
                 params=request.get("params"),
