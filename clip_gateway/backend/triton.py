@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -49,6 +50,28 @@ RELOAD_RETRY_S = 1.0
 _UNAVAILABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "CANCELLED", "NOT_FOUND", "ABORTED"}
 #: Each model's input tensor: its name and Triton type (False: image, True: text).
 _INPUTS = {False: (INPUT_NAME, "UINT8"), True: (TEXT_INPUT_NAME, "INT32")}
+#: The first Triton whose tracer survives traced load. Before it, a trace released while another
+#: thread still held its mutex was a use after free (triton-inference-server/server#7795, fixed
+#: by #8144 in 2.57.0): Triton 2.51 segfaulted here after 7,224 and 59,922 traced requests at 16
+#: in flight (docs/OBSERVABILITY.md). Triton traces exactly the requests that carry a
+#: traceparent (rate 0), so sending none keeps an older Triton out of that code.
+TRACER_FIXED = (2, 57)
+TritonSpans = Literal["auto", "on", "off"]
+
+
+def triton_version(text: str) -> tuple[int, int] | None:
+    """(major, minor) of a Triton version string (server metadata's ``version``), if it is one."""
+    match = re.match(r"\s*(\d+)\.(\d+)", text)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def spans_wanted(setting: TritonSpans, version: str) -> bool:
+    """Whether the gateway's trace context goes to this Triton (so Triton adds its spans).
+    ``auto``: only to a Triton whose tracer is fixed; an unknown version is taken as unfixed."""
+    if setting != "auto":
+        return setting == "on"
+    parsed = triton_version(version)
+    return parsed is not None and parsed >= TRACER_FIXED
 
 
 def _status_name(exc: InferenceServerException) -> str:
@@ -79,6 +102,7 @@ class TritonBackend:
         info_timeout: float = READY_CHECK_TIMEOUT_S,
         tracer: Tracer | None = None,
         shared_memory_regions: int = 0,
+        triton_spans: TritonSpans = "auto",
     ) -> None:
         self.url = url
         self.model_name = model_name
@@ -105,6 +129,10 @@ class TritonBackend:
         self._info: ModelInfo | None = None
         self._info_read = 0.0
         self._info_lock = asyncio.Lock()
+        #: Whether calls carry the trace context: decided with the first model_info, from the
+        #: server's version; never before (a call before it has no trace context to lose).
+        self._spans = triton_spans == "on"
+        self._spans_decided = triton_spans != "auto"
 
     async def model_info(self) -> ModelInfo:
         """What Triton serves, read once and again every ``INFO_REFRESH_S``: the launcher may
@@ -114,6 +142,7 @@ class TritonBackend:
             async with self._info_lock:
                 if self._info is None:
                     info = await self._read_model_info()
+                    await self._decide_spans()
                     if self._shm_regions:
                         await self._remove_orphans()
                         size = info.max_batch_size * info.image_size**2 * 3
@@ -126,6 +155,7 @@ class TritonBackend:
 
     async def _refresh_model_info(self, known: ModelInfo) -> None:
         self._info_read = time.monotonic()
+        await self._decide_spans()
         try:
             info = await self._read_model_info()
         except (EmbeddingError, InferenceServerException) as exc:
@@ -144,6 +174,29 @@ class TritonBackend:
             self._pool = None
         log.info("Triton serves %s again, now with %s", info.name, info.quantization)
         self._info = info
+
+    async def _decide_spans(self) -> None:
+        """``auto``: read Triton's version (server metadata) once; until it is read (Triton not
+        answering yet) no call carries the trace context. Nothing to decide with tracing off."""
+        if self._spans_decided or isinstance(self._tracer, NoOpTracer):
+            return
+        try:
+            metadata = await self._client.get_server_metadata(
+                as_json=True, client_timeout=self._info_timeout
+            )
+        except InferenceServerException as exc:
+            log.debug("Triton's version not read (%s): asked again with the model config", exc)
+            return
+        version = str(metadata.get("version", ""))
+        self._spans, self._spans_decided = spans_wanted("auto", version), True
+        if not self._spans:
+            log.warning(
+                "Triton %s gets no trace context, so it adds no spans of its own: before 2.57 "
+                "its tracer crashes the server under traced load "
+                "(triton-inference-server/server#7795); the gateway's triton.infer span still "
+                "times each call. GATEWAY_TRITON_SPANS=on sends the context anyway.",
+                version or "(version unknown)",
+            )
 
     async def _remove_orphans(self) -> None:
         """Regions of workers that died without stopping (killed, crashed): unregister them from
@@ -291,7 +344,7 @@ class TritonBackend:
             # Triton drops the request itself if it is still queued when we give up.
             timeout=int(timeout * 1e6),
             # W3C traceparent in the gRPC metadata: Triton's spans join this trace.
-            headers=trace_headers(),
+            headers=trace_headers() if self._spans else None,
         )
 
     async def ready(self) -> bool:

@@ -270,6 +270,11 @@ class ServerSettings(BaseSettings):
     #: Obey an incoming traceparent's "sampled" flag. Off by default: a client could otherwise
     #: make the server (and Triton) trace every request whatever the ratio.
     trace_trust_upstream: bool = False
+    #: Send the trace context on to Triton, which then adds its own spans (queue, compute) to
+    #: each sampled request's trace. ``auto``: only to Triton 2.57 or later; before it Triton's
+    #: tracer crashes the server under traced load (triton-inference-server/server#7795; the
+    #: bundled 2.51 and NGC 25.01's 2.54 both have it). ``on``: to any Triton.
+    triton_spans: Literal["auto", "on", "off"] = "auto"
 
     # --- Immich -----------------------------------------------------------------------------
     #: Also speak Immich's machine-learning protocol: ``GET /ping``, ``GET /`` and ``POST

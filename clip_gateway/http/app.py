@@ -72,6 +72,7 @@ def triton_backend(settings: ServerSettings, tracer: Tracer) -> InferenceBackend
         text_model_name=settings.triton_text_model,
         tracer=tracer,
         shared_memory_regions=settings.shared_memory_regions,
+        triton_spans=settings.triton_spans,
     )
 
 

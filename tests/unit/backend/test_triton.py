@@ -70,3 +70,24 @@ def test_within_the_interval_the_configs_are_not_read_again(
 
     first, second = asyncio.run(twice())
     assert first is second and reads == [OPENVINO]
+
+
+@pytest.mark.parametrize(
+    ("setting", "version", "wanted"),
+    [
+        ("auto", "2.51.0", False),  # the bundled Triton: its tracer crashes under traced load
+        ("auto", "2.54.0", False),  # NGC 25.01's
+        ("auto", "2.57.0", True),  # the first with the fix (triton-inference-server/server#8144)
+        ("auto", "2.65.1", True),
+        ("auto", "3.0.0", True),
+        ("auto", "", False),  # unknown: taken as unfixed
+        ("auto", "main", False),
+        ("on", "2.51.0", True),
+        ("on", "", True),
+        ("off", "2.65.0", False),
+    ],
+)
+def test_the_trace_context_goes_only_to_a_triton_whose_tracer_is_fixed(
+    setting: triton.TritonSpans, version: str, wanted: bool
+) -> None:
+    assert triton.spans_wanted(setting, version) is wanted
