@@ -23,8 +23,8 @@ from clip_gateway.launcher.local import LocalTriton, otel_trace_args
 
 MODES = {
     "off": {"GATEWAY_TRACING": "off"},
-    "on, 0% sampled": {"OTEL_TRACES_SAMPLER": "always_off"},
-    "on, 100% sampled": {"OTEL_TRACES_SAMPLER": "always_on"},
+    "on, 0% sampled": {"GATEWAY_TRACE_SAMPLE_RATIO": "0"},
+    "on, 100% sampled": {"GATEWAY_TRACE_SAMPLE_RATIO": "1"},
 }
 
 
@@ -103,7 +103,7 @@ def survival(seconds: float, out: Path) -> int:
         pool, args = [compact_jpeg(i) for i in range(32)], otel_trace_args(f"{endpoint}/v1/traces")
         for setting in ("on", "auto"):
             log = Path(tmp) / f"triton-{setting}.log"
-            env = _env(endpoint, OTEL_TRACES_SAMPLER="always_on", GATEWAY_TRITON_SPANS=setting)
+            env = _env(endpoint, GATEWAY_TRACE_SAMPLE_RATIO="1", GATEWAY_TRITON_SPANS=setting)
             with LocalTriton(repo, log_path=log, extra_args=args) as triton:
                 with GatewayProcess(triton.grpc_url, env=env, log_path=Path(tmp) / "gw") as gw:
                     gw.wait_ready()
