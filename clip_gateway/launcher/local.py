@@ -8,8 +8,11 @@ model code runs in its own interpreter, which the stub finds through ``PATH``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -21,6 +24,7 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import urlsplit
 
+from clip_gateway.backend.shm import SHM_DIR, alive
 from clip_gateway.config.processes import (
     ProcessStartError,
     ReservedPort,
@@ -34,6 +38,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ENV = REPO_ROOT / ".triton-env"
 NGC_SERVER = Path("/opt/tritonserver/bin/tritonserver")
 SYSTEM_BIN = Path("/usr/bin")
+#: The Python backend's shared-memory regions of a Triton started here are named with this
+#: prefix, the starting process's pid and a token of the server (``LocalTriton.shm_prefix``), so
+#: that the regions of one that died without cleaning up (SIGKILL, a crash: Triton 2.51 can
+#: segfault under traced load, docs/OBSERVABILITY.md) can be found and removed. Under its default
+#: prefix (``triton_python_backend_shm_region_``) they stayed in /dev/shm, 1 MB or more each,
+#: until the machine restarted: a container's /dev/shm fills up with a Triton that keeps dying.
+SHM_PREFIX = "clipgw_triton_"
+_SHM_OWNER = re.compile(rf"^{SHM_PREFIX}(\d+)_[0-9a-f]{{8}}_")
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,10 @@ class LocalTriton(ServerProcess):
     ready_seconds: float | None = field(default=None, init=False)
     #: Ports reserved for this server (those given as 0); kept across stop/start.
     reservations: list[ReservedPort] = field(default_factory=list, init=False, repr=False)
+    #: What the names of its Python backend's shared-memory regions start with (``SHM_PREFIX``).
+    shm_prefix: str = field(
+        default_factory=lambda: f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(4)}_", init=False
+    )
 
     def release_ports(self) -> None:
         """Give back the ports reserved for this server (after its last stop)."""
@@ -204,6 +220,7 @@ class LocalTriton(ServerProcess):
                 else ("--model-control-mode=none",)
             ),
             "--exit-timeout-secs=10",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
         ]
 
@@ -232,6 +249,8 @@ class LocalTriton(ServerProcess):
             self.log_path = self.log_path or self.repository.parent / "tritonserver.log"
         log.info("starting tritonserver (grpc %s), log in %s", self.grpc_url, self.log_path)
         started = time.monotonic()
+        remove_regions(self.shm_prefix)  # this server's own, had its last run died
+        remove_orphaned_regions()
         self.launch()
         # the server is READY once every model of the repository is (clip_image and clip_text)
         ready = f"{self.http_url}/v2/health/ready"
@@ -243,6 +262,15 @@ class LocalTriton(ServerProcess):
         self.ready_seconds = time.monotonic() - started
         log.info("tritonserver ready in %.1f s", self.ready_seconds)
         return self
+
+    def stop(self, grace: float = 15.0) -> int | None:
+        code = super().stop(grace)
+        remove_regions(self.shm_prefix)  # a Triton that drained removed its own; one killed did not
+        return code
+
+    def kill(self) -> None:
+        super().kill()
+        remove_regions(self.shm_prefix)
 
     def reload(self, model: str, timeout: float) -> None:
         """Load ``model`` again from the repository (``reloadable`` servers only). Triton keeps
@@ -261,3 +289,35 @@ class LocalTriton(ServerProcess):
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
             raise ProcessStartError(f"Triton did not load {model} again: {detail}") from exc
+
+
+def remove_regions(prefix: str, directory: Path = SHM_DIR) -> int:
+    """Unlink the shared-memory regions whose names start with ``prefix`` (a stopped server's:
+    nothing maps them any more, or what still does keeps its mapping until it exits); how many."""
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for path in directory.glob(f"{prefix}*"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed
+
+
+def remove_orphaned_regions(directory: Path = SHM_DIR) -> int:
+    """Unlink the regions of Tritons started by processes that have exited (their Tritons died
+    with them: ``stop_with_parent``); how many. A region whose owner still runs is left alone."""
+    owned: dict[int, list[Path]] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for path in directory.glob(f"{SHM_PREFIX}*"):
+            if match := _SHM_OWNER.match(path.name):
+                owned.setdefault(int(match[1]), []).append(path)
+    removed = 0
+    for pid, paths in owned.items():
+        if pid != os.getpid() and not alive(pid):
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+    if removed:
+        log.info("removed %d shared-memory region(s) of Tritons whose launcher is gone", removed)
+    return removed

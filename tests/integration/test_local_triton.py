@@ -3,7 +3,10 @@ model and the text model, each against open_clip."""
 
 from __future__ import annotations
 
+import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,3 +146,27 @@ def test_launcher_binds_loopback_only_and_stops_cleanly(cpu_repository, tmp_path
         assert process is not None and process.poll() is None
     assert process.returncode == 0
     assert "Waiting for in-flight requests to complete" in (tmp_path / "triton.log").read_text()
+
+
+def test_a_killed_tritons_shared_memory_is_removed(cpu_repository, tmp_path) -> None:
+    """Triton's Python backend keeps each model instance's messages in /dev/shm regions that only
+    a Triton that exits in order removes. One that dies (SIGKILL here; a segfault alike) left
+    them until the machine restarted; the launcher removes them when it stops or restarts it."""
+    server = LocalTriton(cpu_repository, log_path=tmp_path / "triton.log")
+    shm = Path("/dev/shm")
+    try:
+        server.start()
+        assert server.process is not None
+        regions = sorted(shm.glob(f"{server.shm_prefix}*"))
+        assert regions, "the Python backend's regions carry the server's prefix"
+        os.kill(server.process.pid, signal.SIGKILL)  # tritonserver alone, as a crash would
+        server.process.wait()
+        assert all(region.exists() for region in regions)  # what leaked until now
+        server.stop()
+        assert not list(shm.glob(f"{server.shm_prefix}*"))
+        server.start()  # a restart under the same prefix, as the supervisor does
+        assert list(shm.glob(f"{server.shm_prefix}*"))
+    finally:
+        server.stop()
+        server.release_ports()
+    assert not list(shm.glob(f"{server.shm_prefix}*"))
