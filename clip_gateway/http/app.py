@@ -16,7 +16,7 @@ import httpx
 import uvicorn
 from litestar import Litestar
 from litestar.exceptions import HTTPException
-from litestar.plugins.opentelemetry import OpenTelemetryConfig
+from litestar.middleware import DefineMiddleware
 from opentelemetry.trace import Tracer
 
 from clip_gateway.backend import shm
@@ -38,6 +38,7 @@ from clip_gateway.http.urls.guard import Allowlist
 from clip_gateway.imaging.paths import current as imaging_path
 from clip_gateway.observability.access import ObserveMiddleware
 from clip_gateway.observability.metrics import Metrics, forget_dead_workers, multiprocess_dir
+from clip_gateway.observability.server_spans import ServerSpans
 from clip_gateway.observability.tracing import Telemetry, create_telemetry
 from clip_gateway.pipeline.cache import open_cache
 from clip_gateway.pipeline.fair import FairExecutor
@@ -237,11 +238,10 @@ def _middleware(telemetry: Telemetry, metrics: Metrics) -> list[Any]:
     """Tracing (only when on) outermost, so the observation middleware sees the server span."""
     stack: list[Any] = []
     if telemetry.enabled:
-        config = OpenTelemetryConfig(
-            tracer_provider=telemetry.provider,
-            exclude_spans=["receive", "send"],  # one span per body chunk is noise
-            exclude=["/healthz", "/readyz", "/metrics"],
+        stack.append(
+            DefineMiddleware(
+                ServerSpans, tracer=telemetry.tracer, exclude=("/healthz", "/readyz", "/metrics")
+            )
         )
-        stack.append(config.middleware)
     stack.append(ObserveMiddleware(metrics))
     return stack

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import pytest
 from litestar.testing import TestClient
@@ -42,10 +43,15 @@ def test_off_means_no_tracing_middleware_at_all(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     app = create_app(ServerSettings(), lambda *_: FakeBackend())
-    names = [type(m).__name__ + getattr(m, "middleware", type(m)).__name__ for m in app.middleware]
-    assert not any("OpenTelemetry" in n for n in names)
+    assert "ServerSpans" not in _middleware_names(app)
     with TestClient(app):
         assert app_context(app.state).telemetry.enabled is False
+    traced = create_app(ServerSettings(tracing="on"), lambda *_: FakeBackend())
+    assert "ServerSpans" in _middleware_names(traced)  # what "off" leaves out
+
+
+def _middleware_names(app: Any) -> list[str]:
+    return [getattr(m, "middleware", type(m)).__name__ for m in app.middleware]
 
 
 def test_traceparent_is_propagated_only_when_sampled() -> None:
