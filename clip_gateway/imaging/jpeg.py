@@ -156,7 +156,35 @@ def walk(
     """
     if not data.startswith(_SOI):
         raise JpegError("not a JPEG: no start-of-image marker")
-    return _Walk(data, max_scans, dc_only_for, long_side).run()
+    if max_scans >= 1:
+        for head, layout in _recent:
+            if data.startswith(head):
+                return layout
+    walker = _Walk(data, max_scans, dc_only_for, long_side)
+    layout = walker.run()
+    if walker.sealed_at is not None and walker.sealed_at <= MAX_REMEMBERED_HEAD:
+        _remember(data[: walker.sealed_at], layout)
+    return layout
+
+
+#: The longest header ``walk`` remembers (a photo with a large EXIF block is walked every time).
+MAX_REMEMBERED_HEAD = 4096
+#: Headers remembered, most recent first.
+RECENT_HEADS = 8
+#: (header, its layout) of the last single-scan sequential files walked. Such a file's layout
+#: is a function of its bytes up to the end of its scan header alone (the walk stops there:
+#: nothing after it costs the decoder anything), and one encoder's files of one size share
+#: those bytes (the SDK's uploads: 224x224, the same tables): a file that starts with a
+#: remembered header has that layout, found by a comparison of a few hundred bytes instead of a
+#: walk in Python (~10 us an image on the event loop, where admission prices each image). Only an
+#: exact match is a hit, so no input can make another's layout its own. A tuple replaced whole:
+#: the event loop and the decode threads read it without a lock.
+_recent: tuple[tuple[bytes, JpegLayout], ...] = ()
+
+
+def _remember(head: bytes, layout: JpegLayout) -> None:
+    global _recent
+    _recent = ((head, layout), *(entry for entry in _recent if entry[0] != head))[:RECENT_HEADS]
 
 
 _Frame = tuple[int, int, tuple[tuple[int, int], ...], bool]  # width, height, sampling, progressive
@@ -174,6 +202,9 @@ class _Walk:
         self.exif: tuple[int, int] | None = None
         self.arithmetic = False
         self.stop_at_frame = False
+        #: Where the walk ended for good, at the end of a sequential file's one scan header: the
+        #: layout depends on nothing after it (``walk`` remembers it).
+        self.sealed_at: int | None = None
         # the DC-only stream: header segments and DC scans, dropped once the frame says it will
         # not be used (not progressive, or not decoded at 1/8)
         self.kept: list[bytes] | None = [_SOI] if dc_only_for else None
@@ -201,7 +232,9 @@ class _Walk:
                 raise JpegError("JPEG segment with an impossible length")
             if marker == _SOS:
                 if self._scan(segment_end):
-                    return self._layout()
+                    layout = self._layout()  # raises without a frame: nothing sealed
+                    self.sealed_at = segment_end
+                    return layout
                 continue
             if self.kept is None and marker != _APP1 and marker not in _SOF:
                 self.pos = segment_end  # nothing in it matters (tables, comments, APPn)

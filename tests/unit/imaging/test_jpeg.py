@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.harness.photos import jpeg as encode_jpeg
+from clip_gateway.client.compact import CompactOptions, compact
 from clip_gateway.imaging import jpeg
 from tests import samples
 
@@ -451,3 +452,85 @@ def test_decode_asks_libjpeg_for_the_rounded_up_size(
     down would let libjpeg pick 1/8 (1x1)."""
     data = encode_jpeg(samples.small_photo(0).crop((0, 0, *size)))
     assert jpeg.decode(data, jpeg.walk(data, max_scans=8), 1).shape == shape
+
+
+def _fresh(data: bytes, max_scans: int = 256) -> jpeg.JpegLayout:
+    """The walk of ``data`` with nothing remembered (and nothing remembered after it)."""
+    remembered, jpeg._recent = jpeg._recent, ()
+    try:
+        return jpeg.walk(data, max_scans=max_scans)
+    finally:
+        jpeg._recent = remembered
+
+
+def _uploads(*seeds: int) -> list[bytes]:
+    """What the SDK uploads to a 224-px model: the centre square (clip_gateway/client)."""
+    square = CompactOptions().for_model(
+        {"image_size": 224, "preprocessing": {"resize_mode": "shortest"}}
+    )
+    return [compact(encode_jpeg(samples.camera_photo(1600, 1200, seed=s)), square) for s in seeds]
+
+
+def test_one_encoders_files_share_the_walk_of_their_header(monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = _uploads(1, 2)
+    monkeypatch.setattr(jpeg, "_recent", ())
+    end = first.index(b"\xff\xda")
+    assert first[:end] == second[:end] and first[end + 20 :] != second[end + 20 :]
+    layout = jpeg.walk(first, max_scans=256)
+    assert [head for head, _ in jpeg._recent] == [first[: len(jpeg._recent[0][0])]]
+    assert jpeg.walk(second, max_scans=256) is layout  # found, not walked
+    assert layout == _fresh(second)
+    assert jpeg.walk(second + b"trailing bytes", max_scans=256) is layout
+    # the remembered header is not the decoder's limit: a file may not scan at all
+    with pytest.raises(jpeg.JpegError, match="more than 0 scans"):
+        jpeg.walk(second, max_scans=0)
+
+
+_UPLOAD = _uploads(3)[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_remembered_header_never_answers_for_another(data: st.DataObject) -> None:
+    """Whatever byte of a file whose header is remembered is changed, cut or added, its walk
+    is what a walk with nothing remembered says (the same layout, or the same error)."""
+    before, jpeg._recent = jpeg._recent, ()  # after the upload was made (the client walks it)
+    try:
+        _compare_with_nothing_remembered(data)
+    finally:
+        jpeg._recent = before
+
+
+def _compare_with_nothing_remembered(data: st.DataObject) -> None:
+    base = _UPLOAD
+    jpeg.walk(base, max_scans=256)
+    assert jpeg._recent
+    stream = bytearray(base)
+    where = data.draw(st.integers(0, len(jpeg._recent[0][0]) + 8))
+    action = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+    if action == "flip":
+        stream[where] ^= data.draw(st.integers(1, 255))
+    elif action == "cut":
+        del stream[where:]
+    else:
+        stream[where:where] = data.draw(st.binary(min_size=1, max_size=4))
+    mutated = bytes(stream)
+    expected: object
+    try:
+        expected = _fresh(mutated)
+    except jpeg.JpegError as exc:
+        expected = (type(exc), str(exc))
+    try:
+        got: object = jpeg.walk(mutated, max_scans=256)
+    except jpeg.JpegError as exc:
+        got = (type(exc), str(exc))
+    assert got == expected
+
+
+def test_progressive_and_multi_scan_files_are_walked_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(jpeg, "_recent", ())
+    progressive = encode_jpeg(samples.camera_photo(64, 48, seed=4), progressive=True)
+    assert jpeg.walk(progressive, max_scans=256).scans > 1
+    assert jpeg._recent == ()
