@@ -44,8 +44,9 @@ SYSTEM_BIN = Path("/usr/bin")
 #: segfault under traced load, docs/OBSERVABILITY.md) can be found and removed. Under its default
 #: prefix (``triton_python_backend_shm_region_``) they stayed in /dev/shm, 1 MB or more each,
 #: until the machine restarted: a container's /dev/shm fills up with a Triton that keeps dying.
-SHM_PREFIX = "clipgw_triton_"
-_SHM_OWNER = re.compile(rf"^{SHM_PREFIX}(\d+)_[0-9a-f]{{8}}_")
+#: Not ``clipgw_``: that is the gateway's own batch regions' (``clipgw_<pid>_…``, backend/shm.py).
+SHM_PREFIX = "clipgw-triton_"
+_SHM_OWNER = re.compile(rf"^{re.escape(SHM_PREFIX)}(\d+)_[0-9a-f]{{8}}_")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from bench.harness.supervisor import Supervisor, slow_templates
+from clip_gateway.backend import shm
 from clip_gateway.config.processes import ReservedPort, reserve_port
 from clip_gateway.imaging import paths
 from tests import reference, samples
@@ -67,7 +68,7 @@ def cmdline(pid: int) -> str:
 
 
 def shm_of(pids: set[int]) -> list[str]:
-    return [p.name for p in Path("/dev/shm").glob("clipgw_*") if int(p.name.split("_")[1]) in pids]
+    return [p.name for p in Path("/dev/shm").glob(f"{shm.PREFIX}*") if shm.owner(p.name) in pids]
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from clip_gateway.backend import shm
 from clip_gateway.launcher import local
 
 
@@ -51,6 +52,7 @@ def test_only_the_regions_of_tritons_whose_launcher_is_gone_are_removed(tmp_path
     }
     for name in names:
         (tmp_path / name).write_bytes(b"\0" * 64)
+    assert all(shm.owner(n) is None for n in names if n.startswith(local.SHM_PREFIX))  # not ours
     assert local.remove_orphaned_regions(tmp_path) == 2
     assert {p.name for p in tmp_path.iterdir()} == {n for n, kept in names.items() if kept}
 
