@@ -18,6 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -295,13 +296,7 @@ class LocalTriton(ServerProcess):
 def remove_regions(prefix: str, directory: Path = SHM_DIR) -> int:
     """Unlink the shared-memory regions whose names start with ``prefix`` (a stopped server's:
     nothing maps them any more, or what still does keeps its mapping until it exits); how many."""
-    removed = 0
-    with contextlib.suppress(FileNotFoundError):
-        for path in directory.glob(f"{prefix}*"):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed += 1
-    return removed
+    return _unlink(directory.glob(f"{prefix}*"))
 
 
 def remove_orphaned_regions(directory: Path = SHM_DIR) -> int:
@@ -312,13 +307,20 @@ def remove_orphaned_regions(directory: Path = SHM_DIR) -> int:
         for path in directory.glob(f"{SHM_PREFIX}*"):
             if match := _SHM_OWNER.match(path.name):
                 owned.setdefault(int(match[1]), []).append(path)
-    removed = 0
-    for pid, paths in owned.items():
-        if pid != os.getpid() and not alive(pid):
-            for path in paths:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    removed += 1
+    gone = [path for pid, paths in owned.items() if pid != os.getpid() and not alive(pid)
+            for path in paths]  # fmt: skip
+    removed = _unlink(gone)
     if removed:
         log.info("removed %d shared-memory region(s) of Tritons whose launcher is gone", removed)
+    return removed
+
+
+def _unlink(paths: Iterable[Path]) -> int:
+    """Unlink ``paths``, those still there; how many (a missing directory: none)."""
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
     return removed
