@@ -536,6 +536,8 @@ class EmbeddingService:
         # several model instances (the CPU profiles' core plan): one request's rows are shared
         # between them, or a lone batch of 32 would run on one instance's share of the cores
         limit = min(limit, max(1, -(-len(batch) // max(1, instances))))
+        if len(batch) <= limit:  # one call: awaited here, no task of its own
+            return await self._infer_chunk(call, batch, deadline, text)
         chunks = [batch.rows(i, i + limit) for i in range(0, len(batch), limit)]
         results = await asyncio.gather(
             *(self._infer_chunk(call, chunk, deadline, text) for chunk in chunks)
@@ -639,7 +641,11 @@ def _content(item: Item) -> tuple[str, bytes] | None:
 async def _gather_or_cancel(
     work: list[Coroutine[Any, Any, _PartialEmbeddings]],
 ) -> list[_PartialEmbeddings]:
-    """Run the parts at once; the first failure cancels the others (their model calls too)."""
+    """Run the parts at once; the first failure cancels the others (their model calls too).
+    A lone part (a request of images only, or of texts only) is awaited where it is: a task of
+    its own would cost the event loop a task's scheduling and nothing else."""
+    if len(work) == 1:
+        return [await work[0]]
     tasks = [asyncio.ensure_future(w) for w in work]
     try:
         return list(await asyncio.gather(*tasks))
