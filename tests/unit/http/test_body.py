@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import hashlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -459,6 +460,124 @@ def test_a_client_that_leaves_first_cancels_its_pending_work(
         assert work.cancelled
 
     asyncio.run(scenario())
+
+
+def test_a_disconnect_heard_as_the_work_ends_cancels_nothing_after_it(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    """The work runs in the request's task: a disconnect heard in the turn the work's answer
+    came (its callback runs a turn after the work returned) must not cancel what the request
+    does next, such as sending that answer."""
+    context = edge(ServerSettings())
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        heard, answer = asyncio.Event(), loop.create_future()
+
+        async def receive() -> dict[str, object]:
+            await heard.wait()
+            return {"type": "http.disconnect"}
+
+        def both() -> None:  # the answer first, then the disconnect, in one turn
+            loop.call_soon(answer.set_result, "embedded")
+            heard.set()
+
+        async def work() -> str:
+            await asyncio.sleep(0)  # the watcher is waiting on the channel now
+            loop.call_soon(both)
+            return str(await answer)
+
+        request = request_to(context, receive=receive)
+        assert await body.unless_disconnected(request, work()) == "embedded"
+        here = asyncio.current_task()
+        assert here is not None and here.cancelling() == 0
+        for _ in range(5):  # the watcher's callback runs in these turns: it cancels nothing
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+
+
+def test_work_that_swallows_the_cancel_still_ends_as_client_gone(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    context = edge(ServerSettings())
+
+    async def scenario() -> None:
+        async def stubborn() -> str:
+            with contextlib.suppress(asyncio.CancelledError):  # and finishes anyway
+                await asyncio.Event().wait()
+            return "embedded"
+
+        request = request_to(context, receive=client({"type": "http.disconnect"}))
+        with pytest.raises(ClientGone):
+            await body.unless_disconnected(request, stubborn())
+        here = asyncio.current_task()
+        assert here is not None and here.cancelling() == 0  # no cancel left pending on it
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_cancelled_from_outside_stays_cancelled(
+    edge: Callable[[ServerSettings], AppContext],
+) -> None:
+    """Shutdown cancels a request's task: that is a cancellation, not a client that left, even
+    when the client leaves too."""
+    context = edge(ServerSettings())
+
+    async def scenario() -> None:
+        work = Work()
+        request = request_to(context, receive=client())
+        task = asyncio.ensure_future(body.unless_disconnected(request, work.run()))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert work.cancelled
+
+        work = Work()
+        request = request_to(context, receive=client({"type": "http.disconnect"}))
+        task = asyncio.ensure_future(body.unless_disconnected(request, work.run()))
+        for _ in range(3):  # the disconnect is heard: the task is being cancelled for it
+            await asyncio.sleep(0)
+        task.cancel()  # and from outside as well
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert work.cancelled
+
+    asyncio.run(scenario())
+
+
+def test_a_broken_channel_ends_the_work_as_a_client_gone(
+    edge: Callable[[ServerSettings], AppContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    context = edge(ServerSettings())
+    watchers: list[asyncio.Task[None]] = []
+    disconnected = body._disconnected
+
+    async def watched(*args: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        watchers.append(task)
+        await disconnected(*args)
+
+    monkeypatch.setattr(body, "_disconnected", watched)
+
+    async def scenario() -> None:
+        async def receive() -> dict[str, object]:
+            await asyncio.sleep(0)
+            raise OSError("connection reset")
+
+        work = Work()
+        with pytest.raises(ClientGone):
+            await body.unless_disconnected(request_to(context, receive=receive), work.run())
+        assert work.cancelled
+        [watcher] = watchers
+        assert watcher.done() and not watcher.cancelled()
+
+    asyncio.run(scenario())
+    # its failure was seen: nothing is left to log "Task exception was never retrieved"
+    assert not watchers[0]._log_traceback
 
 
 # --- one way to read a request: parsed under its limits, or peeked at and read again ---------
