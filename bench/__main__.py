@@ -2,7 +2,7 @@
 bench/studies whose ``main(argv)`` parses ARGS (``python -m bench STUDY --help``); bench/README.md
 has the table: each study's command, results folder and doc section.
 
-Concluded studies left the live tree; their code is at the tag ``bench-studies-2026-11``
+Concluded studies left the live tree; their code is at commit ``c84860a``
 (bench/README.md "Concluded studies"). Nothing here imports a study until it runs: the parser
 is read without torch.
 """
@@ -29,8 +29,9 @@ STUDIES = {
     "bulk": ("bulk", "the bulk job on a local Ray beside `clip-gateway embed`: rate and CPU"),
 }
 
-#: The tag that holds every concluded study's code, and the studies there (subcommands).
-TAG = "bench-studies-2026-11"
+#: The commit that holds every concluded study's code (in every clone's history, where a tag
+#: would not travel), and the studies there (subcommands).
+COMMIT = "c84860a"
 CONCLUDED = (
     "run", "quantization", "fidelity", "plans", "gpu", "stops", "immich", "attacks", "url-cache",
     "pillow-compare", "graph-resize", "cpu-instances", "openvino-eval",
@@ -52,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in CONCLUDED:
         name = argv[0]
-        print(f"python -m bench {name}: a concluded study, its code at the tag {TAG}:\n"
-              f"  git checkout {TAG} && python -m bench {name} ...", file=sys.stderr)  # fmt: skip
+        at = COMMIT
+        print(f"python -m bench {name}: a concluded study, its code at commit {at}:\n"
+              f"  git checkout {at} && python -m bench {name} ...", file=sys.stderr)  # fmt: skip
         return 2
     _parser().parse_args(argv[:1])  # --help, or an unknown study: the parser says so and exits
     study = importlib.import_module(f"bench.studies.{STUDIES[argv[0]][0]}")

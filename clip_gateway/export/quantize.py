@@ -15,7 +15,7 @@ What never changes is the contract: the same input (uint8 pixels / int32 token i
 and shape) feeding the same Cast, the same FP32 output. The quantizer is asked only for MatMuls,
 so the input Cast and the normalisation after it stay FP32, and ``check_contract`` verifies it.
 The quantization study measured both on this machine (a concluded study:
-``git checkout bench-studies-2026-11 && python -m bench quantization``); docs/PROFILES.md
+``git checkout c84860a && python -m bench quantization``); docs/PROFILES.md
 "The cpu-int8 profile" has the figures and why ``dynamic`` won.
 """
 

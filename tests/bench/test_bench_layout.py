@@ -105,11 +105,11 @@ def test_every_study_has_the_same_main() -> None:
 
 
 def test_the_readme_has_a_row_per_concluded_study() -> None:
-    """A concluded study's row gives its command at the tag that holds its code."""
-    from bench.__main__ import CONCLUDED, STUDIES, TAG
+    """A concluded study's row gives its command at the commit that holds its code."""
+    from bench.__main__ import COMMIT, CONCLUDED, STUDIES
 
     table = (ROOT / "bench" / "README.md").read_text()
-    command = rf"`git checkout {re.escape(TAG)} && python -m bench ([a-z][\w-]*)[^`]*`"
+    command = rf"`git checkout {re.escape(COMMIT)} && python -m bench ([a-z][\w-]*)[^`]*`"
     at_tag = rf"^\|[^|\n]*\| {command} \|"
     rows = re.findall(at_tag, table, re.M)
     assert sorted(rows) == sorted(CONCLUDED), "bench/README.md's concluded table vs CONCLUDED"
