@@ -82,7 +82,7 @@ SECTION = re.compile(
 #: A page's path upward (``../shared/x.md``): it must stay inside the repository.
 UPWARD = re.compile(rf"{_BEFORE}(?:\.\./)+[\w.\-/]*[\w/]")
 PYTHON_M = re.compile(r"(?<![\w-])python3?(?:\.\d+)? -m ([\w.]+)(?:[ \t]+([a-z][\w-]*))?")
-#: A command run at a tag (a concluded study: ``git checkout TAG && python -m bench STUDY``).
+#: A command run at a commit (a concluded study: ``git checkout COMMIT && python -m bench STUDY``).
 AT_TAG = re.compile(r"git checkout ([\w.-]+) && (?:\S*/)?$")
 #: Where a shell would run a command: at a line's start or after a separator (``;``, ``&&``,
 #: ``|``, ``(``, ``$``, a comment's ``#``, ``: ``), past VAR=value assignments and a folder
@@ -112,7 +112,7 @@ class Known:
     commands: frozenset[str]
     studies: frozenset[str]
     targets: frozenset[str]
-    tag: str = ""  # the tag that holds the concluded studies (bench/__main__.py TAG)
+    tag: str = ""  # the commit that holds the concluded studies (bench/__main__.py COMMIT)
     concluded: frozenset[str] = frozenset()
 
 
@@ -314,7 +314,7 @@ def make_targets(makefile: Path) -> frozenset[str]:
 def known(root: Path) -> Known:
     """What the CLI, bench and the Makefile define (the CLI's root and bench's parser imported:
     neither imports torch, Triton or the server)."""
-    from bench.__main__ import CONCLUDED, TAG, _parser
+    from bench.__main__ import COMMIT, CONCLUDED, _parser
     from clip_gateway.cli.main import CLIENT_COMMANDS, SERVER_COMMANDS
 
     subcommands = next(a for a in _parser()._actions if a.dest == "command")
@@ -322,7 +322,7 @@ def known(root: Path) -> Known:
         commands=frozenset({*CLIENT_COMMANDS, *SERVER_COMMANDS}),
         studies=frozenset(subcommands.choices or ()),
         targets=make_targets(root / "Makefile"),
-        tag=TAG,
+        tag=COMMIT,
         concluded=frozenset(CONCLUDED),
     )
 
