@@ -34,6 +34,7 @@ def running(gateway_env: dict[str, str] | None = None) -> Iterator[Stack]:
         with LocalTriton(repo, log_path=work / "triton.log") as triton:
             gateway = GatewayProcess(
                 triton.grpc_url,
+                triton_http_url=triton.http_url,
                 env={"GATEWAY_TRITON_METRICS_URL": triton.metrics_url, **(gateway_env or {})},
                 log_path=work / "gateway.log",
             )

@@ -219,7 +219,12 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
             env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics)
         with (
             LocalTriton(repo, log_path=work / "triton.log") as triton,
-            GatewayProcess(triton.grpc_url, env=env, log_path=work / "gateway.log") as gateway,
+            GatewayProcess(
+                triton.grpc_url,
+                env=env,
+                log_path=work / "gateway.log",
+                triton_http_url=triton.http_url,
+            ) as gateway,
         ):
             gateway.wait_ready()
             assert gateway.process is not None

@@ -301,15 +301,16 @@ def gateway_env(workers: int, threads: int, extra: dict[str, str] | None = None)
 
 
 @contextlib.contextmanager
-def gateway(
-    triton_url: str, env: dict[str, str], cores: tuple[int, ...], work: Path
-) -> Iterator[Any]:
+def gateway(triton: Any, env: dict[str, str], cores: tuple[int, ...], work: Path) -> Iterator[Any]:
+    """A gateway on ``triton`` (a LocalTriton) as the launcher starts one: inference calls over
+    its HTTP endpoint."""
     from clip_gateway.config.processes import GatewayProcess
 
     if int(env["GATEWAY_WORKERS"]) > 1:  # what the supervisor gives several workers
         metrics = Path(tempfile.mkdtemp(prefix="metrics-", dir=work))
         env = env | {"PROMETHEUS_MULTIPROC_DIR": str(metrics)}
-    with pinned(cores), GatewayProcess(triton_url, env=env, log_path=work / "gateway.log") as gw:
+    with pinned(cores), GatewayProcess(triton.grpc_url, env=env, log_path=work / "gateway.log",
+                                       triton_http_url=triton.http_url) as gw:  # fmt: skip
         gw.wait_ready(120)
         yield gw
 
@@ -347,7 +348,7 @@ def calibrate(
     process tree is moved onto the cores that share gives, and the new split is returned with
     the cell."""
     batch, concurrency, seconds = cell
-    with gateway(triton.grpc_url, env, cores.gateway, work) as gw:
+    with gateway(triton, env, cores.gateway, work) as gw:
         row = measured(gw.url, gw.process.pid, batch, concurrency, seconds, cores, triton)
     share = triton_share(row["gateway_cpu_us_per_item"], row.get("triton_cpu_us_per_item"))
     split = machine.split(share) if share is not None else cores
@@ -394,7 +395,7 @@ def cpu_wall(
                          cores.gateway))  # fmt: skip
         for name, workers, threads, gateway_cores in settings:
             env = gateway_env(workers, threads)
-            with gateway(triton.grpc_url, env, gateway_cores, work) as gw:
+            with gateway(triton, env, gateway_cores, work) as gw:
                 pid = gw.process.pid
                 concurrency = max(4, 4 * workers)
                 row = measured(gw.url, pid, 32, concurrency, sweep.wall_seconds, cores, triton)
@@ -468,7 +469,7 @@ def engine(
         result["cores_split"] = asdict(cores)
         text = replace(triton, model="clip_text", row_bytes=4 * int(manifest.get(
             "context_length", 77)))  # fmt: skip
-        with gateway(triton.grpc_url, env, cores.gateway, work) as gw:
+        with gateway(triton, env, cores.gateway, work) as gw:
             pid = gw.process.pid
             result["parity"] = parity(gw.url, model, size)
             for batch in sweep.batches:

@@ -1,7 +1,10 @@
 """InferenceBackend over Triton's gRPC API: the only module that imports tritonclient.
 
 One ``grpc.aio`` channel per process, reused by every request; HTTP/2 multiplexes concurrent
-calls over it. gRPC errors are translated here, once, into gateway errors.
+calls over it. Given Triton's HTTP endpoint too (the launcher gives it), the inference calls go
+there instead (``backend/rest.py``: a third of the CPU per call on both sides), and gRPC keeps
+the model configs, readiness and the shared-memory registrations. Errors of either are
+translated here, once, into gateway errors.
 
 When Triton runs on the same host (the one-container-per-GPU layout) input batches can skip the
 gRPC message: they are copied into a POSIX shared-memory region registered with Triton and the
@@ -26,7 +29,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
-from clip_gateway.backend import shm
+from clip_gateway.backend import rest, shm
 from clip_gateway.backend.model_config import parse_model_config, parse_text_config
 from clip_gateway.backend.protocol import ImageBatch, ModelInfo
 from clip_gateway.config.timings import READY_CHECK_TIMEOUT_S
@@ -78,10 +81,15 @@ def _status_name(exc: InferenceServerException) -> str:
     return str(exc.status() or "UNKNOWN").removeprefix("StatusCode.")
 
 
-def translate(exc: InferenceServerException) -> EmbeddingError:
-    """gRPC status → our error; the message is Triton's, never a Python traceback."""
-    status = _status_name(exc)
-    message = exc.message() or status
+def _message(exc: InferenceServerException | rest.RestError) -> str:
+    return exc.message if isinstance(exc, rest.RestError) else (exc.message() or "")
+
+
+def translate(exc: InferenceServerException | rest.RestError) -> EmbeddingError:
+    """gRPC status (or the HTTP endpoint's, by the same names) → our error; the message is
+    Triton's, never a Python traceback."""
+    status = exc.status if isinstance(exc, rest.RestError) else _status_name(exc)
+    message = _message(exc) or status
     if status == "DEADLINE_EXCEEDED":
         return BackendTimeout(f"Triton did not answer in time: {message}", grpc_status=status)
     if status in _UNAVAILABLE:
@@ -103,8 +111,11 @@ class TritonBackend:
         tracer: Tracer | None = None,
         shared_memory_regions: int = 0,
         triton_spans: TritonSpans = "auto",
+        http_url: str | None = None,
     ) -> None:
         self.url = url
+        #: the inference calls' client, when Triton's HTTP endpoint is known; else gRPC's
+        self._rest = rest.InferClient(http_url) if http_url else None
         self.model_name = model_name
         self.text_model_name = text_model_name
         self._info_timeout = info_timeout
@@ -273,13 +284,18 @@ class TritonBackend:
         self, model: str, batch: np.ndarray, deadline: float, images: ImageBatch | None
     ) -> np.ndarray:
         attributes: dict[str, AttributeValue] = {
-            "rpc.system": "grpc",
-            "rpc.service": "inference.GRPCInferenceService",
-            "rpc.method": "ModelInfer",
-            "server.address": self.url,
             "triton.model": model,
             "triton.batch_size": int(batch.shape[0]),
         }
+        if self._rest is None:
+            attributes |= {
+                "rpc.system": "grpc",
+                "rpc.service": "inference.GRPCInferenceService",
+                "rpc.method": "ModelInfer",
+                "server.address": self.url,
+            }
+        else:
+            attributes |= {"http.request.method": "POST", "server.address": self._rest.url}
         pool = self._pool if images is not None else None
         with client_span(self._tracer, "triton.infer", attributes) as span:
             # a batch lent in a region is sent from it; a plain one is copied into a free
@@ -287,23 +303,26 @@ class TritonBackend:
             staged = images.region if images is not None and pool is not None else None
             offset = images.offset if staged is not None and images is not None else 0
             region = staged or (pool.acquire() if pool is not None else None)
-            span.set_attribute("triton.input_transport", "shared_memory" if region else "grpc")
+            span.set_attribute("triton.input_transport", "shared_memory" if region
+                               else "grpc" if self._rest is None else "http")  # fmt: skip
+            status = "rpc.grpc.status_code" if self._rest is None else "triton.status_code"
             try:
-                result = await self._call(
+                embeddings = await self._call(
                     model, batch, deadline, region, staged is not None, offset
                 )
-            except InferenceServerException as exc:
-                span.set_attribute("rpc.grpc.status_code", _status_name(exc))
+            except (InferenceServerException, rest.RestError) as exc:
+                span.set_attribute(
+                    status, exc.status if isinstance(exc, rest.RestError) else _status_name(exc)
+                )
                 raise translate(exc) from exc
             finally:
                 if region is not None and pool is not None and staged is None:
                     pool.release(region)
-            span.set_attribute("rpc.grpc.status_code", "OK")
-        embeddings = result.as_numpy(OUTPUT_NAME)
+            span.set_attribute(status, "OK")
         if embeddings is None or embeddings.shape[0] != batch.shape[0]:
             shape = None if embeddings is None else embeddings.shape
             raise BackendFailed(f"Triton returned {shape} for a batch of {batch.shape[0]}")
-        return embeddings  # type: ignore[no-any-return]
+        return embeddings
 
     async def _call(
         self,
@@ -313,39 +332,62 @@ class TritonBackend:
         region: shm.Region | None,
         in_place: bool = False,
         offset: int = 0,
-    ) -> Any:
-        name, dtype = _INPUTS[model == self.text_model_name]
-        tensor = InferInput(name, list(batch.shape), dtype)
+    ) -> np.ndarray | None:
         if region is not None:
             try:
                 if await self._register(region):
                     if not in_place:  # a lent batch was decoded into the region already
                         region.view(batch.shape)[...] = batch
-                    tensor.set_shared_memory(region.name, batch.nbytes, offset)
-                    return await self._send(model, tensor, deadline)
-            except InferenceServerException as exc:
-                if "shared memory" not in (exc.message() or "").lower():
+                    shared = rest.SharedInput(region.name, batch.nbytes, offset)
+                    return await self._send(model, batch, deadline, shared)
+            except (InferenceServerException, rest.RestError) as exc:
+                if "shared memory" not in _message(exc).lower():
                     raise
                 # Triton restarted (registrations lost) or cannot map our region: this call
-                # goes over gRPC, the next registers again.
-                log.warning("shared-memory input refused (%s); falling back to gRPC", exc.message())
+                # carries its batch in the message, the next registers again.
+                log.warning("shared-memory input refused (%s); sending the batch instead",
+                            _message(exc))  # fmt: skip
                 self._registered.clear()
-                tensor = InferInput(name, list(batch.shape), dtype)
-        tensor.set_data_from_numpy(batch)
-        return await self._send(model, tensor, deadline)
+        return await self._send(model, batch, deadline, None)
 
-    async def _send(self, model: str, tensor: InferInput, deadline: float) -> Any:
+    async def _send(
+        self, model: str, batch: np.ndarray, deadline: float, shared: rest.SharedInput | None
+    ) -> np.ndarray | None:
+        name, dtype = _INPUTS[model == self.text_model_name]
         timeout = max(deadline - time.monotonic(), 0.001)
-        return await self._client.infer(
+        # W3C traceparent in the call's metadata or headers: Triton's spans join this trace
+        headers = trace_headers() if self._spans else None
+        if self._rest is not None:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self._rest.infer(
+                        model,
+                        input_name=name,
+                        datatype=dtype,
+                        shape=batch.shape,
+                        source=batch if shared is None else shared,
+                        output=OUTPUT_NAME,
+                        # Triton drops the request itself if it is still queued when we give up
+                        timeout_us=int(timeout * 1e6),
+                        headers=headers,
+                    )
+            except TimeoutError:
+                raise rest.RestError("DEADLINE_EXCEEDED", f"no answer in {timeout:.3f} s") from None
+        tensor = InferInput(name, list(batch.shape), dtype)
+        if shared is None:
+            tensor.set_data_from_numpy(batch)
+        else:
+            tensor.set_shared_memory(shared.region, shared.byte_size, shared.offset)
+        result = await self._client.infer(
             model,
             [tensor],
             outputs=[InferRequestedOutput(OUTPUT_NAME)],
             client_timeout=timeout,
-            # Triton drops the request itself if it is still queued when we give up.
             timeout=int(timeout * 1e6),
-            # W3C traceparent in the gRPC metadata: Triton's spans join this trace.
-            headers=trace_headers() if self._spans else None,
+            headers=headers,
         )
+        embeddings: np.ndarray | None = result.as_numpy(OUTPUT_NAME)
+        return embeddings
 
     async def ready(self) -> bool:
         """Every model served is READY (the text model too, when there is one)."""
@@ -403,6 +445,8 @@ class TritonBackend:
                     with contextlib.suppress(InferenceServerException):
                         await self._client.unregister_system_shared_memory(region.name)
             self._pool.close()
+        if self._rest is not None:
+            await self._rest.close()
         await self._client.close()
 
 

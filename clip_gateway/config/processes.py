@@ -265,6 +265,8 @@ class GatewayProcess(ServerProcess):
     triton_url: str
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
+    #: Triton's HTTP endpoint, for the inference calls (None: they go over gRPC too)
+    triton_http_url: str | None = None
     host: str = "127.0.0.1"
     #: The listening socket, bound here and inherited by the child (no port race).
     sock: socket.socket | None = field(default=None, init=False, repr=False)
@@ -282,6 +284,7 @@ class GatewayProcess(ServerProcess):
             "GATEWAY_HOST": self.host,
             "GATEWAY_PORT": str(self.port),
             "GATEWAY_TRITON_URL": self.triton_url,
+            **({"GATEWAY_TRITON_HTTP_URL": self.triton_http_url} if self.triton_http_url else {}),
             "GATEWAY_WORKERS": "1",
             **self.env,
             **({"GATEWAY_LISTEN_FD": str(self.sock.fileno())} if self.sock else {}),

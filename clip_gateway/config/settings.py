@@ -16,6 +16,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -117,6 +118,10 @@ class ServerSettings(BaseSettings):
     # --- Triton -----------------------------------------------------------------------------
     #: Triton's gRPC endpoint; loopback in the one-container-per-GPU layout.
     triton_url: str = "127.0.0.1:8001"
+    #: Triton's HTTP endpoint (``http://host:port``), for the inference calls alone: a third of
+    #: gRPC's CPU per call on both sides (backend/rest.py). The launcher sets it for the Triton
+    #: it starts; unset, every call goes over gRPC.
+    triton_http_url: str | None = None
     #: The image tower's name inside Triton.
     triton_model: str = "clip_image"
     #: The text tower beside it (absent: the gateway embeds images only, and says why).
@@ -312,6 +317,22 @@ class ServerSettings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"immich_upstream: {url!r} is not an http:// or https:// URL")
         return tuple(url.rstrip("/") for url in value)
+
+    @field_validator("triton_http_url")
+    @classmethod
+    def _http_endpoint(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(f"triton_http_url: {value!r} is not http://host:port")
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"triton_http_url: {value!r} has no valid port") from exc
+        if port is None:
+            raise ValueError(f"triton_http_url: {value!r} names no port")
+        return value.rstrip("/")
 
     @field_validator("immich_aliases", "url_allow", mode="before")
     @classmethod

@@ -74,6 +74,7 @@ def triton_backend(settings: ServerSettings, tracer: Tracer) -> InferenceBackend
         tracer=tracer,
         shared_memory_regions=settings.shared_memory_regions,
         triton_spans=settings.triton_spans,
+        http_url=settings.triton_http_url,
     )
 
 

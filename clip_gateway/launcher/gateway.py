@@ -55,6 +55,7 @@ def gateway_for(
         metrics_dir.mkdir(mode=0o700)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     gateway = GatewayProcess(triton.grpc_url, env=env, host=server.host, port=server.port,
+                             triton_http_url=triton.http_url,
                              inherit_output=launch.log_file is None, log_path=launch.log_file,
                              stop_requested=stop)  # fmt: skip
     return gateway, how

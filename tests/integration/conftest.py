@@ -34,7 +34,9 @@ def gateway(triton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
         "GATEWAY_DECODE_THREADS": "2",
         "GATEWAY_TRITON_METRICS_URL": triton.metrics_url,
     }
-    with GatewayProcess(triton.grpc_url, env=env, log_path=log) as process:
+    # inference calls over Triton's HTTP endpoint, as the launcher sets it up
+    with GatewayProcess(triton.grpc_url, env=env, log_path=log,
+                        triton_http_url=triton.http_url) as process:  # fmt: skip
         process.wait_ready()
         yield process
 

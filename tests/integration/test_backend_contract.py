@@ -35,7 +35,7 @@ class Subject:
     arrivals: Callable[[], int]
 
 
-@pytest.fixture(params=["fake", "triton", "triton-shm"])
+@pytest.fixture(params=["fake", "triton", "triton-shm", "triton-http", "triton-http-shm"])
 def subject(request, control: Control, clip_tokenizer_file) -> Subject:
     if request.param == "fake":
         fake = FakeBackend(tokenizer_file=str(clip_tokenizer_file))
@@ -46,9 +46,13 @@ def subject(request, control: Control, clip_tokenizer_file) -> Subject:
 
         return Subject(lambda: fake, set_fake, lambda: fake.arrivals)
     triton, _ = request.getfixturevalue("control_triton")
-    regions = 2 if request.param == "triton-shm" else 0
+    regions = 2 if request.param.endswith("-shm") else 0
+    # the inference calls over Triton's HTTP endpoint (the launcher's way), or over gRPC
+    http_url = triton.http_url if "http" in request.param else None
     return Subject(
-        lambda: TritonBackend(triton.grpc_url, "clip_image", shared_memory_regions=regions),
+        lambda: TritonBackend(
+            triton.grpc_url, "clip_image", shared_memory_regions=regions, http_url=http_url
+        ),
         control.set,
         control.arrivals,
     )
@@ -207,7 +211,7 @@ def test_cancelling_a_call_leaves_the_backend_usable(subject: Subject) -> None:
     run(subject, check)
 
 
-@pytest.fixture(params=["fake", "triton"])
+@pytest.fixture(params=["fake", "triton", "triton-http"])
 def make_unavailable(request) -> Iterator[Callable[[], InferenceBackend]]:
     if request.param == "fake":
         fake = FakeBackend()
@@ -216,7 +220,8 @@ def make_unavailable(request) -> Iterator[Callable[[], InferenceBackend]]:
         return
     nothing_there = reserve_port()  # reserved: nothing listens there
     url = f"127.0.0.1:{nothing_there.port}"
-    yield lambda: TritonBackend(url, "clip_image", info_timeout=2.0)
+    http_url = f"http://{url}" if request.param == "triton-http" else None
+    yield lambda: TritonBackend(url, "clip_image", info_timeout=2.0, http_url=http_url)
     nothing_there.release()
 
 
@@ -333,6 +338,55 @@ def test_a_region_triton_already_holds_is_used_not_switched_off(control_triton) 
             for result in results:
                 np.testing.assert_array_equal(result, plain)
             assert backend._pool.capacity == 2 and fresh[0].name in backend._registered
+        finally:
+            await backend.close()
+
+    asyncio.run(check())
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_a_region_triton_forgot_costs_one_call_its_region_not_the_answer(
+    control_triton, transport: str
+) -> None:
+    """Triton restarted (its registrations gone) under a worker that thinks its regions are
+    registered: the call that finds out sends its batch in the message instead and gets the same
+    rows, and the next call registers the region again and uses it."""
+    import tritonclient.grpc as grpcclient
+
+    async def check() -> None:
+        triton = control_triton[0]
+        http_url = triton.http_url if transport == "http" else None
+        backend = TritonBackend(
+            triton.grpc_url, "clip_image", shared_memory_regions=1, http_url=http_url
+        )
+        try:
+            await backend.model_info()
+            plain = await backend.embed_images(ImageBatch(PIXELS.copy()), deadline=soon())
+            with backend.image_batch(5) as lent:
+                assert lent.region is not None
+                region = lent.region
+                lent.pixels[...] = PIXELS
+                np.testing.assert_array_equal(
+                    await backend.embed_images(lent, deadline=soon()), plain
+                )
+            with grpcclient.InferenceServerClient(triton.grpc_url) as other:
+                other.unregister_system_shared_memory(region.name)
+            with backend.image_batch(5) as lent:
+                assert lent.region is region
+                lent.pixels[...] = PIXELS
+                np.testing.assert_array_equal(
+                    await backend.embed_images(lent, deadline=soon()), plain
+                )
+            assert region.name not in backend._registered  # found out, forgotten
+            with backend.image_batch(5) as lent:
+                lent.pixels[...] = PIXELS
+                np.testing.assert_array_equal(
+                    await backend.embed_images(lent, deadline=soon()), plain
+                )
+            assert region.name in backend._registered
+            with grpcclient.InferenceServerClient(triton.grpc_url) as other:
+                status = other.get_system_shared_memory_status(region.name, as_json=True)
+            assert status["regions"][region.name]["name"] == region.name  # registered again
         finally:
             await backend.close()
 

@@ -43,6 +43,14 @@ def triton_url(control_triton) -> str:
     return control_triton[0].grpc_url
 
 
+@pytest.fixture(params=["grpc", "http"])
+def via(request, control_triton) -> dict[str, str]:
+    """How the inference calls reach Triton: gRPC, or its HTTP endpoint (the launcher's)."""
+    if request.param == "grpc":
+        return {}
+    return {"GATEWAY_TRITON_HTTP_URL": control_triton[0].http_url}
+
+
 def test_every_route_but_the_probes_needs_a_key(control_triton, start_gateway) -> None:
     triton, _ = control_triton
     gw = start_gateway(
@@ -119,11 +127,12 @@ def test_a_full_horizon_answers_429_at_once_with_a_computed_retry_after(
     assert sample(after, "gateway_inflight_items") == 0
 
 
-def test_triton_down_is_503_with_retry_after(start_gateway) -> None:
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_triton_down_is_503_with_retry_after(start_gateway, transport: str) -> None:
     nothing_there = reserve_port()  # reserved, so nothing will be listening on it
-    gw = start_gateway(
-        f"127.0.0.1:{nothing_there.port}", ready=False, GATEWAY_CANARY_INTERVAL_S="0"
-    )
+    address = f"127.0.0.1:{nothing_there.port}"
+    via = {"GATEWAY_TRITON_HTTP_URL": f"http://{address}"} if transport == "http" else {}
+    gw = start_gateway(address, ready=False, GATEWAY_CANARY_INTERVAL_S="0", **via)
     try:
         response = httpx.post(
             f"{gw.url}/v1/embeddings", files=files(samples.compact(0)), timeout=60
@@ -138,9 +147,11 @@ def test_triton_down_is_503_with_retry_after(start_gateway) -> None:
 
 
 def test_a_slow_backend_is_504_and_releases_its_budget(
-    control: Control, triton_url, start_gateway
+    control: Control, triton_url, via, start_gateway
 ) -> None:
-    gw = start_gateway(triton_url, GATEWAY_REQUEST_TIMEOUT_S="1", GATEWAY_CANARY_INTERVAL_S="0")
+    gw = start_gateway(
+        triton_url, GATEWAY_REQUEST_TIMEOUT_S="1", GATEWAY_CANARY_INTERVAL_S="0", **via
+    )
     control.set(hold=True)
     response = httpx.post(f"{gw.url}/v1/embeddings", files=files(samples.compact(0)), timeout=60)
     control.release()
@@ -152,8 +163,8 @@ def test_a_slow_backend_is_504_and_releases_its_budget(
     assert again.status_code == 200
 
 
-def test_a_failing_backend_is_502(control: Control, triton_url, start_gateway) -> None:
-    gw = start_gateway(triton_url, GATEWAY_CANARY_INTERVAL_S="0")
+def test_a_failing_backend_is_502(control: Control, triton_url, via, start_gateway) -> None:
+    gw = start_gateway(triton_url, GATEWAY_CANARY_INTERVAL_S="0", **via)
     control.set("error")
     response = httpx.post(f"{gw.url}/v1/embeddings", files=files(samples.compact(0)), timeout=60)
     body = problem(response, 502, "backend-error")
@@ -162,9 +173,9 @@ def test_a_failing_backend_is_502(control: Control, triton_url, start_gateway) -
 
 
 def test_a_vanished_client_has_its_work_cancelled(
-    control: Control, triton_url, start_gateway
+    control: Control, triton_url, via, start_gateway
 ) -> None:
-    gw = start_gateway(triton_url, GATEWAY_CANARY_INTERVAL_S="0")
+    gw = start_gateway(triton_url, GATEWAY_CANARY_INTERVAL_S="0", **via)
     before = metrics(gw.url)
     control.set(hold=True)
     arrived = control.arrivals()
@@ -191,9 +202,9 @@ def test_a_vanished_client_has_its_work_cancelled(
 
 
 def test_canary_failure_makes_the_gateway_unready(
-    control: Control, triton_url, start_gateway
+    control: Control, triton_url, via, start_gateway
 ) -> None:
-    gw = start_gateway(triton_url, GATEWAY_CANARY_INTERVAL_S="0.2")
+    gw = start_gateway(triton_url, GATEWAY_CANARY_INTERVAL_S="0.2", **via)
 
     def readyz() -> tuple[int, str]:
         response = httpx.get(f"{gw.url}/readyz", timeout=30)

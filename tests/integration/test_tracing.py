@@ -138,7 +138,10 @@ def traced(cpu_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             }
             spans_on = {**env, "GATEWAY_TRITON_SPANS": "on"}
             with GatewayProcess(
-                triton.grpc_url, env=spans_on, log_path=logs / "gateway.log"
+                triton.grpc_url,
+                env=spans_on,
+                log_path=logs / "gateway.log",
+                triton_http_url=triton.http_url,  # the inference calls as the launcher makes them
             ) as gateway:
                 gateway.wait_ready()
                 yield TracedStack(collector, gateway, env, triton.grpc_url)
@@ -203,8 +206,9 @@ def test_one_trace_from_http_request_into_triton(traced: TracedStack) -> None:
     assert preprocess.attributes["image.bytes"] == len(samples.compact(0)) + len(samples.compact(1))
     call = by_name(spans, "triton.infer")
     assert call.attributes["triton.batch_size"] == 2
-    assert call.attributes["rpc.grpc.status_code"] == "OK"
-    # Triton's own spans hang off the gRPC call's span: one tree.
+    assert call.attributes["triton.status_code"] == "OK"
+    assert call.attributes["http.request.method"] == "POST"
+    # Triton's own spans hang off the call's span: one tree.
     infer_request = by_name(spans, "InferRequest")
     assert (infer_request.service, infer_request.parent_id) == ("triton", call.span_id)
     assert by_name(spans, "clip_image").parent_id == infer_request.span_id
