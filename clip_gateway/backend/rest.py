@@ -12,7 +12,10 @@ gRPC (``backend/triton.py``).
 
 Each connection carries one call at a time. A call that times out or is cancelled closes its
 connection (its answer may still come), so no answer can reach another call. What one answer
-may hold is bounded (``max_response_bytes``), and so is the number of idle connections kept.
+may hold is bounded (``max_response_bytes``), and so are the connections: at most
+``max_connections`` at once, every one kept open for the next call (a call beyond them waits for
+one, inside its own deadline), so a burst neither opens connections without bound nor leaves a
+trail of closed ones (TIME_WAIT) that could use up the ephemeral ports.
 """
 
 from __future__ import annotations
@@ -133,7 +136,9 @@ class _Connection(asyncio.Protocol):
 class InferClient:
     """``infer`` calls to one Triton's HTTP endpoint (``http://host:port``)."""
 
-    def __init__(self, url: str, *, max_idle: int = 32, max_response_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, url: str, *, max_connections: int = 64, max_response_bytes: int = 64 << 20
+    ) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError(f"Triton's HTTP endpoint must be http://host:port, not {url!r}")
@@ -141,7 +146,7 @@ class InferClient:
         self._host, self._port = parts.hostname, parts.port
         self._host_header = parts.netloc.encode("ascii")
         self._idle: list[_Connection] = []
-        self._max_idle = max_idle
+        self._slots = asyncio.Semaphore(max_connections)
         self._max_response = max_response_bytes
 
     async def infer(
@@ -196,6 +201,10 @@ class InferClient:
         return _output(answer_headers, body, output)
 
     async def _exchange(self, request: list[bytes | memoryview]) -> _Answer:
+        async with self._slots:  # one connection per call in flight, at most max_connections
+            return await self._exchange_on_a_connection(request)
+
+    async def _exchange_on_a_connection(self, request: list[bytes | memoryview]) -> _Answer:
         for attempt in range(2):
             while self._idle and self._idle[-1].closed:
                 self._idle.pop()
@@ -213,10 +222,8 @@ class InferClient:
             except BaseException:  # timeout, cancellation, a bad answer: its bytes may follow
                 connection.close()
                 raise
-            if not connection.closed and len(self._idle) < self._max_idle:
+            if not connection.closed:
                 self._idle.append(connection)
-            elif not connection.closed:
-                connection.close()
             return answer
         raise AssertionError("unreachable")  # pragma: no cover
 

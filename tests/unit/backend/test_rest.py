@@ -188,23 +188,30 @@ def test_an_error_answer_carries_tritons_message_and_status(status: int, name: s
     run(main())
 
 
-def test_calls_in_turn_share_one_connection_and_calls_at_once_open_their_own(run) -> None:
+def test_calls_share_at_most_max_connections_and_every_one_is_kept(run) -> None:
     async def main() -> None:
+        in_flight: list[int] = [0, 0]  # now, most
+
         async def slow(request: Request) -> bytes:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            number = len(server.requests)
             await asyncio.sleep(0.01)
-            return answer(np.zeros((2, 4)))
+            in_flight[0] -= 1
+            return answer(np.full((2, 4), number))
 
         server = Server(slow)
         listener, url = await serving(server)
-        client = InferClient(url, max_idle=2)
+        client = InferClient(url, max_connections=3)
         try:
             for _ in range(3):
                 await call(client)
-            assert server.connections == 1
-            await asyncio.gather(*(call(client) for _ in range(4)))
-            assert server.connections == 4  # one each; two of them kept idle afterwards
-            await asyncio.gather(*(call(client) for _ in range(2)))
-            assert server.connections == 4
+            assert server.connections == 1  # calls in turn: one connection
+            rows = await asyncio.gather(*(call(client) for _ in range(8)))
+            assert server.connections == 3 and in_flight[1] == 3  # the others waited
+            assert len({float(r[0, 0]) for r in rows}) == 8  # each call its own answer
+            await asyncio.gather(*(call(client) for _ in range(3)))
+            assert server.connections == 3  # kept, not opened again
         finally:
             await client.close()
             listener.close()
