@@ -50,14 +50,15 @@ def model_metrics(metrics_url: str, model: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class TritonSide:
-    """A running tritonserver (``pid``, reached at ``grpc_url``) serving ``model``, whose input
-    rows are ``row_bytes``."""
+    """A running tritonserver (``pid``, reached at ``grpc_url``, its inference calls at
+    ``http_url``) serving ``model``, whose input rows are ``row_bytes``."""
 
     pid: int
     metrics_url: str
     model: str
     row_bytes: int
     grpc_url: str = ""
+    http_url: str = ""
 
     def snapshot(self) -> Snapshot:
         server, stubs = own_and_descendants(self.pid)

@@ -301,16 +301,18 @@ def gateway_env(workers: int, threads: int, extra: dict[str, str] | None = None)
 
 
 @contextlib.contextmanager
-def gateway(triton: Any, env: dict[str, str], cores: tuple[int, ...], work: Path) -> Iterator[Any]:
-    """A gateway on ``triton`` (a LocalTriton) as the launcher starts one: inference calls over
-    its HTTP endpoint."""
+def gateway(
+    triton: TritonSide, env: dict[str, str], cores: tuple[int, ...], work: Path
+) -> Iterator[Any]:
+    """A gateway on ``triton`` as the launcher starts one: its inference calls over Triton's
+    HTTP endpoint."""
     from clip_gateway.config.processes import GatewayProcess
 
     if int(env["GATEWAY_WORKERS"]) > 1:  # what the supervisor gives several workers
         metrics = Path(tempfile.mkdtemp(prefix="metrics-", dir=work))
         env = env | {"PROMETHEUS_MULTIPROC_DIR": str(metrics)}
     with pinned(cores), GatewayProcess(triton.grpc_url, env=env, log_path=work / "gateway.log",
-                                       triton_http_url=triton.http_url) as gw:  # fmt: skip
+                                       triton_http_url=triton.http_url or None) as gw:  # fmt: skip
         gw.wait_ready(120)
         yield gw
 
@@ -379,7 +381,7 @@ def cpu_wall(
     with pinned(cores.triton), LocalTriton(repo, log_path=work / "triton-null.log") as server:
         assert server.process is not None
         triton = TritonSide(server.process.pid, server.metrics_url, "clip_image", size * size * 3,
-                            server.grpc_url)  # fmt: skip
+                            server.grpc_url, server.http_url)  # fmt: skip
         plan = worker_plan(cores.gateway_count())
         cores, calibration = calibrate(
             machine, cores, triton, gateway_env(plan.workers, plan.decode_threads),
@@ -457,7 +459,7 @@ def engine(
         assert server.process is not None
         result["triton_ready_s"] = round(time.perf_counter() - started, 1)
         triton = TritonSide(server.process.pid, server.metrics_url, "clip_image", size * size * 3,
-                            server.grpc_url)  # fmt: skip
+                            server.grpc_url, server.http_url)  # fmt: skip
         plan = worker_plan(cores.gateway_count(), sweep.workers_engine, sweep.threads_engine)
         cores, result["calibration"] = calibrate(
             machine, cores, triton, gateway_env(plan.workers, plan.decode_threads),
