@@ -2,13 +2,13 @@
 Triton's binary tensor extension, on kept-alive loopback connections parsed by httptools.
 
 Why not gRPC for the calls themselves: on a 2-core EPYC VM, one call of one image in shared
-memory to a null model cost the calling process ~100-145 us of CPU through tritonclient's
-``grpc.aio`` client (its event-engine threads included) and this module ~30-44 us; Triton's
-own CPU per call fell from ~90-135 to ~65-90 us; a batch of 32, 290-310 against ~95 us
-(docs/PERFORMANCE.md). HTTP clients made for general use cost more than gRPC here (aiohttp ~130
-us a call, httpcore ~330): the saving is in doing only what one request shape to one local
-server needs. Everything else (model configs, readiness, shared-memory registration) stays on
-gRPC (``backend/triton.py``).
+memory to a null model cost the calling process ~100-159 us of CPU through tritonclient's
+``grpc.aio`` client (its event-engine threads included) and this module ~28-44 us; Triton's
+own CPU per call fell from ~93-180 to ~63-95 us; a batch of 32, 288-308 against ~95 us
+(docs/PERFORMANCE.md). HTTP clients made for general use cost as much as gRPC here or more
+(aiohttp ~130 us a call, httpcore ~330): the saving is in doing only what one request shape to
+one local server needs. Everything else (model configs, readiness, shared-memory registration)
+stays on gRPC (``backend/triton.py``).
 
 Each connection carries one call at a time. A call that times out or is cancelled closes its
 connection (its answer may still come), so no answer can reach another call. What one answer

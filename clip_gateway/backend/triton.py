@@ -2,9 +2,9 @@
 
 One ``grpc.aio`` channel per process, reused by every request; HTTP/2 multiplexes concurrent
 calls over it. Given Triton's HTTP endpoint too (the launcher gives it), the inference calls go
-there instead (``backend/rest.py``: a third of the CPU per call on both sides), and gRPC keeps
-the model configs, readiness and the shared-memory registrations. Errors of either are
-translated here, once, into gateway errors.
+there instead (``backend/rest.py``: a third of the CPU per call here, less in Triton), and
+gRPC keeps the model configs, readiness and the shared-memory registrations. Errors of either
+are translated here, once, into gateway errors.
 
 When Triton runs on the same host (the one-container-per-GPU layout) input batches can skip the
 gRPC message: they are copied into a POSIX shared-memory region registered with Triton and the

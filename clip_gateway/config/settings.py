@@ -119,8 +119,8 @@ class ServerSettings(BaseSettings):
     #: Triton's gRPC endpoint; loopback in the one-container-per-GPU layout.
     triton_url: str = "127.0.0.1:8001"
     #: Triton's HTTP endpoint (``http://host:port``), for the inference calls alone: a third of
-    #: gRPC's CPU per call on both sides (backend/rest.py). The launcher sets it for the Triton
-    #: it starts; unset, every call goes over gRPC.
+    #: gRPC's CPU per call in the gateway, and less in Triton (backend/rest.py). The launcher
+    #: sets it for the Triton it starts; unset, every call goes over gRPC.
     triton_http_url: str | None = None
     #: The image tower's name inside Triton.
     triton_model: str = "clip_image"
