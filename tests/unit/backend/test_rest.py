@@ -5,8 +5,9 @@ and that no answer reaches a call it does not belong to."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,10 +92,17 @@ class Server:
             writer.close()
 
 
-async def serving(server: Server) -> tuple[asyncio.Server, str]:
+@contextlib.asynccontextmanager
+async def connected(server: Server, **options: int) -> AsyncIterator[InferClient]:
+    """A client of ``server``, listening on a loopback port; both closed at the end."""
     listener = await asyncio.start_server(server.serve, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
-    return listener, f"http://127.0.0.1:{port}"
+    client = InferClient(f"http://127.0.0.1:{port}", **options)
+    try:
+        yield client
+    finally:
+        await client.close()
+        listener.close()
 
 
 async def call(client: InferClient, source: SharedInput | np.ndarray | None = None) -> np.ndarray:
@@ -115,13 +123,8 @@ def test_a_shared_memory_call_names_the_region_and_reads_the_binary_output(run) 
 
     async def main() -> None:
         server = Server(lambda request: asyncio.sleep(0, answer(rows)))
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             got = await call(client)
-        finally:
-            await client.close()
-            listener.close()
         np.testing.assert_array_equal(got, rows)
         (request,) = server.requests
         assert request.head.startswith("POST /v2/models/clip_image/infer HTTP/1.1\r\n")
@@ -143,13 +146,8 @@ def test_a_batch_without_a_region_travels_after_the_json(run) -> None:
 
     async def main() -> None:
         server = Server(lambda request: asyncio.sleep(0, answer(np.ones((2, 4)))))
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             await call(client, pixels)
-        finally:
-            await client.close()
-            listener.close()
         (request,) = server.requests
         length = int(request.headers["inference-header-content-length"])
         assert request.header_json["inputs"][0]["parameters"] == {"binary_data_size": 96}
@@ -171,17 +169,12 @@ def test_a_batch_without_a_region_travels_after_the_json(run) -> None:
 def test_an_error_answer_carries_tritons_message_and_status(status: int, name: str, run) -> None:
     async def main() -> None:
         server = Server(lambda request: asyncio.sleep(0, error(status, "failing on purpose")))
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             with pytest.raises(RestError) as caught:
                 await call(client)
             # the connection is fine after an error answer: the next call reuses it
             with pytest.raises(RestError):
                 await call(client)
-        finally:
-            await client.close()
-            listener.close()
         assert (caught.value.status, caught.value.message) == (name, "failing on purpose")
         assert server.connections == 1
 
@@ -201,9 +194,7 @@ def test_calls_share_at_most_max_connections_and_every_one_is_kept(run) -> None:
             return answer(np.full((2, 4), number))
 
         server = Server(slow)
-        listener, url = await serving(server)
-        client = InferClient(url, max_connections=3)
-        try:
+        async with connected(server, max_connections=3) as client:
             for _ in range(3):
                 await call(client)
             assert server.connections == 1  # calls in turn: one connection
@@ -212,9 +203,6 @@ def test_calls_share_at_most_max_connections_and_every_one_is_kept(run) -> None:
             assert len({float(r[0, 0]) for r in rows}) == 8  # each call its own answer
             await asyncio.gather(*(call(client) for _ in range(3)))
             assert server.connections == 3  # kept, not opened again
-        finally:
-            await client.close()
-            listener.close()
 
     run(main())
 
@@ -223,15 +211,10 @@ def test_a_connection_the_server_dropped_while_idle_is_replaced_and_the_call_goe
     async def main() -> None:
         server = Server(lambda request: asyncio.sleep(0, answer(np.zeros((2, 4)))))
         server.answers_per_connection = 1  # closes each connection after its first answer
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             for _ in range(3):
                 await call(client)
                 await asyncio.sleep(0.01)  # the server's close arrives while idle
-        finally:
-            await client.close()
-            listener.close()
         assert len(server.requests) == 3
         assert server.connections == 3
 
@@ -248,14 +231,9 @@ def test_a_kept_connection_that_fails_before_any_answer_sends_the_call_again_onc
             return None if len(on_this) == 2 else answer(np.zeros((2, 4)))
 
         server = Server(second_dropped)
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             await call(client)
             await call(client)  # dropped on the kept connection, answered on a new one
-        finally:
-            await client.close()
-            listener.close()
         assert [r.connection for r in server.requests] == [1, 1, 2]
 
     run(main())
@@ -264,14 +242,9 @@ def test_a_kept_connection_that_fails_before_any_answer_sends_the_call_again_onc
 def test_a_connection_closed_mid_call_fails_that_call_and_is_not_retried(run) -> None:
     async def main() -> None:
         server = Server(lambda request: asyncio.sleep(0, None))  # reads the request, hangs up
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             with pytest.raises(RestError) as caught:
                 await call(client)
-        finally:
-            await client.close()
-            listener.close()
         assert caught.value.status == "UNAVAILABLE"
         assert len(server.requests) == 1
 
@@ -287,18 +260,13 @@ def test_an_answer_that_comes_after_its_caller_gave_up_reaches_no_other_call(run
             return answer(np.full((2, 4), 2.0))
 
         server = Server(first_slow)
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.05):
                     await call(client)
             got = await call(client)
             await asyncio.sleep(0.4)  # the late answer arrives meanwhile
             again = await call(client)
-        finally:
-            await client.close()
-            listener.close()
         assert (got == 2.0).all() and (again == 2.0).all()
         assert server.connections == 2  # the abandoned connection was closed, not reused
 
@@ -318,16 +286,11 @@ def test_an_answer_that_comes_after_its_caller_gave_up_reaches_no_other_call(run
 def test_an_answer_that_breaks_the_format_is_an_error_not_an_array(reply: bytes, run) -> None:
     async def main() -> None:
         server = Server(lambda request: asyncio.sleep(0, reply))
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             async with asyncio.timeout(1):
                 with pytest.raises((RestError, TimeoutError)) as caught:
                     async with asyncio.timeout(0.3):
                         await call(client)
-        finally:
-            await client.close()
-            listener.close()
         if isinstance(caught.value, RestError):
             assert caught.value.status == "INTERNAL"
 
@@ -343,14 +306,9 @@ def test_a_declared_size_that_disagrees_with_the_shape_is_refused(run) -> None:
              f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
 
     async def main() -> None:
-        listener, url = await serving(Server(lambda request: asyncio.sleep(0, reply)))
-        client = InferClient(url)
-        try:
+        async with connected(Server(lambda request: asyncio.sleep(0, reply))) as client:
             with pytest.raises(RestError, match="tensor format"):
                 await call(client)
-        finally:
-            await client.close()
-            listener.close()
 
     run(main())
 
@@ -359,15 +317,10 @@ def test_an_answer_larger_than_the_bound_is_cut_off(run) -> None:
     async def main() -> None:
         big = answer(np.zeros((2, 4)), extra=b"x" * 100_000)
         server = Server(lambda request: asyncio.sleep(0, big))
-        listener, url = await serving(server)
-        client = InferClient(url, max_response_bytes=10_000)
-        try:
+        async with connected(server, max_response_bytes=10_000) as client:
             with pytest.raises(RestError, match="exceeds 10000 bytes"):
                 await call(client)
             assert not client._idle  # the connection was closed, not kept
-        finally:
-            await client.close()
-            listener.close()
 
     run(main())
 
@@ -402,16 +355,11 @@ def test_a_url_that_is_not_plain_http_with_a_port_is_refused(url: str) -> None:
 def test_a_header_value_with_a_line_break_is_refused_before_sending(run) -> None:
     async def main() -> None:
         server = Server(lambda request: asyncio.sleep(0, answer(np.zeros((2, 4)))))
-        listener, url = await serving(server)
-        client = InferClient(url)
-        try:
+        async with connected(server) as client:
             with pytest.raises(ValueError, match="line break"):
                 await client.infer("m", input_name="pixels", datatype="UINT8", shape=(2, 4, 4, 3),
                                    source=SharedInput("r", 96), output="embedding",
                                    timeout_us=1, headers={"x": "a\r\nInjected: 1"})  # fmt: skip
-        finally:
-            await client.close()
-            listener.close()
         assert server.requests == []
 
     run(main())
