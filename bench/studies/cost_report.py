@@ -27,20 +27,24 @@ def markdown(results: dict[str, Any]) -> str:
         "Images per CPU-second: the gateway's serving process (its own /proc CPU accounting, "
         "one decode thread per worker), and in the same run, on the same files, one thread "
         "of this process doing decode-only (libjpeg-turbo at the gateway's DCT scale, every "
-        "scan) and the gateway's `preprocess()` alone. Images/s (wall clock) are in cost.json "
-        "for reference only: other work shared the cores.",
+        "scan; timed right before and after each phase, the ratio to their mean) and the "
+        "gateway's `preprocess()` alone (timed once, at the start). Images/s (wall clock) are "
+        "in cost.json for reference only: other work shared the cores.",
         "",
         "| images | workers | batch x concurrency | requests ok | gateway img/CPU-s "
-        "| decode-only img/CPU-s | preprocess() img/CPU-s | gateway / decode-only |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| decode-only img/CPU-s (before / after) | preprocess() img/CPU-s "
+        "| gateway / decode-only | gateway CPU ÷ decode-only's |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in results["phases"]:
         local = results["local"][row["dataset"]]
+        before, after = row["decode_only_bracket"]
+        ratio = row["decode_only_ratio"]
         lines.append(
             f"| {LABELS[row['dataset']]} | {row['workers']} "
             f"| {row['batch']} x {row['concurrency']} | {row['ok']}/{row['requests']} "
-            f"| {row['images_per_cpu_s']} "
-            f"| {local['decode_only']} | {local['preprocess']} | {row['decode_only_ratio']} |"
+            f"| {row['images_per_cpu_s']} | {before} / {after} | {local['preprocess']} "
+            f"| {ratio} | {f'{1 / ratio:.2f}×' if ratio else '-'} |"
         )
     splits = [row["cpu_us_per_image_by_thread"] for row in results["phases"]]
     roles = sorted({role for split in splits for role in split})
@@ -102,7 +106,7 @@ def plot(results: dict[str, Any], target: Path) -> None:
     labels = [f"{row['dataset']}\nbatch {row['batch']}\n{row['workers']} worker(s)" for row in rows]
     series = {
         "gateway (serving process)": [row["images_per_cpu_s"] or 0 for row in rows],
-        "decode-only": [results["local"][row["dataset"]]["decode_only"] for row in rows],
+        "decode-only": [sum(row["decode_only_bracket"]) / 2 for row in rows],
         "preprocess() alone": [results["local"][row["dataset"]]["preprocess"] for row in rows],
     }
     with figure(target, figsize=(8, 5)) as (_, ax):

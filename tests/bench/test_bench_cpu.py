@@ -24,6 +24,22 @@ def test_cpu_seconds_counts_the_children_of_the_process() -> None:
         child.wait()
 
 
+def test_a_rate_timed_for_some_cpu_seconds_runs_whole_passes_until_they_are_spent() -> None:
+    calls: list[bytes] = []
+
+    def work(data: bytes) -> None:
+        calls.append(data)
+        sum(range(2000))  # some CPU time
+
+    images = [b"a", b"b", b"c"]
+    started = time.thread_time()
+    rate = cpu.per_cpu_second_for(work, images, 0.05)
+    assert time.thread_time() - started >= 0.05
+    timed = calls[2:]  # after the two warm-up calls
+    assert len(timed) % len(images) == 0 and timed[:3] == images
+    assert 0 < rate < len(timed) / 0.05 * 1.001
+
+
 def test_each_sample_goes_to_the_innermost_stage_it_names() -> None:
     root = "run (/x/threading.py:1)"
     decode = "_decode (/w/clip_gateway/imaging/jpeg.py:321)"

@@ -36,6 +36,7 @@ def test_bench_cost_smoke(tmp_path: Path) -> None:
     for row in results["phases"]:
         assert row["ok"] == row["requests"] > 0 and row["wrong"] == 0
         assert row["gateway_cpu_s"] > 0 and row["decode_only_ratio"] > 0
+        assert all(rate > 0 for rate in row["decode_only_bracket"])  # timed around the phase
     assert results["local"]["compact"]["decode_only"] > 0
     assert results["imaging"]["resize"].startswith(("pillow ", "pillow-simd "))
     assert "| gateway / decode-only |" in (out / "cost.md").read_text()
