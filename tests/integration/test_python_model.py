@@ -62,11 +62,23 @@ def infer(url: str, model: str, rows: np.ndarray) -> np.ndarray:
         return client.infer(model, [tensor], client_timeout=120).as_numpy(output)
 
 
+def reported(server: LocalTriton, model: str, name: str, wait_s: float = 30.0) -> float:
+    """The model's series ``name`` on Triton's /metrics. A read without it is read again for
+    up to ``wait_s`` (CI once read none of the model's series, beside other work: the fetch
+    failed or came back without them); still missing, it fails with what the last read found
+    and the end of Triton's log."""
+    deadline = time.monotonic() + wait_s
+    while name not in (found := model_metrics(server.metrics_url, model)):
+        if time.monotonic() > deadline:
+            log = server.log_path.read_text()[-2000:] if server.log_path else ""
+            raise AssertionError(f"no {name} for {model} on {server.metrics_url}: {found}\n{log}")
+        time.sleep(0.2)
+    return found[name]
+
+
 def copied_bytes(server: LocalTriton, model: str) -> float:
     """The model's counter of input bytes copied into its batch buffer (every instance)."""
-    found = model_metrics(server.metrics_url, model)
-    assert COPIED in found, f"no {COPIED} for {model} on Triton's /metrics"
-    return found[COPIED]
+    return reported(server, model, COPIED)
 
 
 def executions(server: LocalTriton, model: str) -> dict[int, int]:
@@ -130,4 +142,4 @@ def test_the_cpu_ep_says_its_buffer_is_not_page_locked(six_row_triton: LocalTrit
     """Page-locking is the CUDA EP's (its host-to-device DMA): on the CPU EP each tower's
     instance reports 0 on Triton's /metrics."""
     for model in TOWERS:
-        assert model_metrics(six_row_triton.metrics_url, model).get(PINNED) == 0.0
+        assert reported(six_row_triton, model, PINNED) == 0.0
