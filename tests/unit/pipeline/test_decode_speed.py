@@ -113,6 +113,25 @@ def test_a_record_is_used_only_for_its_signature_and_whole(tmp_path: Path) -> No
     assert decode_speed.recorded([record, elsewhere], here) == (found(), elsewhere)
 
 
+def test_a_pillow_without_webp_measures_the_other_codings_and_reuses_that_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pillow-simd built on the GPU host had no libwebp: the first start wrote WebP references,
+    # raised KeyError('WEBP') and every gateway exited before serving
+    Image.init()
+    monkeypatch.delitem(Image.SAVE, "WEBP")
+    without = set(work.FACTORS) - {"webp-lossy", "webp-lossless"}
+    assert decode_speed.codings() == without
+    assert set(decode_speed.references()) == without
+    record = tmp_path / "decode-speed.json"
+    here = decode_speed.signature()
+    decode_speed.keep(found(), [record])  # every coding: not what this Pillow measures
+    assert decode_speed.recorded([record], here) is None
+    measured = DecodeSpeed(dict.fromkeys(without, 1.5), here, {}, 0.5)
+    decode_speed.keep(measured, [record])
+    assert decode_speed.recorded([record], here) == (measured, record)
+
+
 def test_a_record_is_kept_in_the_first_place_that_can_be_written(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
