@@ -22,8 +22,8 @@ from clip_gateway.config.plan import (
 
 
 def test_the_h200_host_gets_more_thinner_workers_without_a_setting() -> None:
-    """bench/results/host: on the 9 cores the gateway had, 8 single-thread workers gave 7,905
-    images/s and the fixed rule's 2 workers x 4 threads 5,383."""
+    """bench/results/host/h200-first-2026-11: on the 9 cores the gateway had, 8 single-thread
+    workers gave 7,905 images/s and the fixed rule's 2 workers x 4 threads 5,383."""
     assert worker_plan(9) == WorkerPlan(9, 1)
     # the whole host (no load generators beside it): Triton keeps cores in proportion to its
     # CPU per image, the gateway's share of 16 rounded up
