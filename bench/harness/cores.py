@@ -22,6 +22,11 @@ MIN_PINNED = 12
 LOAD_CPUS = 4
 #: Triton's CPUs before anything is measured (the first GPU host run's split).
 UNMEASURED_TRITON_CPUS = 3
+#: Triton's fewest CPUs whatever its share. On the H200 host (bench/results/host, 2026-11-30)
+#: a share of 0.083 gave it one CPU, and there the null model executed 40-58 times a second
+#: with Triton's processes ~8 % busy, against 551 a second on 3 CPUs the cell before: the
+#: gateway's throughput then fell as workers were added. Every cell that scaled had 3 or more.
+MIN_TRITON_CPUS = 3
 
 
 @dataclass(frozen=True)
@@ -124,9 +129,10 @@ class Cores:
         triton_share: float | None = None,
     ) -> Cores:
         """The load generators on the last ``LOAD_CPUS``; of the rest, Triton gets
-        ``ceil(triton_share * rest)`` (at least 1, at most all but one; ``UNMEASURED_TRITON_CPUS``
-        before a measurement), the gateway the others. ``triton_share``: Triton's CPU per image
-        over the gateway's and Triton's together, as measured."""
+        ``ceil(triton_share * rest)`` (at least ``MIN_TRITON_CPUS``, at most all but one;
+        ``UNMEASURED_TRITON_CPUS`` before a measurement), the gateway the others.
+        ``triton_share``: Triton's CPU per image over the gateway's and Triton's together, as
+        measured."""
         if len(available) < MIN_PINNED:
             return cls((), (), ())
         topology = topology or Topology(tuple((cpu,) for cpu in sorted(available)), source="")
@@ -138,7 +144,7 @@ class Cores:
             count = UNMEASURED_TRITON_CPUS
         else:  # the float's last bit must not cost Triton a core (0.25 x 12 is 3, not 4)
             count = math.ceil(round(triton_share * len(rest), 9))
-        count = min(len(rest) - 1, max(1, count))
+        count = min(len(rest) - 1, max(MIN_TRITON_CPUS, count))
         gateway = topology.physical_first(rest[:-count])
         return cls(tuple(gateway), tuple(rest[-count:]), tuple(load))
 

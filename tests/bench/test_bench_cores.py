@@ -60,8 +60,10 @@ def test_triton_gets_the_share_of_cores_its_cpu_per_image_says() -> None:
     split = Cores.split(list(range(16)), topology, triton_share(700.0, 300.0))
     assert (len(split.gateway), len(split.triton)) == (8, 4)  # ceil(0.3 x 12) = 4
     assert split.triton == (8, 9, 10, 11) and split.load == (12, 13, 14, 15)
-    # never none for either side
-    assert len(Cores.split(list(range(16)), topology, 0.0).triton) == 1
+    # Triton never under MIN_TRITON_CPUS: the H200 host's calibration share, 0.083 x 12, gave
+    # it one CPU, and its Python backend stalled there (bench/results/host/host.md)
+    assert len(Cores.split(list(range(16)), topology, 0.083).triton) == 3
+    assert len(Cores.split(list(range(16)), topology, 0.0).triton) == 3
     assert len(Cores.split(list(range(16)), topology, 1.0).gateway) == 1
     assert Cores.split(list(range(16)), topology).triton == (9, 10, 11)  # unmeasured: 3
 
