@@ -40,14 +40,26 @@ def _pil_distribution() -> tuple[str, str]:
     return "unknown PIL", PIL.__version__
 
 
+def _opens_webp() -> bool:
+    """Whether the imported PIL decodes WebP (pillow-simd built without libwebp does not); a PIL
+    without ``Image`` (a stand-in) is not judged."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return True
+    Image.init()
+    return "WEBP" in Image.OPEN
+
+
 # Once per process: the imported PIL's distribution cannot change, and finding it reads every
 # installed distribution's metadata (each app start and decode-speed record asked again).
 @functools.cache
 def current() -> ImagingPath:
     name, version = _pil_distribution()
     jpeg = f"libjpeg-turbo (simplejpeg {importlib.metadata.version('simplejpeg')}), DCT-scaled"
+    others = "PNG/WebP/GIF" if _opens_webp() else "PNG/GIF (no WebP: built without it)"
     return ImagingPath(
         resize=f"{name} {version}",
-        decode=f"JPEG: {jpeg}; PNG/WebP/GIF: {name} {version}",
+        decode=f"JPEG: {jpeg}; {others}: {name} {version}",
         simd=name == "pillow-simd",
     )

@@ -337,6 +337,10 @@ def _pillow(data: bytes, kind: str, options: DecodeOptions) -> tuple[Image.Image
     width, height = header.width, header.height
     peak = width * height * header.bytes_per_pixel + DECODER_OVERHEAD
     _check_cost(width, height, peak, options)
+    Image.init()  # once: the plugins Pillow was built with
+    if kind.upper() not in Image.OPEN:  # pillow-simd built without libwebp: not the sender's fault
+        raise UnsupportedFormat(f"{kind} images cannot be decoded by this server (its Pillow was "
+                                f"built without {kind}); send JPEG or PNG")  # fmt: skip
     try:
         image = Image.open(io.BytesIO(data), formats=[kind.upper()])
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:

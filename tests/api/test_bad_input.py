@@ -55,6 +55,19 @@ def test_bad_item_names_its_index(
     assert words.lower() in body["detail"].lower()
 
 
+def test_webp_where_pillow_was_built_without_it_is_a_415_naming_the_item(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PIL import Image
+
+    Image.init()
+    monkeypatch.delitem(Image.OPEN, "WEBP")
+    good = samples.compact(0)
+    body = problem(post_images(client, good, samples.webp(0), good), 415,
+                   "unsupported-media-type", index=1)  # fmt: skip
+    assert "built without webp" in body["detail"]
+
+
 def test_image_over_the_byte_limit(client: TestClient) -> None:
     big = samples.compact(0) + b"\x00" * (1 << 20)
     problem(post_images(client, samples.compact(1), big), 413, "payload-too-large", index=1)

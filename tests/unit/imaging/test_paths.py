@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import PIL
+import PIL.Image
 import pytest
 
 from clip_gateway.imaging import paths
@@ -25,6 +26,19 @@ def test_the_reported_path_is_the_distribution_of_the_imported_pil() -> None:
     assert version == PIL.__version__
     assert path.simd == (name == "pillow-simd")
     assert path.decode.startswith("JPEG: libjpeg-turbo (simplejpeg ")
+
+
+def test_a_pil_built_without_webp_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pillow-simd built where libwebp's headers were missing: /v1/models and the ready line
+    # must not claim WebP (such a server answers a WebP upload with 415)
+    PIL.Image.init()
+    assert "PNG/WebP/GIF: " in paths.current().decode
+    monkeypatch.delitem(PIL.Image.OPEN, "WEBP")
+    paths.current.cache_clear()
+    try:
+        assert "; PNG/GIF (no WebP: built without it): " in paths.current().decode
+    finally:
+        paths.current.cache_clear()
 
 
 def _fake_pil(site: Path, distribution: str, version: str) -> None:

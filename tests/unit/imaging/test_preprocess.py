@@ -157,6 +157,22 @@ def test_unsupported_formats_are_named(signature: bytes, name: str) -> None:
     assert raised.value.reason == f"{name} images are not supported; send JPEG, PNG, WebP or GIF"
 
 
+def test_webp_on_a_pillow_built_without_it_is_415_naming_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pillow-simd built where libwebp's headers are missing (the GPU host's image): the upload
+    # is fine, this server cannot decode it, and the sender is told so rather than "damaged"
+    Image.init()
+    monkeypatch.delitem(Image.OPEN, "WEBP")
+    with pytest.raises(UnsupportedFormat) as raised:
+        run(samples.webp(0))
+    assert raised.value.reason == (
+        "webp images cannot be decoded by this server (its Pillow was built without webp); "
+        "send JPEG or PNG"
+    )
+    assert run(samples.png(0)).any()  # the others still decode
+
+
 @pytest.mark.parametrize("brand", [b"heic", b"mif1", b"avif"])
 def test_heif_and_avif_are_415(brand: bytes) -> None:
     with pytest.raises(UnsupportedFormat) as raised:
