@@ -87,17 +87,18 @@ class CoreFigures:
                 "source": self.source}  # fmt: skip
 
 
-#: The GPU host's figures until one is measured there (bench/results/host/h200-first-2026-11,
-#: the H200 host with 16 Xeon cores, ViT-B/32 uploads at batch 32): the gateway's CPU per image
-#: with 8 single-thread workers, 960 us; Triton, on the 3 cores it was pinned to, delivered
-#: 4,335 images/s through 8 such workers, so it spent at most 3 / 4,335 s = 692 us per image.
-#: Per core, 8 single-thread workers reached 0.65 of one worker's images/s, 2 workers x 4
+#: The GPU host's figures until one is measured there: the second H200 host run
+#: (bench/results/host, 16 Xeon cores, ViT-B/32 FP16 uploads at batch 32 x 16 clients through 8
+#: single-thread workers, 8,766 images/s): the gateway's CPU per image 539 us, Triton's process
+#: tree's (the server and the CUDA EP's Python-backend stubs) 220 us. The first run
+#: (bench/results/host/h200-first-2026-11) gave 960 us for the gateway with shared memory off in
+#: some workers and at most 692 us for Triton, bounded from the cores it had, not measured. Per
+#: core, 8 single-thread workers reached 0.65 of one worker's images/s there, 2 workers x 4
 #: threads (the fixed rule's shape on 9 cores) 0.39: a decode thread added to a worker is worth
 #: less than a worker.
-GPU_FIGURES = CoreFigures(
-    960.0, 692.0, 1, "bench/results/host/h200-first-2026-11 (H200 host, 16 Xeon cores)"
-)
-#: A CPU profile's figures until its plan is measured here: the gateway's as above, the model's
+GPU_FIGURES = CoreFigures(539.0, 220.0, 1, "bench/results/host (H200 host, 16 Xeon cores)")
+#: A CPU profile's figures until its plan is measured here: the gateway's the first H200 run's
+#: (960 us, the dearer: on a CPU profile it moves the split by a core at most), the model's
 #: from the fastest CPU profile measured through the gateway (bench/results/plans/openvino:
 #: cpu-int8-openvino, 57.4 images/s at batch 32 x 4 on 2 CPUs, 2 / 57.4 s = 34,843 us per image).
 CPU_FIGURES = CoreFigures(960.0, 34_843.0, 1, "bench/results/plans (2-CPU EPYC, cpu-int8-openvino)")
