@@ -98,8 +98,8 @@ class CoreFigures:
 #: less than a worker.
 GPU_FIGURES = CoreFigures(539.0, 220.0, 1, "bench/results/host (H200 host, 16 Xeon cores)")
 #: A CPU profile's figures until its plan is measured here: the gateway's the first H200 run's
-#: (960 us, the dearer: on a CPU profile it moves the split by a core at most), the model's
-#: from the fastest CPU profile measured through the gateway (bench/results/plans/openvino:
+#: (960 us, the dearer of the two: the gateway then keeps a core more on a large CPU host), the
+#: model's from the fastest CPU profile measured through the gateway (bench/results/plans/openvino:
 #: cpu-int8-openvino, 57.4 images/s at batch 32 x 4 on 2 CPUs, 2 / 57.4 s = 34,843 us per image).
 CPU_FIGURES = CoreFigures(960.0, 34_843.0, 1, "bench/results/plans (2-CPU EPYC, cpu-int8-openvino)")
 
