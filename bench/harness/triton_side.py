@@ -14,8 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.cpu import own_and_descendants
 
-#: Triton's own counters (rows inferred, executions) and triton/python/model.py's.
-COUNTERS = ("nv_inference_count", "nv_inference_exec_count", "clip_batch_copied_bytes")
+#: Triton's cumulative microseconds per successful request, by stage: what a request spent in
+#: all, waiting in the dynamic batcher's queue, and in its execution's input, infer and output.
+#: An execution's durations are counted for each request it served.
+DURATIONS = {"request": "nv_inference_request_duration_us",
+             "queue": "nv_inference_queue_duration_us",
+             "input": "nv_inference_compute_input_duration_us",
+             "infer": "nv_inference_compute_infer_duration_us",
+             "output": "nv_inference_compute_output_duration_us"}  # fmt: skip
+#: Triton's own counters (rows inferred, executions, requests served and their durations) and
+#: triton/python/model.py's.
+COUNTERS = ("nv_inference_count", "nv_inference_exec_count", "nv_inference_request_success",
+            *DURATIONS.values(), "clip_batch_copied_bytes")  # fmt: skip
 PINNED = "clip_batch_buffer_pinned"
 
 
@@ -66,7 +76,9 @@ class TritonSide:
 
     def since(self, before: Snapshot, items: int) -> dict[str, Any]:
         """Triton's figures for the ``items`` served since ``before``: CPU per item (all of
-        it, the server's, the stubs'), executions and rows per execution, copies per row."""
+        it, the server's, the stubs'), executions and rows per execution, milliseconds per
+        request by stage (where the time between the gateway's call and its answer went),
+        copies per row."""
         now = self.snapshot()
         server, stubs = now.server_s - before.server_s, now.stubs_s - before.stubs_s
 
@@ -85,6 +97,10 @@ class TritonSide:
         if executions:
             found["triton_executions"] = int(executions)
             found["triton_rows_per_execution"] = round((rows or 0) / executions, 1)
+        if requests := delta.get("nv_inference_request_success"):
+            found["triton_ms_per_request"] = {stage: round(delta[name] / requests / 1000, 2)
+                                              for stage, name in DURATIONS.items()
+                                              if name in delta}  # fmt: skip
         if rows and "clip_batch_copied_bytes" in delta:
             copies = delta["clip_batch_copied_bytes"] / (rows * self.row_bytes)
             found["triton_copies_per_row"] = round(copies, 3)

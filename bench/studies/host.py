@@ -485,7 +485,8 @@ def engine(
                     print(json.dumps({"model": model} | {k: row.get(k) for k in (
                         "batch", "concurrency", "items_per_s", "p50_ms", "p99_ms",
                         "gpu_util_pct", "gateway_cpu_us_per_item", "triton_cpu_us_per_item",
-                        "triton_rows_per_execution", "triton_copies_per_row", "statuses")}),
+                        "triton_rows_per_execution", "triton_copies_per_row",
+                        "triton_ms_per_request", "statuses")}),
                         flush=True)  # fmt: skip
             if "text" in manifest.get("towers", {}):
                 for concurrency in sweep.text_concurrency:
@@ -695,6 +696,14 @@ def _calibration(found: dict[str, Any] | None) -> list[str]:
             f"µs/image: Triton's share {found.get('triton_share')}; {where}.", ""]  # fmt: skip
 
 
+def _stages(ms: dict[str, float] | None) -> str:
+    """Triton's milliseconds per request: ``all (queue + input/infer/output)``."""
+    if not ms or "request" not in ms:
+        return "–"
+    parts = "/".join(f"{ms[stage]:.1f}" for stage in ("input", "infer", "output") if stage in ms)
+    return f"{ms['request']:.1f} ({ms.get('queue', 0.0):.1f} + {parts})"
+
+
 def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if "error" in found:
@@ -705,8 +714,9 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
               f"{found.get('parity')}.", "", *_calibration(found.get("calibration")),
               "| batch | clients | images/s | p50 ms | p99 ms | GPU util % | "
               "gateway CPU µs/image | Triton CPU µs/image (server + stubs) | rows/execution | "
+              "Triton ms/request: all (queue + in/infer/out) | "
               "copies/row in model.py | graph alone (ORT) images/s | statuses |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in found["images"]:
         alone = (ceiling.get("ort") or {}).get(str(row["batch"]))
         lines.append(f"| {row['batch']} | {row['concurrency']} | {_cell(row, 'items_per_s')} | "
@@ -714,6 +724,7 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
                      f"{_cell(row, 'gpu_util_pct', '.0f')} | "
                      f"{_cell(row, 'gateway_cpu_us_per_item')} | {_triton(row)} | "
                      f"{_cell(row, 'triton_rows_per_execution', '.1f')} | "
+                     f"{_stages(row.get('triton_ms_per_request'))} | "
                      f"{_cell(row, 'triton_copies_per_row', '.2f')} | "
                      f"{_cell(alone, 'items_per_s')} | {row['statuses']} |")  # fmt: skip
     pinned = {row.get("triton_buffer_pinned") for row in found["images"]} - {None}

@@ -87,6 +87,10 @@ def test_host_smoke(tmp_path: Path) -> None:
         assert row["triton_cpu_us_per_item"] > 0 and row["triton_rows_per_execution"] >= 1
         # model.py copies a batch at most once (requests merged by Triton), never twice
         assert 0 <= row["triton_copies_per_row"] <= 1 and row["triton_buffer_pinned"] is False
+        # where Triton's part of each request's time went: the batcher's queue and the stages
+        ms = row["triton_ms_per_request"]
+        assert set(ms) == {"request", "queue", "input", "infer", "output"}, ms
+        assert ms["infer"] > 0 and ms["request"] >= ms["queue"] + ms["infer"] - 0.05, ms
     # each phase measured both sides first and split the cores by it (not pinned here: 2 CPUs)
     for phase in (results["cpu_wall"], engine):
         calibration = phase["calibration"]
@@ -98,5 +102,6 @@ def test_host_smoke(tmp_path: Path) -> None:
     assert ceilings["provider"] == "CPUExecutionProvider" and set(ceilings["ort"]) == {"1", "8"}
     report = (out / "host.md").read_text()
     assert "## CPU wall" in report and "## ViT-B-32 through the gateway" in report
+    assert "Triton ms/request: all (queue + in/infer/out)" in report
     assert report.count("Calibration (batch") == 2 and "Triton CPU µs/image" in report
     assert (out / "host.png").stat().st_size > 10_000
