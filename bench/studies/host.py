@@ -153,6 +153,11 @@ def _load_command(url: str, batch: int, concurrency: int, seconds: float, texts:
             str(concurrency), str(seconds), "texts" if texts else "images"]  # fmt: skip
 
 
+#: The gateway's Server-Timing stages: a request's decode and preprocessing, then its Triton call
+#: (wall milliseconds inside the gateway; the rest of the client's latency is HTTP and queueing).
+SERVER_STAGES = ("decode", "infer")
+
+
 def drive(
     url: str, batch: int, concurrency: int, seconds: float, cores: Cores, *, texts: bool = False
 ) -> dict[str, Any]:
@@ -183,6 +188,10 @@ def drive(
     if len(latencies):
         row["p50_ms"] = round(float(np.percentile(latencies, 50)), 2)
         row["p99_ms"] = round(float(np.percentile(latencies, 99)), 2)
+    if timed := sum(f.get("server_ms_count", 0) for f in found):
+        row["gateway_ms_per_request"] = {
+            stage: round(sum(f["server_ms_sum"][stage] for f in found if f.get("server_ms_count"))
+                         / timed, 2) for stage in SERVER_STAGES}  # fmt: skip
     return row
 
 
@@ -225,9 +234,13 @@ async def _load(url: str, batch: int, concurrency: int, seconds: float, texts: b
     for r in records:
         statuses[str(r.reply.status)] = statuses.get(str(r.reply.status), 0) + 1
     elapsed = max((r.start + r.latency for r in records), default=0.0)
+    timed = [r.reply.server_ms for r in ok if r.reply.server_ms]  # the gateway's Server-Timing
     print(json.dumps({"items": sum(r.reply.images for r in ok), "seconds": elapsed,
                       "statuses": statuses,
-                      "latencies_ms": [round(r.latency * 1000, 3) for r in ok]}))  # fmt: skip
+                      "latencies_ms": [round(r.latency * 1000, 3) for r in ok],
+                      "server_ms_sum": {stage: sum(t.get(stage, 0.0) for t in timed)
+                                        for stage in SERVER_STAGES},
+                      "server_ms_count": len(timed)}))  # fmt: skip
 
 
 # -- measurement helpers ---------------------------------------------------------------------
@@ -486,7 +499,7 @@ def engine(
                         "batch", "concurrency", "items_per_s", "p50_ms", "p99_ms",
                         "gpu_util_pct", "gateway_cpu_us_per_item", "triton_cpu_us_per_item",
                         "triton_rows_per_execution", "triton_copies_per_row",
-                        "triton_ms_per_request", "statuses")}),
+                        "gateway_ms_per_request", "triton_ms_per_request", "statuses")}),
                         flush=True)  # fmt: skip
             if "text" in manifest.get("towers", {}):
                 for concurrency in sweep.text_concurrency:
@@ -696,6 +709,11 @@ def _calibration(found: dict[str, Any] | None) -> list[str]:
             f"µs/image: Triton's share {found.get('triton_share')}; {where}.", ""]  # fmt: skip
 
 
+def _gateway_stages(ms: dict[str, float] | None) -> str:
+    """The gateway's milliseconds per request (Server-Timing): ``decode, Triton call``."""
+    return "–" if not ms else ", ".join(f"{ms[stage]:.1f}" for stage in SERVER_STAGES)
+
+
 def _stages(ms: dict[str, float] | None) -> str:
     """Triton's milliseconds per request: ``all (queue + input/infer/output)``."""
     if not ms or "request" not in ms:
@@ -714,9 +732,10 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
               f"{found.get('parity')}.", "", *_calibration(found.get("calibration")),
               "| batch | clients | images/s | p50 ms | p99 ms | GPU util % | "
               "gateway CPU µs/image | Triton CPU µs/image (server + stubs) | rows/execution | "
+              "gateway ms/request: decode, Triton call | "
               "Triton ms/request: all (queue + in/infer/out) | "
               "copies/row in model.py | graph alone (ORT) images/s | statuses |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in found["images"]:
         alone = (ceiling.get("ort") or {}).get(str(row["batch"]))
         lines.append(f"| {row['batch']} | {row['concurrency']} | {_cell(row, 'items_per_s')} | "
@@ -724,6 +743,7 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
                      f"{_cell(row, 'gpu_util_pct', '.0f')} | "
                      f"{_cell(row, 'gateway_cpu_us_per_item')} | {_triton(row)} | "
                      f"{_cell(row, 'triton_rows_per_execution', '.1f')} | "
+                     f"{_gateway_stages(row.get('gateway_ms_per_request'))} | "
                      f"{_stages(row.get('triton_ms_per_request'))} | "
                      f"{_cell(row, 'triton_copies_per_row', '.2f')} | "
                      f"{_cell(alone, 'items_per_s')} | {row['statuses']} |")  # fmt: skip

@@ -91,6 +91,11 @@ def test_host_smoke(tmp_path: Path) -> None:
         ms = row["triton_ms_per_request"]
         assert set(ms) == {"request", "queue", "input", "infer", "output"}, ms
         assert ms["infer"] > 0 and ms["request"] >= ms["queue"] + ms["infer"] - 0.05, ms
+    for row in engine["images"]:
+        # and the gateway's part (its Server-Timing): the Triton call holds Triton's own time
+        gateway_ms = row["gateway_ms_per_request"]
+        assert gateway_ms["decode"] > 0, gateway_ms
+        assert gateway_ms["infer"] >= 0.9 * row["triton_ms_per_request"]["request"], row
     # each phase measured both sides first and split the cores by it (not pinned here: 2 CPUs)
     for phase in (results["cpu_wall"], engine):
         calibration = phase["calibration"]
