@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 from functools import cache
 
-from PIL import Image, features
+from PIL import Image, UnidentifiedImageError, features
 
 # the signatures the server reads too (re-exported: the client's modules ask ``formats`` for both)
 from clip_gateway.imaging.formats import HEAD_BYTES as HEAD_BYTES
@@ -56,6 +56,8 @@ def open_image(data: bytes, kind: str) -> Image.Image:
         image.load()
     except Image.DecompressionBombError as exc:
         raise UnreadableImage(f"too large to decode: {exc}") from exc
+    except UnidentifiedImageError as exc:  # its message names a BytesIO object, not the file
+        raise UnreadableImage(f"damaged or not a {kind.upper()} file") from exc
     except Exception as exc:  # Pillow and its plugins raise many kinds for bad files
         raise UnreadableImage(f"corrupt or truncated {kind.upper()}: {exc}") from exc
     return image

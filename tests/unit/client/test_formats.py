@@ -86,6 +86,14 @@ def test_gif_sends_its_first_frame_and_is_converted_even_when_small() -> None:
     assert unshrunk.startswith(b"\xff\xd8")  # the gateway reads no GIF: converted all the same
 
 
+def test_a_heic_header_with_nothing_behind_it_is_named_without_pillows_buffer() -> None:
+    # a file whose brand says HEIC and holds nothing Pillow can identify: the reason a user
+    # reads names the file's kind, not "cannot identify image file <_io.BytesIO object at 0x…>"
+    with pytest.raises(UnreadableImage) as raised:
+        compact(b"\x00\x00\x00\x18ftypheic" + b"\x00" * 100)
+    assert str(raised.value) == "damaged or not a HEIF file"
+
+
 def test_a_truncated_heic_is_unreadable_with_the_reason() -> None:
     data = heic(samples.small_photo(2))
     with pytest.raises(UnreadableImage, match="corrupt or truncated HEIF"):
