@@ -40,15 +40,15 @@ def _pil_distribution() -> tuple[str, str]:
     return "unknown PIL", PIL.__version__
 
 
-def _opens_webp() -> bool:
-    """Whether the imported PIL decodes WebP (pillow-simd built without libwebp does not); a PIL
-    without ``Image`` (a stand-in) is not judged."""
+def pillow_reads(kind: str) -> bool:
+    """Whether the imported PIL decodes ``kind`` (``png``, ``webp``, ``gif``): pillow-simd built
+    without libwebp has no WebP plugin. A PIL without ``Image`` (a stand-in) is not judged."""
     try:
         from PIL import Image
     except ImportError:
         return True
-    Image.init()
-    return "WEBP" in Image.OPEN
+    Image.init()  # once: the plugins this Pillow was built with
+    return kind.upper() in Image.OPEN
 
 
 # Once per process: the imported PIL's distribution cannot change, and finding it reads every
@@ -57,7 +57,7 @@ def _opens_webp() -> bool:
 def current() -> ImagingPath:
     name, version = _pil_distribution()
     jpeg = f"libjpeg-turbo (simplejpeg {importlib.metadata.version('simplejpeg')}), DCT-scaled"
-    others = "PNG/WebP/GIF" if _opens_webp() else "PNG/GIF (no WebP: built without it)"
+    others = "PNG/WebP/GIF" if pillow_reads("webp") else "PNG/GIF (no WebP: built without it)"
     return ImagingPath(
         resize=f"{name} {version}",
         decode=f"JPEG: {jpeg}; {others}: {name} {version}",

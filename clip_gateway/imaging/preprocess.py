@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from clip_gateway.errors import ImageTooLarge, InvalidImage, LimitExceeded, UnsupportedFormat
-from clip_gateway.imaging import containers, formats, jpeg, orientation, work
+from clip_gateway.imaging import containers, formats, jpeg, orientation, paths, work
 
 MiB = 1 << 20
 #: JPEG work cap: 8x8 blocks times the scans that decode them. A 24 MP progressive photo decoded
@@ -337,8 +337,7 @@ def _pillow(data: bytes, kind: str, options: DecodeOptions) -> tuple[Image.Image
     width, height = header.width, header.height
     peak = width * height * header.bytes_per_pixel + DECODER_OVERHEAD
     _check_cost(width, height, peak, options)
-    Image.init()  # once: the plugins Pillow was built with
-    if kind.upper() not in Image.OPEN:  # pillow-simd built without libwebp: not the sender's fault
+    if not paths.pillow_reads(kind):  # pillow-simd built without libwebp: not the sender's fault
         raise UnsupportedFormat(f"{kind} images cannot be decoded by this server (its Pillow was "
                                 f"built without {kind}); send JPEG or PNG")  # fmt: skip
     try:

@@ -114,11 +114,11 @@ def references() -> dict[str, dict[str, bytes]]:
 
 def codings() -> set[str]:
     """The codings measured here: every one admission prices, less WebP where this Pillow was
-    built without libwebp (pillow-simd built on a host without its headers) and cannot write
-    the references; admission keeps the factors' price (speed 1.0) for a coding not measured."""
-    Image.init()
+    built without libwebp (pillow-simd built on a host without its headers), which neither
+    decodes WebP nor writes the references; admission keeps the factors' price (speed 1.0) for
+    a coding not measured."""
     found = set(work.FACTORS)
-    return found if "WEBP" in Image.SAVE else {c for c in found if not c.startswith("webp")}
+    return found if paths.pillow_reads("webp") else {c for c in found if not c.startswith("webp")}
 
 
 def measure() -> DecodeSpeed:
