@@ -107,8 +107,9 @@ say "exports done at $(( $(date +%s) - started )) s"
 timeout --signal=INT "${BENCH_HOST_BUDGET_S:-480}" \
   "$py" -m bench host --provider cuda --out "$out" "$@" 2>&1 | tee "$out/bench-host.log" | grep -v '^\[torch.onnx\]'
 code=${PIPESTATUS[0]}
-# what triton/python/model.py said of its batch buffers: page-locked for the CUDA EP's DMA, or why not
-grep -ho "[a-z_]* batch buffer[^\"]*" "$kit"/work/triton-*.log 2>/dev/null | sort | uniq -c | sed 's/^/model.py: /'
+# what triton/python/model.py said of its batch buffers (page-locked for the CUDA EP's DMA, or
+# why not) and of how its CUDA context waits for the GPU (blocking sync, or why not)
+grep -hoE "([a-z_]* batch buffer|CUDA context)[^\"]*" "$kit"/work/triton-*.log 2>/dev/null | sort | uniq -c | sed 's/^/model.py: /'
 tar -czf "$out/logs.tar.gz" -C "$kit/work" . 2>/dev/null
 say "bench host exited $code after $(( $(date +%s) - started )) s"
 cat "$out/host.md" 2>/dev/null

@@ -27,6 +27,10 @@ DURATIONS = {"request": "nv_inference_request_duration_us",
 COUNTERS = ("nv_inference_count", "nv_inference_exec_count", "nv_inference_request_success",
             *DURATIONS.values(), "clip_batch_copied_bytes")  # fmt: skip
 PINNED = "clip_batch_buffer_pinned"
+#: triton/python/model.py's: 1 when the CUDA EP's context waits for the GPU asleep (blocking sync).
+BLOCKING = "clip_cuda_blocking_sync"
+#: Gauges read as the smallest instance's value: 1 only if every instance says so.
+GAUGES = (PINNED, BLOCKING)
 
 
 @dataclass(frozen=True)
@@ -38,8 +42,8 @@ class Snapshot:
 
 
 def model_metrics(metrics_url: str, model: str) -> dict[str, float]:
-    """``COUNTERS`` and ``PINNED`` for ``model`` (summed over versions and instances; pinned:
-    the smallest instance's value, 1 only if all are locked)."""
+    """``COUNTERS`` and ``GAUGES`` for ``model`` (counters summed over versions and instances;
+    a gauge: the smallest instance's value, 1 only if all say so)."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as response:
             text = response.read().decode()
@@ -53,7 +57,7 @@ def model_metrics(metrics_url: str, model: str) -> dict[str, float]:
             name = sample.name.removesuffix("_total")
             if name in COUNTERS:
                 found[name] = found.get(name, 0.0) + sample.value
-            elif name == PINNED:
+            elif name in GAUGES:
                 found[name] = min(found.get(name, sample.value), sample.value)
     return found
 
@@ -106,4 +110,6 @@ class TritonSide:
             found["triton_copies_per_row"] = round(copies, 3)
         if PINNED in now.metrics:
             found["triton_buffer_pinned"] = bool(now.metrics[PINNED])
+        if BLOCKING in now.metrics:
+            found["triton_blocking_sync"] = bool(now.metrics[BLOCKING])
         return found

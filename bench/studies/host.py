@@ -751,6 +751,11 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
     pinned = {row.get("triton_buffer_pinned") for row in found["images"]} - {None}
     if pinned:
         lines.append(f"\nmodel.py's batch buffer page-locked: {sorted(pinned)}.")
+    asleep = {row.get("triton_blocking_sync") for row in found["images"]} - {None}
+    if asleep:
+        lines.append(
+            f"\nThe CUDA EP's context waits for the GPU asleep (blocking sync): {sorted(asleep)}."
+        )
     for row in found.get("texts", []):
         lines.append(f"\nTexts, batch 32 x {row['concurrency']} clients: "
                      f"{_cell(row, 'items_per_s')} texts/s, p50 {_cell(row, 'p50_ms', '.1f')} "

@@ -428,6 +428,10 @@ class RepositorySettings(BaseSettings):
     #: input shapes and buffer addresses, and the dynamic batcher, which every rendered config
     #: has, varies both from one execution to the next (triton/README.md).
     cuda_graph: bool = False
+    #: The ``cuda`` profile on the Python backend: a thread waiting for the GPU sleeps until it
+    #: is done (CUDA's blocking sync) instead of spinning on a core for as long as the GPU
+    #: computes, CUDA's default on a host with more cores than contexts (triton/python/model.py).
+    cuda_blocking_sync: bool = True
     #: Backend of the ``cpu`` profile: ``python`` (triton/python/model.py running ONNX Runtime;
     #: the PyPI tritonserver has no onnxruntime backend) or ``onnxruntime`` (Triton's native
     #: backend, KIND_CPU: the container image, whose Python backend has no ONNX Runtime).

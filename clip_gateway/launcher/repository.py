@@ -132,6 +132,7 @@ def render_tower_config(
         "cpu_spinning": int(settings.cpu_spinning),
         "onnx_file": _onnx_file(settings, tower),
         "cuda_graph": int(settings.cuda_graph),
+        "cuda_blocking_sync": int(settings.cuda_blocking_sync),
         "trt_cache_path": settings.trt_cache_path,
         "trt_workspace_bytes": settings.trt_workspace_bytes,
         "trt_opt_batch": max(settings.preferred),

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from bench.harness.triton_side import PINNED, model_metrics
+from bench.harness.triton_side import BLOCKING, PINNED, model_metrics
 from clip_gateway.config.settings import RepositorySettings
 from clip_gateway.launcher.local import LocalTriton
 from clip_gateway.launcher.repository import render
@@ -139,7 +139,12 @@ def test_merged_requests_are_copied_once_and_each_gets_its_own_rows(
 
 
 def test_the_cpu_ep_says_its_buffer_is_not_page_locked(six_row_triton: LocalTriton) -> None:
-    """Page-locking is the CUDA EP's (its host-to-device DMA): on the CPU EP each tower's
-    instance reports 0 on Triton's /metrics."""
+    """Page-locking and the context's blocking sync are the CUDA EP's (its host-to-device DMA,
+    its waits for the GPU): on the CPU EP each tower's instance reports 0 for both on Triton's
+    /metrics, and never asked the CUDA driver for anything."""
     for model in TOWERS:
         assert reported(six_row_triton, model, PINNED) == 0.0
+        assert reported(six_row_triton, model, BLOCKING) == 0.0
+    assert six_row_triton.log_path is not None
+    log = six_row_triton.log_path.read_text()
+    assert "CUDA context" not in log and "libcuda" not in log

@@ -22,6 +22,12 @@ embeddings through an IOBinding (no copy of the input into an ORT tensor, the ou
 the array the responses slice); OpenVINO reads the input in place (``share_inputs``). The bytes
 copied into the buffer are counted in Triton's metrics (``COPIED_METRIC``), beside whether the
 buffer is page-locked (``PINNED_METRIC``).
+
+On the CUDA EP the instance also asks the CUDA driver, before ONNX Runtime creates its context, to
+let a thread that waits for the GPU sleep until the GPU is done (``blocking_sync``). CUDA's default
+on a host with more cores than contexts is to spin: every ``run`` would hold a core for as long as
+the GPU computes, cores the host's gateway decodes on. Whether it took is the metric
+``SYNC_METRIC``, read back from the context ORT created.
 """
 
 import ctypes
@@ -38,8 +44,12 @@ import triton_python_backend_utils as pb_utils
 COPIED_METRIC = "clip_batch_copied_bytes"
 #: Triton metric (per model instance): 1 when the batch buffer is page-locked for the CUDA EP.
 PINNED_METRIC = "clip_batch_buffer_pinned"
+#: Triton metric (per model instance): 1 when the CUDA EP's context waits for the GPU asleep.
+SYNC_METRIC = "clip_cuda_blocking_sync"
 #: cudaHostRegisterPortable: locked for every CUDA context, whichever device the EP runs on.
 _PORTABLE = 1
+#: cuda.h: CU_CTX_SCHED_BLOCKING_SYNC, and the mask of the CU_CTX_SCHED_* flags.
+BLOCKING_SYNC, SCHED_MASK = 0x04, 0x07
 
 
 class BatchBuffer:
@@ -109,6 +119,59 @@ def page_lock(buffer, device_id):
     return cudart, None
 
 
+def cuda_driver():
+    """The CUDA driver API (libcuda, which every CUDA runtime sits on)."""
+    library = ctypes.CDLL("libcuda.so.1")
+    library.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return library
+
+
+def _driver_calls(driver, calls):
+    """Run ``(name, call)`` in order: None when every one returned CUDA_SUCCESS, else the first
+    failure as ``name: CUDA_ERROR_...``."""
+    for name, call in calls:
+        failed = call()
+        if failed:
+            text = ctypes.c_char_p()
+            driver.cuGetErrorName(failed, ctypes.byref(text))
+            return f"{name}: {(text.value or b'error %d' % failed).decode()}"
+    return None
+
+
+def blocking_sync(device_id, driver=None):
+    """Set the scheduling flag of ``device_id``'s primary context (the context ONNX Runtime's
+    CUDA EP runs in: the runtime API uses it) to CU_CTX_SCHED_BLOCKING_SYNC: a thread waiting
+    for the GPU sleeps in the driver instead of spinning on a core. None when set, else why not.
+    Call before the session exists; ``_v2`` also takes a context already active."""
+    try:
+        driver = driver or cuda_driver()
+    except OSError as exc:
+        return str(exc)
+    device = ctypes.c_int()
+    return _driver_calls(driver, (
+        ("cuInit", lambda: driver.cuInit(0)),
+        ("cuDeviceGet", lambda: driver.cuDeviceGet(ctypes.byref(device), device_id)),
+        ("cuDevicePrimaryCtxSetFlags",
+         lambda: driver.cuDevicePrimaryCtxSetFlags_v2(device, BLOCKING_SYNC)),
+    ))  # fmt: skip
+
+
+def sync_flags(device_id, driver=None):
+    """``device_id``'s primary context scheduling flags (CU_CTX_SCHED_*), or why unknown."""
+    try:
+        driver = driver or cuda_driver()
+    except OSError as exc:
+        return None, str(exc)
+    device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    why = _driver_calls(driver, (
+        ("cuDeviceGet", lambda: driver.cuDeviceGet(ctypes.byref(device), device_id)),
+        ("cuDevicePrimaryCtxGetState",
+         lambda: driver.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags),
+                                                   ctypes.byref(active))),
+    ))  # fmt: skip
+    return (None, why) if why else (flags.value & SCHED_MASK, None)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -138,9 +201,15 @@ class TritonPythonModel:
                 description="1 when the batch buffer is page-locked for the CUDA EP",
                 kind=pb_utils.MetricFamily.GAUGE,
             ),
+            pb_utils.MetricFamily(
+                name=SYNC_METRIC,
+                description="1 when the CUDA EP's context waits for the GPU asleep, not spinning",
+                kind=pb_utils.MetricFamily.GAUGE,
+            ),
         )
         self.copied = self.families[0].Metric(labels=labels)
         self.pinned = self.families[1].Metric(labels=labels)
+        self.blocking = self.families[2].Metric(labels=labels)
         path = os.path.join(
             args["model_repository"], args["model_version"], params.get("onnx_file", "model.onnx")
         )
@@ -161,15 +230,21 @@ class TritonPythonModel:
         spinning = params.get("allow_spinning", "1")
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         providers = self._providers(params, args)
-        session = ort.InferenceSession(path, options, providers=providers)
         wanted = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        device_id = int(args.get("model_instance_device_id", "0") or 0)
+        asleep = wanted == "CUDAExecutionProvider" and params.get("cuda_blocking_sync") == "1"
+        if asleep and (why := blocking_sync(device_id)):
+            pb_utils.Logger.log_warn(f"CUDA context not set to blocking sync, {why}: a thread "
+                                     "waiting for the GPU spins on a core")  # fmt: skip
+        session = ort.InferenceSession(path, options, providers=providers)
         if session.get_providers()[0] != wanted:
             # ORT falls back to the CPU silently when the CUDA EP cannot load (no onnxruntime-gpu,
             # a CUDA or cuDNN library missing): a GPU profile must not serve from the CPU
             active = session.get_providers()
             raise RuntimeError(f"{wanted} did not load (ONNX Runtime runs {active})")
         if wanted == "CUDAExecutionProvider":
-            self._page_lock(int(args.get("model_instance_device_id", "0") or 0))
+            self._page_lock(device_id)
+            self._report_sync(device_id)
         self.session, self.binding = session, session.io_binding()
         self.run = self._onnxruntime
 
@@ -186,6 +261,17 @@ class TritonPythonModel:
         self.always_gather = True
         self.pinned.set(1)
         pb_utils.Logger.log_info(f"{self.input_name} batch buffer page-locked ({size})")
+
+    def _report_sync(self, device_id):
+        """How the context ORT runs in waits for the GPU: the metric, and a line in the log."""
+        flags, why = sync_flags(device_id)
+        if flags is None:
+            pb_utils.Logger.log_warn(f"CUDA context scheduling unknown: {why}")
+            return
+        asleep = flags == BLOCKING_SYNC
+        self.blocking.set(1 if asleep else 0)
+        how = "blocking sync" if asleep else "not blocking: a wait for the GPU may spin"
+        pb_utils.Logger.log_info(f"CUDA context scheduling flags {flags:#x} ({how})")
 
     @staticmethod
     def _providers(params, args):

@@ -164,6 +164,12 @@ def test_cuda_profile_on_the_python_backend_runs_the_fp16_graph_on_the_cuda_ep(
     assert config.parameters["execution_provider"].string_value == "cuda"
     assert config.parameters["cudnn_conv_algo_search"].string_value == "HEURISTIC"
     assert config.parameters["enable_cuda_graph"].string_value == "0"
+    # waits for the GPU asleep, idle ORT threads not spinning: the host's cores decode
+    assert config.parameters["cuda_blocking_sync"].string_value == "1"
+    assert config.parameters["allow_spinning"].string_value == "0"
+    spinning = settings.model_copy(update={"cuda_blocking_sync": False})
+    assert parse(render_config(spinning, 224, 512)).parameters[
+        "cuda_blocking_sync"].string_value == "0"  # fmt: skip
     assert not config.optimization.execution_accelerators.gpu_execution_accelerator
     assert [w.batch_size for w in config.model_warmup] == [1, 4, 8, 16, 32]  # a GPU profile's
     model_dir = render(settings, exported_stub, tmp_path / "repo") / TRITON_MODEL_NAME
