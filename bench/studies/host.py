@@ -83,6 +83,9 @@ class Sweep:
     #: its batch (the engine phase's; the null model's is always 32) and length.
     calibration_batch: int = 32
     calibration_seconds: float = 4.0
+    #: Beside each CPU-wall row: decode-only of the same uploads in as many processes as the
+    #: row has workers, at once, on the row's CPUs, for this many CPU-seconds each.
+    decode_seconds: float = 2.0
 
 
 FULL = Sweep()
@@ -98,6 +101,7 @@ SMOKE = Sweep(
     ceiling_seconds=0.5,
     max_batch_size=32,
     calibration_batch=8,  # the CPU engine takes seconds per batch of 32
+    decode_seconds=0.3,
     calibration_seconds=1.5,
 )
 
@@ -194,6 +198,40 @@ def drive(
             for stage in SERVER_STAGES
         }
     return row
+
+
+def _decode_command(seconds: float) -> list[str]:
+    return [sys.executable, "-m", "bench.harness.child", "host", "decode", str(seconds)]
+
+
+def decode_alongside(cpus: tuple[int, ...], processes: int, seconds: float) -> dict[str, Any]:
+    """Decode-only (libjpeg-turbo, the uploads the load sends, whole) in ``processes``
+    processes at once, each pinned to one of ``cpus`` (unpinned when there are none), for
+    ``seconds`` of CPU each: what the machine itself makes of one decode as the CPUs around it
+    get busy (clock, caches, memory), with none of the gateway's software."""
+    children = []
+    for i in range(processes):
+        with pinned(cpus[i : i + 1] if cpus else ()):
+            children.append(subprocess.Popen(_decode_command(seconds), cwd=ROOT,
+                                             stdout=subprocess.PIPE, text=True))  # fmt: skip
+    each = [json.loads(child.communicate(timeout=seconds * 20 + 60)[0])["us_per_item"]
+            for child in children]  # fmt: skip
+    return {"decode_only_us_per_item": round(sum(each) / len(each), 1),
+            "decode_only_processes": len(each),
+            "decode_only_spread_us": [round(min(each), 1), round(max(each), 1)]}  # fmt: skip
+
+
+def _decode(seconds: float) -> None:
+    """One decode-only process (``decode_alongside``): its µs per upload on stdout."""
+    import simplejpeg
+
+    from bench.harness.cpu import per_cpu_second_for
+
+    with open(os.environ["BENCH_HOST_UPLOADS"], "rb") as file:
+        images = pickle.load(file)  # written by this study (use_uploads)
+    rate = per_cpu_second_for(lambda data: simplejpeg.decode_jpeg(data, colorspace="RGB"),
+                              images, seconds)  # fmt: skip
+    print(json.dumps({"us_per_item": 1e6 / rate}))
 
 
 def _read(path: str) -> bytes:
@@ -421,6 +459,14 @@ def cpu_wall(
             row |= {"name": name, "workers": workers, "decode_threads": threads,
                     "gateway_cores": len(gateway_cores) or available,
                     "gateway_cpus": list(gateway_cores)}  # fmt: skip
+            # the gateway gone, the same CPUs as busy with decode-only alone: whether what one
+            # image costs grows with the workers in the software or in the machine
+            busy = len(gateway_cores) or min(workers * threads, os.cpu_count() or 1)
+            row |= decode_alongside(gateway_cores, busy, sweep.decode_seconds)
+            if row["gateway_cpu_us_per_item"]:
+                row["gateway_over_decode_only"] = round(
+                    row["gateway_cpu_us_per_item"] / row["decode_only_us_per_item"], 2
+                )
             rows.append(row)
             print(json.dumps({k: row.get(k) for k in ("name", "items_per_s",
                               "gateway_cpu_us_per_item", "triton_cpu_us_per_item",
@@ -430,6 +476,14 @@ def cpu_wall(
         if one and one["items_per_s"]:
             row["speedup_vs_1"] = round(row["items_per_s"] / one["items_per_s"], 2)
             row["efficiency"] = round(row["speedup_vs_1"] / row["gateway_cores"], 2)
+        if one and one["gateway_cpu_us_per_item"] and row["gateway_cpu_us_per_item"]:
+            # per-image CPU against the 1-worker row's: the gateway's, and decode-only's alone
+            row["growth_vs_1"] = {
+                "gateway": round(row["gateway_cpu_us_per_item"] / one["gateway_cpu_us_per_item"]
+                                 - 1, 3),
+                "decode_only": round(row["decode_only_us_per_item"]
+                                     / one["decode_only_us_per_item"] - 1, 3),
+            }  # fmt: skip
     return {"calibration": calibration, "cores_split": asdict(cores), "rows": rows}
 
 
@@ -710,6 +764,18 @@ def _calibration(found: dict[str, Any] | None) -> list[str]:
             f"µs/image: Triton's share {found.get('triton_share')}; {where}.", ""]  # fmt: skip
 
 
+def _growth(rows: list[dict[str, Any]]) -> list[str]:
+    """Per-image CPU against 1 worker's, the gateway's beside decode-only's on the same CPUs."""
+    grown = [r for r in rows if r.get("growth_vs_1") and r["workers"] > 1]
+    if not grown:
+        return []
+    parts = [f"{r['name']}: gateway {r['growth_vs_1']['gateway']:+.1%}, decode-only "
+             f"{r['growth_vs_1']['decode_only']:+.1%}" for r in grown]  # fmt: skip
+    return ["Per-image CPU against 1 worker's (decode-only: as many processes at once on the same "
+            "CPUs, nothing else running; what it grows by is the machine's, not the gateway's): "
+            + "; ".join(parts) + "."]  # fmt: skip
+
+
 def _gateway_stages(ms: dict[str, float] | None) -> str:
     """The gateway's milliseconds per request (Server-Timing): ``decode, Triton call``."""
     return "–" if not ms else ", ".join(f"{ms[stage]:.1f}" for stage in SERVER_STAGES)
@@ -793,14 +859,17 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["## CPU wall: the gateway alone (null model), uploads at batch 32", "",
                   *_calibration(wall.get("calibration")),
                   "| gateway | cores | decode threads/worker | images/s | CPU µs/image | "
+                  "decode-only µs/image, as many at once | gateway ÷ decode-only | "
                   "Triton CPU µs/image (server + stubs) | speed-up vs 1 | per-core efficiency | "
-                  "statuses |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "statuses |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for row in wall["rows"]:
             lines.append(f"| {row['name']} | {row['gateway_cores']} | {row['decode_threads']} | "
                          f"{_cell(row, 'items_per_s')} | {_cell(row, 'gateway_cpu_us_per_item')} | "
+                         f"{_cell(row, 'decode_only_us_per_item', '.1f')} | "
+                         f"{_cell(row, 'gateway_over_decode_only', '.2f')} | "
                          f"{_triton(row)} | {_cell(row, 'speedup_vs_1', '.2f')} | "
                          f"{_cell(row, 'efficiency', '.2f')} | {row['statuses']} |")  # fmt: skip
-        lines.append("")
+        lines += ["", *_growth(wall["rows"]), ""]
     elif wall:
         lines += [f"CPU wall: {wall}", ""]
     for key, found in results.items():
@@ -843,10 +912,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def child(argv: list[str]) -> int:
     """``python -m bench.harness.child host load URL BATCH CLIENTS SECONDS images|texts``: one
-    load process."""
+    load process; ``... host decode SECONDS``: one decode-only process (``decode_alongside``)."""
     if argv[:1] == ["load"]:
         url, batch, concurrency, seconds, kind = argv[1:6]
         asyncio.run(_load(url, int(batch), int(concurrency), float(seconds), kind == "texts"))
+        return 0
+    if argv[:1] == ["decode"] and len(argv) == 2:
+        _decode(float(argv[1]))
         return 0
     print(child.__doc__, file=sys.stderr)
     return 2

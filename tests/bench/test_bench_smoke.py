@@ -5,6 +5,7 @@ each command still produces its whole report, and the verdicts it exits on."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,21 @@ def test_host_smoke(tmp_path: Path) -> None:
         assert row["speedup_vs_1"] > 0 and row["efficiency"] > 0  # per-worker scaling reported
         # Triton's side of the hop beside the gateway's: the server and its Python-backend stubs
         assert row["triton_server_cpu_us_per_item"] > 0 and row["triton_stub_cpu_us_per_item"] > 0
+        # decode-only of the same uploads on as many CPUs at once, the gateway gone: a JPEG's
+        # floor, and what the machine alone adds per image as more CPUs are busy
+        processes = row["decode_only_processes"]
+        assert processes == min(row["workers"] * row["decode_threads"], os.cpu_count() or 1)
+        low, high = row["decode_only_spread_us"]
+        assert 0 < low <= row["decode_only_us_per_item"] <= high
+        ratio = row["gateway_cpu_us_per_item"] / row["decode_only_us_per_item"]
+        assert row["gateway_over_decode_only"] == pytest.approx(ratio, abs=0.01) and ratio > 1
+    growth = rows[1]["growth_vs_1"]
+    assert growth["gateway"] == pytest.approx(
+        rows[1]["gateway_cpu_us_per_item"] / rows[0]["gateway_cpu_us_per_item"] - 1, abs=1e-3
+    )
+    assert growth["decode_only"] == pytest.approx(
+        rows[1]["decode_only_us_per_item"] / rows[0]["decode_only_us_per_item"] - 1, abs=1e-3
+    )
     engine = results["engine:ViT-B-32"]
     assert engine["profile"] == "cpu" and engine["parity"]["image_cos_min"] > 0.9999
     assert engine["parity"]["text_cos_min"] > 0.9999
@@ -107,6 +123,7 @@ def test_host_smoke(tmp_path: Path) -> None:
     assert ceilings["provider"] == "CPUExecutionProvider" and set(ceilings["ort"]) == {"1", "8"}
     report = (out / "host.md").read_text()
     assert "## CPU wall" in report and "## ViT-B-32 through the gateway" in report
+    assert "Per-image CPU against 1 worker's" in report and "gateway ÷ decode-only" in report
     assert "Triton ms/request: all (queue + in/infer/out)" in report
     assert report.count("Calibration (batch") == 2 and "Triton CPU µs/image" in report
     assert (out / "host.png").stat().st_size > 10_000
