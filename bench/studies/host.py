@@ -601,8 +601,9 @@ def parity(url: str, model: str, size: int) -> dict[str, Any]:
 
 
 def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str, Any]:
-    """The served graph alone in ONNX Runtime, and open_clip in torch FP16 on device tensors."""
-    from bench.harness import engine
+    """The served graph alone in ONNX Runtime, and open_clip in torch FP16 on device tensors;
+    once a run, the compact JPEGs' resize as a graph on the same provider (``resize_graph``)."""
+    from bench.harness import engine, resize_graph
     from clip_gateway.export.model import load
     from clip_gateway.model.spec import Weights
 
@@ -620,6 +621,13 @@ def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str,
             lambda feed=feed, s=session: s.run(None, feed), batch, sweep.ceiling_seconds
         )
     session = None  # its GPU memory back before torch takes the device
+    if size == resize_graph.SIZE and model == sweep.models[0]:  # once a run: the model's input
+        try:
+            found["resize_in_graph"] = resize_graph.measure(
+                provider, tuple(b for b in sweep.ceiling_batches if b >= 8), sweep.ceiling_seconds
+            )
+        except Exception as exc:  # e.g. a Resize the CUDA EP cannot run: said, not fatal
+            found["resize_in_graph"] = {"provider": provider, "error": repr(exc)}
     if gpu:
         loaded = load(model, Weights.random(0))
         found["torch_fp16"] = engine.torch_fp16(
@@ -764,6 +772,23 @@ def _calibration(found: dict[str, Any] | None) -> list[str]:
             f"µs/image: Triton's share {found.get('triton_share')}; {where}.", ""]  # fmt: skip
 
 
+def _resize_in_graph(found: dict[str, Any] | None) -> list[str]:
+    """The compact JPEGs' resize as a graph on the provider, beside Pillow on this CPU."""
+    if not found:
+        return []
+    where = f"ONNX `Resize` on {found['provider']}"
+    if "error" in found:
+        return ["", f"The 256 → 224 px resize in the graph ({where}) failed: `{found['error']}`"]
+    rates = "; ".join(f"batch {b}: {r['items_per_s']:,.0f} images/s, "
+                      f"{r['cpu_us_per_image']:,.0f} µs of this process's CPU per image"
+                      for b, r in found["graph"].items())  # fmt: skip
+    close = found["vs_pillow"]
+    return ["", f"The 256 → 224 px resize in the graph ({where}, output left on the device): "
+            f"{rates}. Pillow on this CPU: {found['pillow_cpu_us_per_image']:,.0f} µs per image. "
+            f"Against Pillow's output: mean {close['mean_abs_levels']} levels, max "
+            f"{close['max_levels']}, {close['identical']:.0%} of values identical."]  # fmt: skip
+
+
 def _growth(rows: list[dict[str, Any]]) -> list[str]:
     """Per-image CPU against 1 worker's, the gateway's beside decode-only's on the same CPUs."""
     grown = [r for r in rows if r.get("growth_vs_1") and r["workers"] > 1]
@@ -835,6 +860,7 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
             lines.append(f"open_clip in torch FP16 on device tensors: {rates}.")
     elif ceiling:
         lines += ["", f"Ceilings failed: `{ceiling['error']}`"]
+    lines += _resize_in_graph(ceiling.get("resize_in_graph"))
     best = max(found["images"], key=lambda r: r.get("items_per_s") or 0, default=None)
     alone = (ceiling.get("ort") or {}).get(str(best["batch"])) if best else None
     if best and alone:

@@ -121,9 +121,14 @@ def test_host_smoke(tmp_path: Path) -> None:
     assert topology["physical_cores"] >= 1 and "smt_siblings" in topology
     ceilings = results["ceilings:ViT-B-32"]
     assert ceilings["provider"] == "CPUExecutionProvider" and set(ceilings["ort"]) == {"1", "8"}
+    # the compact JPEGs' resize as a graph on the same provider, beside Pillow on this CPU
+    resize = ceilings["resize_in_graph"]
+    assert resize["provider"] == "CPUExecutionProvider" and set(resize["graph"]) == {"8"}
+    assert resize["vs_pillow"]["mean_abs_levels"] < 0.5 and resize["pillow_cpu_us_per_image"] > 0
     report = (out / "host.md").read_text()
     assert "## CPU wall" in report and "## ViT-B-32 through the gateway" in report
     assert "Per-image CPU against 1 worker's" in report and "gateway ÷ decode-only" in report
+    assert "The 256 → 224 px resize in the graph (ONNX `Resize` on CPUExecutionProvider" in report
     assert "Triton ms/request: all (queue + in/infer/out)" in report
     assert report.count("Calibration (batch") == 2 and "Triton CPU µs/image" in report
     assert (out / "host.png").stat().st_size > 10_000
