@@ -624,7 +624,9 @@ def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str,
     if size == resize_graph.SIZE and model == sweep.models[0]:  # once a run: the model's input
         try:
             found["resize_in_graph"] = resize_graph.measure(
-                provider, sweep.ceiling_batches[-2:], sweep.ceiling_seconds  # the two largest
+                provider,
+                sweep.ceiling_batches[-2:],
+                sweep.ceiling_seconds,  # the two largest
             )
         except Exception as exc:  # e.g. a Resize the CUDA EP cannot run: said, not fatal
             found["resize_in_graph"] = {"provider": provider, "error": repr(exc)}
