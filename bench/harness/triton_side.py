@@ -29,7 +29,6 @@ COUNTERS = ("nv_inference_count", "nv_inference_exec_count", "nv_inference_reque
 PINNED = "clip_batch_buffer_pinned"
 #: triton/python/model.py's: 1 when the CUDA EP's context waits for the GPU asleep (blocking sync).
 BLOCKING = "clip_cuda_blocking_sync"
-#: Gauges read as the smallest instance's value: 1 only if every instance says so.
 GAUGES = (PINNED, BLOCKING)
 
 

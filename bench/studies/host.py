@@ -49,9 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import simplejpeg
 
 from bench.harness import study
 from bench.harness.cores import Cores, Topology, pin_tree, pinned, triton_share
+from bench.harness.cpu import per_cpu_second_for
 from bench.harness.output import figure, write_results
 from bench.harness.triton_side import TritonSide
 
@@ -83,8 +85,7 @@ class Sweep:
     #: its batch (the engine phase's; the null model's is always 32) and length.
     calibration_batch: int = 32
     calibration_seconds: float = 4.0
-    #: Beside each CPU-wall row: decode-only of the same uploads in as many processes as the
-    #: row has workers, at once, on the row's CPUs, for this many CPU-seconds each.
+    #: CPU-seconds of each decode-only process beside a CPU-wall row (``decode_alongside``).
     decode_seconds: float = 2.0
 
 
@@ -200,38 +201,18 @@ def drive(
     return row
 
 
-def _decode_command(seconds: float) -> list[str]:
-    return [sys.executable, "-m", "bench.harness.child", "host", "decode", str(seconds)]
-
-
 def decode_alongside(cpus: tuple[int, ...], processes: int, seconds: float) -> dict[str, Any]:
-    """Decode-only (libjpeg-turbo, the uploads the load sends, whole) in ``processes``
-    processes at once, each pinned to one of ``cpus`` (unpinned when there are none), for
-    ``seconds`` of CPU each: what the machine itself makes of one decode as the CPUs around it
-    get busy (clock, caches, memory), with none of the gateway's software."""
+    """Decode-only of the uploads in ``processes`` processes at once on ``cpus``: what a decode
+    costs the machine itself as its CPUs get busy (clock, caches, memory), with no gateway: the
+    machine's share of a CPU-wall row's per-image growth with workers."""
+    command = [sys.executable, "-m", "bench.harness.child", "host", "decode", str(seconds)]
     children = []
     for i in range(processes):
-        with pinned(cpus[i : i + 1] if cpus else ()):
-            children.append(subprocess.Popen(_decode_command(seconds), cwd=ROOT,
-                                             stdout=subprocess.PIPE, text=True))  # fmt: skip
-    each = [json.loads(child.communicate(timeout=seconds * 20 + 60)[0])["us_per_item"]
-            for child in children]  # fmt: skip
-    return {"decode_only_us_per_item": round(sum(each) / len(each), 1),
-            "decode_only_processes": len(each),
-            "decode_only_spread_us": [round(min(each), 1), round(max(each), 1)]}  # fmt: skip
-
-
-def _decode(seconds: float) -> None:
-    """One decode-only process (``decode_alongside``): its µs per upload on stdout."""
-    import simplejpeg
-
-    from bench.harness.cpu import per_cpu_second_for
-
-    with open(os.environ["BENCH_HOST_UPLOADS"], "rb") as file:
-        images = pickle.load(file)  # written by this study (use_uploads)
-    rate = per_cpu_second_for(lambda data: simplejpeg.decode_jpeg(data, colorspace="RGB"),
-                              images, seconds)  # fmt: skip
-    print(json.dumps({"us_per_item": 1e6 / rate}))
+        with pinned(cpus[i : i + 1]):
+            children.append(subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True))
+    each = [float(child.communicate(timeout=20 * seconds + 60)[0]) for child in children]
+    mean = round(sum(each) / len(each), 1)
+    return {"decode_only_us_per_item": mean, "decode_only_processes": len(each)}
 
 
 def _read(path: str) -> bytes:
@@ -459,14 +440,8 @@ def cpu_wall(
             row |= {"name": name, "workers": workers, "decode_threads": threads,
                     "gateway_cores": len(gateway_cores) or available,
                     "gateway_cpus": list(gateway_cores)}  # fmt: skip
-            # the gateway gone, the same CPUs as busy with decode-only alone: whether what one
-            # image costs grows with the workers in the software or in the machine
             busy = len(gateway_cores) or min(workers * threads, os.cpu_count() or 1)
             row |= decode_alongside(gateway_cores, busy, sweep.decode_seconds)
-            if row["gateway_cpu_us_per_item"]:
-                row["gateway_over_decode_only"] = round(
-                    row["gateway_cpu_us_per_item"] / row["decode_only_us_per_item"], 2
-                )
             rows.append(row)
             print(json.dumps({k: row.get(k) for k in ("name", "items_per_s",
                               "gateway_cpu_us_per_item", "triton_cpu_us_per_item",
@@ -476,14 +451,9 @@ def cpu_wall(
         if one and one["items_per_s"]:
             row["speedup_vs_1"] = round(row["items_per_s"] / one["items_per_s"], 2)
             row["efficiency"] = round(row["speedup_vs_1"] / row["gateway_cores"], 2)
-        if one and one["gateway_cpu_us_per_item"] and row["gateway_cpu_us_per_item"]:
-            # per-image CPU against the 1-worker row's: the gateway's, and decode-only's alone
-            row["growth_vs_1"] = {
-                "gateway": round(row["gateway_cpu_us_per_item"] / one["gateway_cpu_us_per_item"]
-                                 - 1, 3),
-                "decode_only": round(row["decode_only_us_per_item"]
-                                     / one["decode_only_us_per_item"] - 1, 3),
-            }  # fmt: skip
+        if one and row["gateway_cpu_us_per_item"]:  # per-image CPU against 1 worker's
+            keys = ("gateway_cpu_us_per_item", "decode_only_us_per_item")
+            row["growth_vs_1"] = {key: round(row[key] / one[key] - 1, 3) for key in keys}
     return {"calibration": calibration, "cores_split": asdict(cores), "rows": rows}
 
 
@@ -601,9 +571,8 @@ def parity(url: str, model: str, size: int) -> dict[str, Any]:
 
 
 def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str, Any]:
-    """The served graph alone in ONNX Runtime, and open_clip in torch FP16 on device tensors;
-    once a run, the compact JPEGs' resize as a graph on the same provider (``resize_graph``)."""
-    from bench.harness import engine, resize_graph
+    """The served graph alone in ONNX Runtime, and open_clip in torch FP16 on device tensors."""
+    from bench.harness import engine
     from clip_gateway.export.model import load
     from clip_gateway.model.spec import Weights
 
@@ -621,15 +590,6 @@ def ceilings(model: str, sweep: Sweep, export_dir: Path, gpu: bool) -> dict[str,
             lambda feed=feed, s=session: s.run(None, feed), batch, sweep.ceiling_seconds
         )
     session = None  # its GPU memory back before torch takes the device
-    if size == resize_graph.SIZE and model == sweep.models[0]:  # once a run: the model's input
-        try:
-            found["resize_in_graph"] = resize_graph.measure(
-                provider,
-                sweep.ceiling_batches[-2:],
-                sweep.ceiling_seconds,  # the two largest
-            )
-        except Exception as exc:  # e.g. a Resize the CUDA EP cannot run: said, not fatal
-            found["resize_in_graph"] = {"provider": provider, "error": repr(exc)}
     if gpu:
         loaded = load(model, Weights.random(0))
         found["torch_fp16"] = engine.torch_fp16(
@@ -774,33 +734,12 @@ def _calibration(found: dict[str, Any] | None) -> list[str]:
             f"µs/image: Triton's share {found.get('triton_share')}; {where}.", ""]  # fmt: skip
 
 
-def _resize_in_graph(found: dict[str, Any] | None) -> list[str]:
-    """The compact JPEGs' resize as a graph on the provider, beside Pillow on this CPU."""
-    if not found:
-        return []
-    where = f"ONNX `Resize` on {found['provider']}"
-    if "error" in found:
-        return ["", f"The 256 → 224 px resize in the graph ({where}) failed: `{found['error']}`"]
-    rates = "; ".join(f"batch {b}: {r['items_per_s']:,.0f} images/s, "
-                      f"{r['cpu_us_per_image']:,.0f} µs of this process's CPU per image"
-                      for b, r in found["graph"].items())  # fmt: skip
-    close = found["vs_pillow"]
-    return ["", f"The 256 → 224 px resize in the graph ({where}, output left on the device): "
-            f"{rates}. Pillow on this CPU: {found['pillow_cpu_us_per_image']:,.0f} µs per image. "
-            f"Against Pillow's output: mean {close['mean_abs_levels']} levels, max "
-            f"{close['max_levels']}, {close['identical']:.0%} of values identical."]  # fmt: skip
-
-
 def _growth(rows: list[dict[str, Any]]) -> list[str]:
-    """Per-image CPU against 1 worker's, the gateway's beside decode-only's on the same CPUs."""
-    grown = [r for r in rows if r.get("growth_vs_1") and r["workers"] > 1]
-    if not grown:
-        return []
-    parts = [f"{r['name']}: gateway {r['growth_vs_1']['gateway']:+.1%}, decode-only "
-             f"{r['growth_vs_1']['decode_only']:+.1%}" for r in grown]  # fmt: skip
-    return ["Per-image CPU against 1 worker's (decode-only: as many processes at once on the same "
-            "CPUs, nothing else running; what it grows by is the machine's, not the gateway's): "
-            + "; ".join(parts) + "."]  # fmt: skip
+    parts = "; ".join(f"{r['name']}: gateway {r['growth_vs_1']['gateway_cpu_us_per_item']:+.1%}, "
+                      f"decode-only {r['growth_vs_1']['decode_only_us_per_item']:+.1%}"
+                      for r in rows if r.get("growth_vs_1") and r["workers"] > 1)  # fmt: skip
+    return [f"Per-image CPU against 1 worker's (decode-only on the same CPUs at once: the "
+            f"machine's own growth): {parts}."] if parts else []  # fmt: skip
 
 
 def _gateway_stages(ms: dict[str, float] | None) -> str:
@@ -844,11 +783,8 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
     pinned = {row.get("triton_buffer_pinned") for row in found["images"]} - {None}
     if pinned:
         lines.append(f"\nmodel.py's batch buffer page-locked: {sorted(pinned)}.")
-    asleep = {row.get("triton_blocking_sync") for row in found["images"]} - {None}
-    if asleep:
-        lines.append(
-            f"\nThe CUDA EP's context waits for the GPU asleep (blocking sync): {sorted(asleep)}."
-        )
+    if asleep := {row.get("triton_blocking_sync") for row in found["images"]} - {None}:
+        lines.append(f"\nThe CUDA context waits for the GPU asleep: {sorted(asleep)}.")
     for row in found.get("texts", []):
         lines.append(f"\nTexts, batch 32 x {row['concurrency']} clients: "
                      f"{_cell(row, 'items_per_s')} texts/s, p50 {_cell(row, 'p50_ms', '.1f')} "
@@ -862,7 +798,6 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
             lines.append(f"open_clip in torch FP16 on device tensors: {rates}.")
     elif ceiling:
         lines += ["", f"Ceilings failed: `{ceiling['error']}`"]
-    lines += _resize_in_graph(ceiling.get("resize_in_graph"))
     best = max(found["images"], key=lambda r: r.get("items_per_s") or 0, default=None)
     alone = (ceiling.get("ort") or {}).get(str(best["batch"])) if best else None
     if best and alone:
@@ -894,7 +829,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {row['name']} | {row['gateway_cores']} | {row['decode_threads']} | "
                          f"{_cell(row, 'items_per_s')} | {_cell(row, 'gateway_cpu_us_per_item')} | "
                          f"{_cell(row, 'decode_only_us_per_item', '.1f')} | "
-                         f"{_cell(row, 'gateway_over_decode_only', '.2f')} | "
+                         f"{row['gateway_cpu_us_per_item'] / row['decode_only_us_per_item']:.2f} | "
                          f"{_triton(row)} | {_cell(row, 'speedup_vs_1', '.2f')} | "
                          f"{_cell(row, 'efficiency', '.2f')} | {row['statuses']} |")  # fmt: skip
         lines += ["", *_growth(wall["rows"]), ""]
@@ -945,8 +880,9 @@ def child(argv: list[str]) -> int:
         url, batch, concurrency, seconds, kind = argv[1:6]
         asyncio.run(_load(url, int(batch), int(concurrency), float(seconds), kind == "texts"))
         return 0
-    if argv[:1] == ["decode"] and len(argv) == 2:
-        _decode(float(argv[1]))
+    if argv[:1] == ["decode"] and len(argv) == 2:  # decode_alongside's: µs per upload
+        images = pickle.loads(Path(os.environ["BENCH_HOST_UPLOADS"]).read_bytes())  # use_uploads
+        print(1e6 / per_cpu_second_for(simplejpeg.decode_jpeg, images, float(argv[1])))
         return 0
     print(child.__doc__, file=sys.stderr)
     return 2

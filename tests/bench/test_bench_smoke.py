@@ -78,17 +78,10 @@ def test_host_smoke(tmp_path: Path) -> None:
         # floor, and what the machine alone adds per image as more CPUs are busy
         processes = row["decode_only_processes"]
         assert processes == min(row["workers"] * row["decode_threads"], os.cpu_count() or 1)
-        low, high = row["decode_only_spread_us"]
-        assert 0 < low <= row["decode_only_us_per_item"] <= high
-        ratio = row["gateway_cpu_us_per_item"] / row["decode_only_us_per_item"]
-        assert row["gateway_over_decode_only"] == pytest.approx(ratio, abs=0.01) and ratio > 1
-    growth = rows[1]["growth_vs_1"]
-    assert growth["gateway"] == pytest.approx(
-        rows[1]["gateway_cpu_us_per_item"] / rows[0]["gateway_cpu_us_per_item"] - 1, abs=1e-3
-    )
-    assert growth["decode_only"] == pytest.approx(
-        rows[1]["decode_only_us_per_item"] / rows[0]["decode_only_us_per_item"] - 1, abs=1e-3
-    )
+        assert 0 < row["decode_only_us_per_item"] < row["gateway_cpu_us_per_item"]
+    one, two = rows[0], rows[1]
+    for key in ("gateway_cpu_us_per_item", "decode_only_us_per_item"):
+        assert two["growth_vs_1"][key] == pytest.approx(two[key] / one[key] - 1, abs=1e-3)
     engine = results["engine:ViT-B-32"]
     assert engine["profile"] == "cpu" and engine["parity"]["image_cos_min"] > 0.9999
     assert engine["parity"]["text_cos_min"] > 0.9999
@@ -121,14 +114,9 @@ def test_host_smoke(tmp_path: Path) -> None:
     assert topology["physical_cores"] >= 1 and "smt_siblings" in topology
     ceilings = results["ceilings:ViT-B-32"]
     assert ceilings["provider"] == "CPUExecutionProvider" and set(ceilings["ort"]) == {"1", "8"}
-    # the compact JPEGs' resize as a graph on the same provider, beside Pillow on this CPU
-    resize = ceilings["resize_in_graph"]
-    assert resize["provider"] == "CPUExecutionProvider" and set(resize["graph"]) == {"1", "8"}
-    assert resize["vs_pillow"]["mean_abs_levels"] < 0.5 and resize["pillow_cpu_us_per_image"] > 0
     report = (out / "host.md").read_text()
     assert "## CPU wall" in report and "## ViT-B-32 through the gateway" in report
     assert "Per-image CPU against 1 worker's" in report and "gateway ÷ decode-only" in report
-    assert "The 256 → 224 px resize in the graph (ONNX `Resize` on CPUExecutionProvider" in report
     assert "Triton ms/request: all (queue + in/infer/out)" in report
     assert report.count("Calibration (batch") == 2 and "Triton CPU µs/image" in report
     assert (out / "host.png").stat().st_size > 10_000
