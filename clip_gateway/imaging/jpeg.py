@@ -371,11 +371,14 @@ def decode(
     rgbx: bool = False,
     long_side: bool = False,
     full_size: bool = False,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """RGB uint8 ``[h, w, 3]`` (``[h, w, 4]`` RGBX with ``rgbx``, the layout Pillow keeps RGB
     in, so it can use the array without a copy) at the power-of-two scale whose short side
     (``long_side``: long side) is still >= target (from the DC-only stream when the walk made
-    one), or every pixel with ``full_size``. CMYK and YCCK become RGB."""
+    one), or every pixel with ``full_size``. CMYK and YCCK become RGB. ``out``: a C-contiguous
+    array to decode into (what is returned is a view of its first bytes); too small for the
+    image, a ``JpegError``."""
     divisor = 1 if full_size else scale_divisor(layout.width, layout.height, target,
                                                 long_side=long_side)  # fmt: skip
     # Asking for ceil(size/divisor) makes libjpeg pick exactly 1/divisor: the next smaller n/8
@@ -384,11 +387,11 @@ def decode(
     colorspace = "RGBX" if rgbx else "RGB"
     if layout.dc_only is not None:
         try:
-            return _decode(layout.dc_only, min_height, min_width, colorspace)
+            return _decode(layout.dc_only, min_height, min_width, colorspace, out)
         except ValueError:
             pass  # something our cut could not express: let the full stream decide
     try:
-        return _decode(data, min_height, min_width, colorspace)
+        return _decode(data, min_height, min_width, colorspace, out)
     except ValueError as exc:
         raise JpegError(f"corrupt or truncated JPEG: {exc}") from exc
 
@@ -408,7 +411,9 @@ def decode_scaled(
     return decode(data, layout, target, long_side=long_side)
 
 
-def _decode(data: bytes, min_height: int, min_width: int, colorspace: str) -> np.ndarray:
+def _decode(
+    data: bytes, min_height: int, min_width: int, colorspace: str, out: np.ndarray | None = None
+) -> np.ndarray:
     return simplejpeg.decode_jpeg(  # type: ignore[no-any-return]
-        data, colorspace=colorspace, min_height=min_height, min_width=min_width
+        data, colorspace=colorspace, min_height=min_height, min_width=min_width, buffer=out
     )

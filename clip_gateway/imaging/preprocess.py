@@ -164,7 +164,13 @@ def preprocess(
         pixels = _rgb(resized)
     elif kind == "jpeg":
         # already the size open_clip's resize makes (the client's uploads are): no resampling,
-        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below
+        # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below, or,
+        # when the whole upright image is the model's input (the client's centre squares),
+        # decoded straight into ``out``
+        if (turn == 1 and crop == (0, 0, *source.size) and (rows, cols) == out.shape[:2]
+                and out.flags.c_contiguous):  # fmt: skip
+            source.into(out)
+            return info
         pixels = source.crop(crop)
     else:  # the whole image as it is (RGBX stays RGBX: _rgb packs it), or a part of it
         pixels = _rgb(image if crop == (0, 0, *image.size) else image.crop(crop))
@@ -261,18 +267,32 @@ class _Jpeg:
         return Image.frombuffer("RGBX", (width, height), rgbx, "raw", "RGBX", 0, 1)
 
     def crop(self, box: tuple[int, int, int, int]) -> np.ndarray:
-        """``box`` (left, top, right, bottom) of the decoded image, packed RGB (a view). Even an
-        image that is the model's input already is decoded into an array of its own and copied:
-        libjpeg's row stores into a batch row that is cold in the cache cost more (~45 us a
-        224-px image here) than decoding into a recycled, cache-hot array and one copy."""
-        rgb = self._decode(rgbx=False)
+        """``box`` (left, top, right, bottom) of the decoded image, packed RGB (a view)."""
+        rgb = self._checked(self._decode(rgbx=False))
+        left, top, right, bottom = box
+        return rgb[top:bottom, left:right]
+
+    def into(self, out: np.ndarray) -> None:
+        """The whole decoded image, packed RGB, written into ``out`` (C-contiguous, its shape)
+        by libjpeg itself: no array of its own, no copy. In the gateway's decode thread this
+        cost ~12 % less CPU per 224-px square than a decode and a copy (the copy's own time,
+        and one fewer wait for the GIL the event loop holds), and in a loop over a batch larger
+        than the caches, too (185 against 190 us here). A decode that fails part-way leaves
+        ``out`` part-written: the caller's item is then an error, its row not used."""
+        try:
+            rgb = jpeg.decode(self.data, self.layout, self.target, long_side=self.long_side,
+                              full_size=self.full_size, out=out)  # fmt: skip
+        except jpeg.JpegError as exc:
+            raise InvalidImage(str(exc)) from exc
+        self._checked(rgb)
+
+    def _checked(self, rgb: np.ndarray) -> np.ndarray:
         if rgb.shape[:2] != (self.size[1], self.size[0]):  # libjpeg scales as the header says
             raise InvalidImage(
                 f"JPEG decoded to {rgb.shape[1]}x{rgb.shape[0]}, not the "
                 f"{self.size[0]}x{self.size[1]} its header gives at this scale"
             )
-        left, top, right, bottom = box
-        return rgb[top:bottom, left:right]
+        return rgb
 
 
 def _jpeg(

@@ -435,6 +435,63 @@ def test_a_jpeg_that_needs_resampling_still_goes_through_pillow() -> None:
     assert called == [True]
 
 
+def _fail(self: object, *args: object) -> np.ndarray:
+    raise AssertionError("decoded into an array of its own")
+
+
+@pytest.mark.parametrize("progressive", [False, True], ids=["baseline", "progressive"])
+def test_a_centre_square_of_the_input_size_is_decoded_straight_into_the_batch_row(
+    progressive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's uploads (the centre square, 224 px, upright): libjpeg writes the batch row
+    itself, and the row holds exactly what the decode-and-copy path puts there."""
+    data = jpeg_bytes(photo(224, 224, seed=3), 85, progressive=progressive)
+    expected = jpeg.decode(data, jpeg.walk(data, max_scans=16, dc_only_for=None), 224)
+    batch = np.zeros((3, 224, 224, 3), np.uint8)
+    monkeypatch.setattr(images._Jpeg, "crop", _fail)
+    images.preprocess(data, batch[1], OPTIONS)
+    np.testing.assert_array_equal(batch[1], expected)
+    assert not batch[0].any() and not batch[2].any()  # its neighbours untouched
+
+
+def test_a_row_libjpeg_cannot_write_whole_takes_the_copy() -> None:
+    """A strided ``out`` (not one C-contiguous block) gets the same pixels through the copy."""
+    data = jpeg_bytes(photo(224, 224, seed=4), 85)
+    expected = run(data)
+    wide = np.zeros((224, 448, 3), np.uint8)
+    images.preprocess(data, wide[:, ::2], OPTIONS)
+    np.testing.assert_array_equal(wide[:, ::2], expected)
+    assert not wide[:, 1::2].any()
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9])
+def test_a_truncated_square_written_into_its_row_is_refused(cut: float) -> None:
+    data = jpeg_bytes(photo(224, 224, seed=5), 85)
+    with pytest.raises(InvalidImage) as raised:
+        run(data[: int(len(data) * cut)])
+    assert raised.value.reason.startswith("corrupt or truncated JPEG")
+
+
+def test_a_square_that_decodes_to_another_size_than_walked_is_refused() -> None:
+    """Bytes whose decode is not the size their walked header says (a larger one would not
+    fit the row; a smaller one would leave part of it stale): refused either way."""
+    data = jpeg_bytes(photo(224, 224, seed=6), 85)
+    big = jpeg_bytes(photo(320, 320, seed=6), 85)
+    layout = jpeg.walk(data, max_scans=8)
+    square = images._Jpeg(big, layout, 224, False, False, (224, 224))
+    out = np.zeros((224, 224, 3), np.uint8)
+    with pytest.raises(InvalidImage) as raised:
+        square.into(out)
+    assert "buffer is too small" in raised.value.reason
+    assert not out.any()  # simplejpeg checks the size before libjpeg writes a row
+    small = jpeg_bytes(photo(200, 200, seed=6), 85)
+    with pytest.raises(InvalidImage) as raised:
+        images._Jpeg(small, layout, 224, False, False, (224, 224)).into(out)
+    assert raised.value.reason == (
+        "JPEG decoded to 200x200, not the 224x224 its header gives at this scale"
+    )
+
+
 def immich(
     data: bytes,
     interpolation: images.Interpolation = "bicubic",
