@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import io
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -102,6 +102,10 @@ class Decoded:
     encoded_bytes: int
     #: The decode price admission charged for it (imaging/work.py): what it learns against.
     work: work.Work = field(default=work.REFUSED, compare=False)
+    #: A JPEG that was the model's input as it is (the client's centre squares): whether
+    #: libjpeg wrote its batch row (``into``) or decoded into an array of its own, then copied
+    #: (``copy``); None for every other image.
+    row: Literal["into", "copy"] | None = field(default=None, compare=False)
 
 
 #: The formats decoded here (the client converts the others before upload).
@@ -122,11 +126,18 @@ def sniff(data: bytes) -> str:
 
 
 def preprocess(
-    data: bytes, out: np.ndarray, options: DecodeOptions, priced: work.Work | None = None
+    data: bytes,
+    out: np.ndarray,
+    options: DecodeOptions,
+    priced: work.Work | None = None,
+    *,
+    into_row: bool = True,
 ) -> Decoded:
     """Decode ``data`` and write the model's input into ``out`` (``[S, S, 3]`` uint8).
     ``priced``: the price admission gave these bytes under ``options.plan``; a JPEG walked whole
-    for it is not walked again."""
+    for it is not walked again. ``into_row``: a JPEG whose whole upright image is the model's
+    input is decoded straight into ``out`` (else into an array of its own, then copied: which
+    costs less depends on the CPU, pipeline/batching.py ``RowWrites``)."""
     if not data:
         raise InvalidImage("empty image (0 bytes)")
     if len(data) > options.max_bytes:
@@ -167,10 +178,11 @@ def preprocess(
         # no Pillow; decoded as packed RGB and cropped by the one copy into ``out`` below, or,
         # when the whole upright image is the model's input (the client's centre squares),
         # decoded straight into ``out``
-        if (turn == 1 and crop == (0, 0, *source.size) and (rows, cols) == out.shape[:2]
-                and out.flags.c_contiguous):  # fmt: skip
-            source.into(out)
-            return info
+        if turn == 1 and crop == (0, 0, *source.size) and (rows, cols) == out.shape[:2]:
+            if into_row and out.flags.c_contiguous:
+                source.into(out)
+                return replace(info, row="into")
+            info = replace(info, row="copy")
         pixels = source.crop(crop)
     else:  # the whole image as it is (RGBX stays RGBX: _rgb packs it), or a part of it
         pixels = _rgb(image if crop == (0, 0, *image.size) else image.crop(crop))
@@ -274,10 +286,7 @@ class _Jpeg:
 
     def into(self, out: np.ndarray) -> None:
         """The whole decoded image, packed RGB, written into ``out`` (C-contiguous, its shape)
-        by libjpeg itself: no array of its own, no copy. In the gateway's decode thread this
-        cost ~12 % less CPU per 224-px square than a decode and a copy (the copy's own time,
-        and one fewer wait for the GIL the event loop holds), and in a loop over a batch larger
-        than the caches, too (185 against 190 us here). A decode that fails part-way leaves
+        by libjpeg itself: no array of its own, no copy. A decode that fails part-way leaves
         ``out`` part-written: the caller's item is then an error, its row not used."""
         try:
             rgb = jpeg.decode(self.data, self.layout, self.target, long_side=self.long_side,

@@ -120,9 +120,9 @@ def test_a_started_gateway_has_warmed_each_decode_thread_before_its_first_reques
 
     done: list[tuple[str, bytes]] = []
 
-    def counted(data: bytes, *args: object) -> object:
+    def counted(data: bytes, *args: object, **kwargs: bool) -> object:
         done.append((threading.current_thread().name, data))
-        return preprocess(data, *args)  # type: ignore[arg-type]
+        return preprocess(data, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(batching, "preprocess", counted)
     with TestClient(create_app(settings, lambda *_: fake)) as client:

@@ -449,9 +449,32 @@ def test_a_centre_square_of_the_input_size_is_decoded_straight_into_the_batch_ro
     expected = jpeg.decode(data, jpeg.walk(data, max_scans=16, dc_only_for=None), 224)
     batch = np.zeros((3, 224, 224, 3), np.uint8)
     monkeypatch.setattr(images._Jpeg, "crop", _fail)
-    images.preprocess(data, batch[1], OPTIONS)
+    assert images.preprocess(data, batch[1], OPTIONS).row == "into"
     np.testing.assert_array_equal(batch[1], expected)
     assert not batch[0].any() and not batch[2].any()  # its neighbours untouched
+
+
+def test_a_centre_square_can_be_decoded_and_copied_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``into_row=False``: the same pixels through an array of its own (the copy)."""
+    data = jpeg_bytes(photo(224, 224, seed=3), 85)
+    expected = run(data)
+    monkeypatch.setattr(images._Jpeg, "into", _fail)
+    out = np.zeros((224, 224, 3), np.uint8)
+    assert images.preprocess(data, out, OPTIONS, into_row=False).row == "copy"
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [samples.compact(0), jpeg_bytes(photo(298, 224, seed=1), 85), samples.png(0),
+     jpeg_bytes(photo(224, 224, seed=2), 85, orientation=6)],
+    ids=["resized", "cropped", "png", "turned"],
+)  # fmt: skip
+def test_only_a_jpeg_that_is_the_input_as_it_is_has_a_row_way(data: bytes) -> None:
+    out = np.zeros((224, 224, 3), np.uint8)
+    assert images.preprocess(data, out, OPTIONS).row is None
 
 
 def test_a_row_libjpeg_cannot_write_whole_takes_the_copy() -> None:

@@ -20,6 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from PIL import Image
 
+from bench.harness.photos import jpeg as jpeg_bytes
+from bench.harness.photos import photo
 from clip_gateway.errors import (
     EmbeddingError,
     InvalidImage,
@@ -319,7 +321,9 @@ def test_a_cancelled_decode_returns_only_once_running_work_stopped_writing(
 
     started, proceed = threading.Event(), threading.Event()
 
-    def slow(data: bytes, out: np.ndarray, options: DecodeOptions, priced: object) -> object:
+    def slow(
+        data: bytes, out: np.ndarray, options: DecodeOptions, priced: object, **_: bool
+    ) -> object:
         started.set()
         proceed.wait(30)
         out[...] = 7
@@ -491,7 +495,7 @@ def test_a_bug_or_memory_error_in_a_decode_fails_the_request_even_in_skip_mode(
     """Only the image errors are reported per item; anything else is not the image's answer."""
 
     def short_of_memory(
-        data: bytes, out: np.ndarray, options: DecodeOptions, priced: object
+        data: bytes, out: np.ndarray, options: DecodeOptions, priced: object, **_: bool
     ) -> Decoded:
         if data == PNG:
             raise MemoryError("decoder buffer")
@@ -600,7 +604,9 @@ def test_each_image_is_decoded_with_the_price_admission_gave_it(
     """The price (with the header it walked) reaches the decode of its own image."""
     seen: list[tuple[bytes, object]] = []
 
-    def recording(data: bytes, out: np.ndarray, options: DecodeOptions, priced: object) -> object:
+    def recording(
+        data: bytes, out: np.ndarray, options: DecodeOptions, priced: object, **_: bool
+    ) -> object:
         seen.append((data, priced))
         return preprocess(data, out, options)
 
@@ -710,3 +716,57 @@ def test_the_warm_up_decodes_each_format_photo_libraries_send() -> None:
         assert (decoded.width, decoded.height) == (width, height)
         # decoded whole (and the two JPEGs downscaled), but for the preview: DCT-scaled
         assert (decoded.decoded_pixels < width * height) is (width == 1440)
+
+
+# --- RowWrites: how a JPEG that is the model's input reaches its row --------------------------
+
+
+def _square(seed: int) -> bytes:
+    return jpeg_bytes(photo(224, 224, seed=seed), 85)
+
+
+def test_row_writes_alternate_then_keep_the_way_with_the_lower_median() -> None:
+    rows = batching.RowWrites()
+    rows.TRIALS = 3
+    assert [rows.next() for _ in range(3)] == [True] * 3  # nothing recorded: no turn taken
+    turns = []
+    for into_cpu, copy_cpu in ((2.0e-4, 3.0e-4), (9.0e-4, 3.1e-4)):  # a slow outlier
+        turns.append(rows.next())
+        rows.record(True, into_cpu)
+        turns.append(rows.next())
+        rows.record(False, copy_cpu)
+    assert turns == [True, False, True, False] and rows.choice is None
+    assert rows.next() is True
+    rows.record(True, 2.1e-4)
+    assert rows.next() is False and rows.choice is None  # two of three copies so far
+    rows.record(False, 2.9e-4)
+    assert rows.choice is True and rows.medians_us == (210.0, 300.0)  # medians, not means
+    assert [rows.next() for _ in range(4)] == [True] * 4
+    rows.record(False, 1e-6)  # measured: no more samples
+    assert rows.choice is True
+
+
+def test_row_writes_keep_the_copy_when_it_costs_less() -> None:
+    rows = batching.RowWrites()
+    rows.TRIALS = 2
+    for into, cpu in ((True, 4e-4), (False, 2e-4), (True, 5e-4), (False, 2.5e-4)):
+        rows.record(into, cpu)
+    assert rows.choice is False and [rows.next() for _ in range(3)] == [False] * 3
+
+
+def test_the_decoder_measures_both_ways_on_squares_only_then_keeps_one(serial: Harness) -> None:
+    """Centre squares alternate between libjpeg writing the row and a decode and copy (each
+    timed in its decode thread), other images do not count; both ways give the same rows."""
+    serial.decoder.rows.TRIALS = 3
+    squares = [_square(seed) for seed in range(6)]
+    batch = serial.decode([JPEG, *squares[:3], PNG, *squares[3:]], skip=False)
+    for row, data in enumerate([JPEG, *squares[:3], PNG, *squares[3:]]):
+        assert np.array_equal(batch.pixels[row], expected(data)[0])
+    ways = [facts.row for facts in batch.image_facts]
+    assert ways[0] is None and ways[4] is None  # a compact JPEG and a PNG: resized, not rows
+    assert sorted(w for w in ways if w is not None) == ["copy"] * 3 + ["into"] * 3
+    rows = serial.decoder.rows
+    assert rows.choice is not None and rows.medians_us is not None
+    assert rows.choice == (rows.medians_us[0] <= rows.medians_us[1])
+    again = serial.decode(squares, skip=False)
+    assert {facts.row for facts in again.image_facts} == {"into" if rows.choice else "copy"}
