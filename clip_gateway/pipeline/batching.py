@@ -99,10 +99,13 @@ class RowWrites:
     requests: libjpeg writing the row itself, or a decode into an array of its own and a copy.
     Neither is assumed: on a 2-core AMD EPYC VM writing the row saved ~12 % of the decode
     thread's CPU per square (2026-12-01), on a 2-core Xeon it cost ~20 % more (cold rows,
-    2026-11-29). Until each way has ``TRIALS`` squares, the next goes the way that has fewer;
-    then the lower median wins, for the life of the process."""
+    2026-11-29). The first ``WARMUP`` such images do not count (a new process's first batches
+    also pay for fresh shared-memory pages and cold caches, either way: 341 against 345 us
+    measured here, against ~230 and ~260 later); then, until each way has ``TRIALS``, the next
+    goes the way that has fewer, and the lower median wins, for the life of the process."""
 
-    TRIALS = 128
+    WARMUP = 512
+    TRIALS = 256
 
     def __init__(self) -> None:
         #: True: libjpeg writes the row; False: decode and copy; None: still measuring.
@@ -110,6 +113,7 @@ class RowWrites:
         #: The medians it chose by, CPU µs per image (written into the row, copied).
         self.medians_us: tuple[float, float] | None = None
         self._cpu: dict[bool, list[float]] = {True: [], False: []}
+        self._seen = 0
 
     def next(self) -> bool:
         """Whether the next image (if it is such a JPEG) is decoded straight into its row."""
@@ -121,6 +125,9 @@ class RowWrites:
         """One such image's decode thread CPU, decoded as ``into`` says (racing threads may
         add a sample or two past ``TRIALS``: the medians do not mind)."""
         if self.choice is not None:
+            return
+        self._seen += 1
+        if self._seen <= self.WARMUP:
             return
         samples = self._cpu[into]
         if len(samples) < self.TRIALS:
