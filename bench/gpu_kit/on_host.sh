@@ -110,6 +110,9 @@ code=${PIPESTATUS[0]}
 # what triton/python/model.py said of its batch buffers (page-locked for the CUDA EP's DMA, or
 # why not) and of how its CUDA context waits for the GPU (blocking sync, or why not)
 grep -hoE "([a-z_]* batch buffer|CUDA context)[^\"]*" "$kit"/work/triton-*.log 2>/dev/null | sort | uniq -c | sed 's/^/model.py: /'
+# which way each gateway process chose to put the client's squares into their batch rows, and
+# the medians it chose by (pipeline/batching.py, RowWrites: measured per process, per CPU)
+grep -hoE "JPEGs already the model's input: [^\"]*" "$kit"/work/gateway*.log 2>/dev/null | sed 's/^/gateway: /'
 tar -czf "$out/logs.tar.gz" -C "$kit/work" . 2>/dev/null
 say "bench host exited $code after $(( $(date +%s) - started )) s"
 cat "$out/host.md" 2>/dev/null
