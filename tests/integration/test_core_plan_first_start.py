@@ -30,10 +30,13 @@ BUDGET_S = 30
 
 def linked_export(source: Path, into: Path) -> Path:
     """The export's files linked into a directory of this test's, so the record it keeps
-    beside them is this test's alone (the session's other launches never see it)."""
+    beside them is this test's alone (the session's other launches never see it). A plan
+    recorded beside the source (it may be the user's cache, where ``make serve`` keeps one)
+    is not linked: this is the first start."""
     into.mkdir()
     for path in source.iterdir():
-        (into / path.name).symlink_to(path)
+        if path.name != core_plan.RECORD:
+            (into / path.name).symlink_to(path)
     return into
 
 
