@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -21,6 +22,7 @@ from uvicorn.supervisors import Multiprocess
 
 from clip_gateway.config.plan import plan_for
 from clip_gateway.config.settings import ServerSettings, exposure_problem, use_new_names
+from clip_gateway.http import spread
 from clip_gateway.http.app import ServerConfig
 from clip_gateway.model.spec import default_cache_dir
 from clip_gateway.observability.logs import configure, logging_config
@@ -48,26 +50,32 @@ def main() -> int:
             "several workers need PROMETHEUS_MULTIPROC_DIR (a private, empty directory) for "
             "their metrics; the supervisor (clip-gateway serve) sets it"
         )
-    config = ServerConfig(
-        "clip_gateway.http.app:create_app",  # built by ServerConfig in each worker
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        fd=settings.listen_fd,
-        workers=planned.workers,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        limit_concurrency=settings.max_connections or None,
-        log_config=logging_config(settings.log_level, settings.log_format),
-        timeout_graceful_shutdown=int(settings.drain_s),
-    )
-    # what uvicorn.run does, with this config (it would build its own from keywords)
-    server = uvicorn.Server(config)
-    with contextlib.suppress(KeyboardInterrupt):
-        if config.workers > 1:
-            Multiprocess(config, sockets=[config.bind_socket()]).run()
-        else:
-            server.run()
+    with tempfile.TemporaryDirectory(prefix="clip-gateway-http-") as scratch:
+        board = None
+        if planned.workers > 1:  # the workers' open connections, so they share them evenly
+            board = Path(scratch) / "connections"
+            spread.Board.create(board, planned.workers)
+        config = ServerConfig(
+            "clip_gateway.http.app:create_app",  # built by ServerConfig in each worker
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            fd=settings.listen_fd,
+            workers=planned.workers,
+            log_level=settings.log_level.lower(),
+            access_log=False,
+            limit_concurrency=settings.max_connections or None,
+            log_config=logging_config(settings.log_level, settings.log_format),
+            timeout_graceful_shutdown=int(settings.drain_s),
+            board=board,
+        )
+        # what uvicorn.run does, with this config (it would build its own from keywords)
+        server = uvicorn.Server(config)
+        with contextlib.suppress(KeyboardInterrupt):
+            if config.workers > 1:
+                Multiprocess(config, sockets=[config.bind_socket()]).run()
+            else:
+                server.run()
     if config.workers == 1 and not server.started:
         return STARTUP_FAILURE
     return 0

@@ -10,6 +10,7 @@ import gc
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +27,7 @@ from clip_gateway.config.plan import plan_for
 from clip_gateway.config.processes import stop_with_parent
 from clip_gateway.config.settings import ServerSettings
 from clip_gateway.errors import EmbeddingError
-from clip_gateway.http import connections, docs, head, problems
+from clip_gateway.http import connections, docs, head, problems, spread
 from clip_gateway.http.auth import load_api_keys, require_api_key
 from clip_gateway.http.context import KEY, AppContext
 from clip_gateway.http.immich import passthrough
@@ -108,7 +109,10 @@ def create_app(
     backend_factory: BackendFactory = triton_backend,
     *,
     freeze_at_start: bool = False,
+    board: Path | None = None,
 ) -> Litestar:
+    """The gateway's app. ``board``: its workers' connection board (http/spread.py), whose
+    workers must all be accepting before it is ready."""
     settings = settings or ServerSettings()
     telemetry = create_telemetry(
         settings.tracing, settings.trace_sample_ratio, settings.trace_trust_upstream
@@ -141,6 +145,7 @@ def create_app(
             settings.canary_interval_s, settings.canary_min_cosine, timeout_s=30.0
         )
         http = httpx.AsyncClient(timeout=5.0, verify=_tls())
+        workers = spread.Board(board) if board is not None else None
         app.state[KEY] = AppContext(
             settings=settings,
             pipeline=pipeline,
@@ -150,6 +155,7 @@ def create_app(
             api_keys=api_keys,
             http=http,
             imaging=imaging_path(),
+            workers_accepting=workers.accepting if workers is not None else None,
         )
         if (fetcher := fetcher_for(settings)) is not None:  # URL items' (http/urls/)
             app.state[fetch.KEY] = fetcher
@@ -172,6 +178,8 @@ def create_app(
                     await canary_task
             await http.aclose()
             await backend.close()
+            if workers is not None:
+                workers.close()
             if cache is not None:
                 cache.close()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -213,14 +221,26 @@ def retry_after_s(app: Litestar) -> float:
 class ServerConfig(uvicorn.Config):
     """uvicorn's config for the gateway: each worker builds its app (``create_app``, settings
     from its environment) and serves it with the HTTP protocol bound to that app (its head
-    limits, its admission's Retry-After), passed to every connection as arguments."""
+    limits, its admission's Retry-After), passed to every connection as arguments. With a
+    ``board`` (several workers: ``spread.Board.create``), the workers share connections evenly
+    (http/spread.py)."""
+
+    def __init__(self, *args: Any, board: Path | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.board = board
+
+    def get_loop_factory(self) -> Callable[[], asyncio.AbstractEventLoop] | None:
+        factory = super().get_loop_factory()
+        if factory is None or self.board is None:
+            return factory
+        return spread.balanced(factory, self.board)
 
     def load_app(self) -> Callable[[], Litestar]:
         return self._create_app
 
     def _create_app(self) -> Litestar:
         settings = ServerSettings()
-        app = create_app(settings, freeze_at_start=True)
+        app = create_app(settings, freeze_at_start=True, board=self.board)
         self._protocol = connections.protocol(
             connections.HeadLimits.of(settings), functools.partial(retry_after_s, app)
         )

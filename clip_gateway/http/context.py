@@ -7,6 +7,7 @@ context imports neither room."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -34,6 +35,8 @@ class AppContext:
     http: httpx.AsyncClient
     #: Which PIL this process imported: it cannot change.
     imaging: ImagingPath
+    #: Several workers: how many accept connections, of those planned (http/spread.py).
+    workers_accepting: Callable[[], tuple[int, int]] | None = None
 
 
 #: The key of the context on ``app.state``.

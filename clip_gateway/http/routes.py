@@ -226,6 +226,12 @@ async def readyz(state: State) -> Health:
     canary = context.canary
     if not await context.pipeline.ready():
         raise BackendUnavailable("model is not ready")
+    if context.workers_accepting is not None:  # a connection made now stays where it lands
+        accepting, planned = context.workers_accepting()
+        if accepting < planned:
+            raise BackendUnavailable(
+                f"{accepting} of the gateway's {planned} workers accept connections"
+            )
     if not canary.healthy():
         detail = canary.last.detail if canary.last else "canary has not run yet"
         raise BackendUnavailable(f"canary check failing: {detail}")

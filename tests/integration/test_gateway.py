@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import os
 import signal
 import socket
+import time
+from http.client import HTTPConnection
 from pathlib import Path
 
 import httpx
@@ -328,3 +331,65 @@ def test_json_texts_and_images_with_per_item_errors_over_http(http: httpx.Client
     assert ambiguous.status_code == 422 and "modality" in ambiguous.json()["detail"]
     as_image = rows(http.post("/v1/embeddings", json={"input": [bare], "modality": "image"}))
     assert_matches(as_image, [image])
+
+
+def connections_by_worker(gateway_pid: int, port: int) -> dict[int, int]:
+    """Each of the gateway's worker processes: the connections on ``port`` it holds open
+    (not yet closed by it, whatever the client did)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] != "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")  # the gateway's side, not the listener
+    task = Path(f"/proc/{gateway_pid}/task/{gateway_pid}/children")
+    counts = {}
+    for worker in map(int, task.read_text().split()):
+        fds = [fd for fd in Path(f"/proc/{worker}/fd").iterdir() if fd.is_symlink()]
+        counts[worker] = sum(str(fd.readlink()) in inodes for fd in fds)
+    return counts
+
+
+def test_workers_share_connections_evenly_and_none_waits_on_a_stopped_one(
+    triton, start_gateway, tmp_path: Path
+) -> None:
+    """Eight keep-alive connections opened at once reach two workers four each (uvicorn's own
+    accept gave one worker all eight, or seven, on most starts); each is served; a worker
+    stopped while it has fewer holds no new connection back (another takes it)."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    gw = start_gateway(triton.grpc_url, GATEWAY_WORKERS="2", GATEWAY_DECODE_THREADS="1",
+                       GATEWAY_CANARY_INTERVAL_S="0",
+                       PROMETHEUS_MULTIPROC_DIR=str(metrics))  # fmt: skip
+    host, port = "127.0.0.1", int(gw.url.rsplit(":", 1)[1])
+    clients = [HTTPConnection(host, port, timeout=10) for _ in range(8)]
+    try:
+        for client in clients:  # a burst: all connected before any request
+            client.connect()
+        for client in clients:  # each served, its connection kept
+            client.request("GET", "/healthz")
+            reply = client.getresponse()
+            reply.read()
+            assert reply.status == 200
+        counts = connections_by_worker(gw.process.pid, port)
+        assert sorted(n for n in counts.values() if n) == [4, 4], counts
+        clients.pop(0).close()  # one client leaves: its worker has fewer, then it stops
+        for _ in range(100):
+            counts = connections_by_worker(gw.process.pid, port)
+            if sum(counts.values()) == 7:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)  # its close counted out on the workers' board
+        stopped = min((pid for pid in counts if counts[pid]), key=lambda pid: counts[pid])
+        assert counts[stopped] == 3
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            late = httpx.post(f"{gw.url}/v1/embeddings", files=files(samples.compact(90)),
+                              timeout=10)  # fmt: skip
+            assert late.status_code == 200  # taken by the other worker
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        assert connections_by_worker(gw.process.pid, port)[stopped] == 3
+    finally:
+        for client in clients:
+            client.close()
