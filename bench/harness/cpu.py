@@ -45,6 +45,15 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def each_process(pid: int) -> dict[int, float]:
+    """utime + stime of each process of ``pid``'s tree."""
+    seconds = {}
+    for member in tree(pid):
+        with contextlib.suppress(OSError):
+            seconds[member] = _cpu(Path(f"/proc/{member}/stat"))
+    return seconds
+
+
 def own_and_descendants(pid: int) -> tuple[float, float]:
     """utime + stime of ``pid`` itself, and of its descendants (a server's worker or stub
     processes) together."""

@@ -315,14 +315,18 @@ def measured(
 ) -> dict[str, Any]:
     """One load cell with the gateway's CPU time, Triton's (``triton``: its process tree and the
     model's counters) and the GPU's utilisation over it."""
-    from bench.harness.cpu import cpu_seconds
+    from bench.harness.cpu import each_process
 
-    before = cpu_seconds(pid)
+    before = each_process(pid)
     triton_before = triton.snapshot() if triton else None
     with GpuSampler() as gpu:
         row = drive(url, batch, concurrency, seconds, cores, **kw)
-    spent = cpu_seconds(pid) - before
+    after = each_process(pid)
+    spent = sum(after.values()) - sum(before.get(p, 0.0) for p in after)
     row["gateway_cpu_s"] = round(spent, 2)
+    # each worker's share: connections land on workers, and a worker left idle shows here
+    row["worker_cpu_s"] = sorted((round(after[p] - before.get(p, 0.0), 2) for p in after
+                                  if p != pid), reverse=True)  # fmt: skip
     row["gateway_cpu_us_per_item"] = round(1e6 * spent / row["items"], 1) if row["items"] else None
     if triton and triton_before:
         row |= triton.since(triton_before, row["items"])
@@ -445,7 +449,7 @@ def cpu_wall(
             rows.append(row)
             print(json.dumps({k: row.get(k) for k in ("name", "items_per_s",
                               "gateway_cpu_us_per_item", "triton_cpu_us_per_item",
-                              "statuses")}), flush=True)  # fmt: skip
+                              "worker_cpu_s", "statuses")}), flush=True)  # fmt: skip
     one = next((r for r in rows if r["workers"] == 1 and r["name"].startswith("1 ")), None)
     for row in rows:
         if one and one["items_per_s"]:

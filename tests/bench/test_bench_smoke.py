@@ -80,6 +80,9 @@ def test_host_smoke(tmp_path: Path) -> None:
         assert processes == min(row["workers"] * row["decode_threads"], os.cpu_count() or 1)
         assert 0 < row["decode_only_us_per_item"] < row["gateway_cpu_us_per_item"]
     one, two = rows[0], rows[1]
+    # each worker's CPU over the cell: the clients' connections reach both workers
+    busiest, other = two["worker_cpu_s"][:2]
+    assert other >= 0.25 * busiest > 0, two["worker_cpu_s"]
     for key in ("gateway_cpu_us_per_item", "decode_only_us_per_item"):
         assert two["growth_vs_1"][key] == pytest.approx(two[key] / one[key] - 1, abs=1e-3)
     engine = results["engine:ViT-B-32"]
