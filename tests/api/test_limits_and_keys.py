@@ -13,6 +13,7 @@ import pytest
 from litestar.testing import TestClient
 
 from clip_gateway.config.settings import ServerSettings
+from clip_gateway.http import spread
 from clip_gateway.http.app import create_app
 from tests import samples
 from tests.controlled import wait_until
@@ -208,6 +209,26 @@ def test_no_security_is_declared_without_keys(client: TestClient) -> None:
 def test_keys_never_reach_the_settings_repr() -> None:
     settings = ServerSettings(api_keys=("s3cret",))
     assert "s3cret" not in repr(settings) and "s3cret" not in str(settings.model_dump())
+
+
+def test_readiness_waits_for_every_worker_to_accept(fake: FakeBackend, tmp_path: Path) -> None:
+    """Several workers: not ready while one of them accepts no connection yet (a keep-alive
+    connection made then would stay with the others for good, http/spread.py)."""
+    board = tmp_path / "connections"
+    spread.Board.create(board, 2)
+    first, second = spread.Board(board), spread.Board(board)
+    first.claim()  # one worker accepts
+    settings = ServerSettings(canary_interval_s=0, decode_threads=2)
+    try:
+        with TestClient(create_app(settings, lambda *_: fake, board=board)) as client:
+            waiting = client.get("/readyz")
+            assert waiting.status_code == 503
+            assert "1 of the gateway's 2 workers accept connections" in waiting.json()["detail"]
+            second.claim()  # and the other (this process holds both slots here)
+            assert client.get("/readyz").status_code == 200
+    finally:
+        first.close()
+        second.close()
 
 
 def test_readiness_follows_the_canary(fake: FakeBackend) -> None:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -140,6 +140,27 @@ def test_acceptors_count_their_connections_in_and_out(board: Path) -> None:
     asyncio.run(run())
 
 
+@contextlib.asynccontextmanager
+async def beside_another(
+    board: Path, pid: int, count: int
+) -> AsyncIterator[tuple[spread.Acceptor, spread.Board, int]]:
+    """An acceptor on a listening socket of its own, its port, and another worker's slot
+    (``pid``, ``count`` open connections); the clients close theirs before it ends."""
+    other = spread.Board(board)
+    other.claim(pid=pid)
+    other.publish(count)
+    sock = listening()
+    acceptor = spread.Acceptor(asyncio.get_running_loop(), sock, Held, spread.Board(board))
+    acceptor.start()
+    try:
+        yield acceptor, other, sock.getsockname()[1]
+    finally:
+        await accepted_down([acceptor], 0)
+        acceptor.close()
+        other.close()
+        sock.close()
+
+
 def test_a_worker_takes_connections_only_while_no_other_has_fewer(
     board: Path, other_process: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,29 +169,17 @@ def test_a_worker_takes_connections_only_while_no_other_has_fewer(
     monkeypatch.setattr(spread, "PATIENCE_S", 30.0)  # the other worker is not stuck here
 
     async def run() -> None:
-        loop = asyncio.get_running_loop()
-        other = spread.Board(board)
-        other.claim(pid=other_process)
-        other.publish(2)
-        sock = listening()
-        acceptor = spread.Acceptor(loop, sock, Held, spread.Board(board))
-        acceptor.start()
-        port = sock.getsockname()[1]
-        clients = []
-        try:
+        async with beside_another(board, other_process, 2) as (acceptor, other, port):
             clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-            assert await accepted([acceptor], 3) == [3]
-            await asyncio.sleep(0.3)
-            assert acceptor.connections == 3  # the fourth waits for the worker with fewer
-            other.publish(5)
-            assert await accepted([acceptor], 4) == [4]
-        finally:
-            for client in clients:
-                client.close()
-            await accepted_down([acceptor], 0)
-            acceptor.close()
-            other.close()
-            sock.close()
+            try:
+                assert await accepted([acceptor], 3) == [3]
+                await asyncio.sleep(0.3)
+                assert acceptor.connections == 3  # the fourth waits for the worker with fewer
+                other.publish(5)
+                assert await accepted([acceptor], 4) == [4]
+            finally:
+                for client in clients:
+                    client.close()
 
     asyncio.run(run())
 
@@ -191,27 +200,16 @@ def test_no_connection_waits_on_a_worker_that_never_accepts(
     connection is left to it for ``PATIENCE_S``, then taken."""
 
     async def run() -> None:
-        loop = asyncio.get_running_loop()
-        stuck = spread.Board(board)
-        stuck.claim(pid=other_process)
-        stuck.publish(0)
-        sock = listening()
-        acceptor = spread.Acceptor(loop, sock, Held, spread.Board(board))
-        acceptor.start()
-        port = sock.getsockname()[1]
-        try:
-            first = socket.create_connection(("127.0.0.1", port))
-            assert await accepted([acceptor], 1) == [1]  # level with the stuck one: taken
-            started = time.monotonic()
-            second = socket.create_connection(("127.0.0.1", port))
-            assert await accepted([acceptor], 2) == [2]
-            assert time.monotonic() - started >= spread.PATIENCE_S * 0.9  # left to it first
-            first.close()
-            second.close()
-            await accepted_down([acceptor], 0)
-        finally:
-            acceptor.close()
-            stuck.close()
-            sock.close()
+        async with beside_another(board, other_process, 0) as (acceptor, _, port):
+            clients = [socket.create_connection(("127.0.0.1", port))]
+            try:
+                assert await accepted([acceptor], 1) == [1]  # level with the stuck one: taken
+                started = time.monotonic()
+                clients.append(socket.create_connection(("127.0.0.1", port)))
+                assert await accepted([acceptor], 2) == [2]
+                assert time.monotonic() - started >= spread.PATIENCE_S * 0.9  # left to it first
+            finally:
+                for client in clients:
+                    client.close()
 
     asyncio.run(run())
