@@ -50,9 +50,10 @@ def main() -> int:
             "several workers need PROMETHEUS_MULTIPROC_DIR (a private, empty directory) for "
             "their metrics; the supervisor (clip-gateway serve) sets it"
         )
-    with tempfile.TemporaryDirectory(prefix="clip-gateway-http-") as scratch:
+    with contextlib.ExitStack() as stack:
         board = None
         if planned.workers > 1:  # the workers' open connections, so they share them evenly
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="clip-gateway-http-"))
             board = Path(scratch) / "connections"
             spread.Board.create(board, planned.workers)
         config = ServerConfig(

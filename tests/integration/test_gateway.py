@@ -355,12 +355,15 @@ def test_workers_share_connections_evenly_and_none_waits_on_a_stopped_one(
 ) -> None:
     """Eight keep-alive connections opened at once reach two workers four each (uvicorn's own
     accept gave one worker all eight, or seven, on most starts); each is served; a worker
-    stopped while it has fewer holds no new connection back (another takes it)."""
-    metrics = tmp_path / "metrics"
+    stopped while it has fewer holds no new connection back (another takes it); the workers'
+    board is gone once the gateway stops."""
+    metrics, scratch = tmp_path / "metrics", tmp_path / "tmp"
     metrics.mkdir()
+    scratch.mkdir()
     gw = start_gateway(triton.grpc_url, GATEWAY_WORKERS="2", GATEWAY_DECODE_THREADS="1",
-                       GATEWAY_CANARY_INTERVAL_S="0",
-                       PROMETHEUS_MULTIPROC_DIR=str(metrics))  # fmt: skip
+                       GATEWAY_CANARY_INTERVAL_S="0", PROMETHEUS_MULTIPROC_DIR=str(metrics),
+                       TMPDIR=str(scratch))  # fmt: skip
+    assert [path.name for path in scratch.glob("*/*")] == ["connections"]
     host, port = "127.0.0.1", int(gw.url.rsplit(":", 1)[1])
     clients = [HTTPConnection(host, port, timeout=10) for _ in range(8)]
     try:
@@ -393,3 +396,5 @@ def test_workers_share_connections_evenly_and_none_waits_on_a_stopped_one(
     finally:
         for client in clients:
             client.close()
+    assert gw.stop() == 0
+    assert not list(scratch.iterdir())
