@@ -216,7 +216,7 @@ async def healthz() -> Health:
 @get(
     "/readyz",
     tags=["health"],
-    summary="Readiness: model READY in Triton and the canary passes",
+    summary="Readiness: model READY in Triton, the canary passes, every worker accepts",
     opt={PUBLIC: True},
     security=[{}],
     responses={503: PROTECTED[503]},
