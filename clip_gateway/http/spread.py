@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from clip_gateway.backend import shm
+
 log = logging.getLogger(__name__)
 
 #: A worker that is not the least loaded looks again after this long.
@@ -145,7 +147,6 @@ class Acceptor:
 
     def start(self) -> None:
         self._board.claim()
-        self._board.publish(0)
         self._watch()
 
     def close(self) -> None:
@@ -281,15 +282,7 @@ def balanced(
 
 
 def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: it exists
-        return True
-    return True
+    return pid > 0 and shm.alive(pid)  # 0: a free slot (kill(0) would signal our own group)
 
 
 @contextlib.contextmanager
