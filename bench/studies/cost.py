@@ -77,9 +77,6 @@ FULL = (
     Phase("uploads", 32, 8, 100, workers=2),
     Phase("squares", 32, 8, 100, workers=2),
 )
-#: The client SDK's uploads: asked for binary answers, as the SDK asks (clip_gateway/client/core.py,
-#: ``Accept: application/octet-stream``); the compact JPEGs of other clients for JSON floats.
-SDK_DATASETS = frozenset({"uploads", "squares"})
 SMOKE = (Phase("compact", 32, 4, 24), Phase("uploads", 32, 4, 24), Phase("camera", 4, 2, 3))
 #: CPU-seconds of decode-only timed before and after each phase (the smoke: a fifth of it).
 BRACKET_S = 1.5
@@ -165,7 +162,7 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
     batches = Batches([[pool[(i * phase.batch + j) % len(pool)] for j in range(phase.batch)]
                        for i in range(16)])  # fmt: skip
     # the CPU per image is measured, not refusals: a 429 beside other work is waited out
-    client = GatewayClient(url, batches, retries=Retries(), binary=phase.dataset in SDK_DATASETS)
+    client = GatewayClient(url, batches, retries=Retries())
     try:
         for i in range(3):  # warm connections and caches, outside the figures
             await client(i)
@@ -179,7 +176,6 @@ async def _phase(url: str, pool: list[bytes], phase: Phase, pid: int) -> dict[st
     return summary | {
         "dataset": phase.dataset,
         "batch": phase.batch,
-        "answers": "binary" if phase.dataset in SDK_DATASETS else "json",
         "concurrency": phase.concurrency,
         "workers": phase.workers,
         "images": images,
@@ -254,7 +250,7 @@ def run(out: Path, smoke: bool = False) -> dict[str, Any]:
                 for dataset, key, name in PROFILED:
                     spy = profiling.start(gateway, 25, gil=False)
                     if spy is not None:
-                        asyncio.run(_profiled(gateway.url, pools[dataset], dataset))
+                        asyncio.run(_profiled(gateway.url, pools[dataset]))
                         results[key] = profiling.finish(spy, out / name, buckets=True)
     shutil.rmtree(work, ignore_errors=True)
     from bench.studies.cost_report import markdown, plot
@@ -271,10 +267,10 @@ PROFILED = (
 )
 
 
-async def _profiled(url: str, pool: list[bytes], dataset: str) -> dict[str, Any]:
+async def _profiled(url: str, pool: list[bytes]) -> dict[str, Any]:
     """``pool`` at batch 32 x 4 for as long as py-spy samples (it stops by itself)."""
     batches = Batches([[pool[(i * 32 + j) % len(pool)] for j in range(32)] for i in range(16)])
-    client = GatewayClient(url, batches, retries=Retries(), binary=dataset in SDK_DATASETS)
+    client = GatewayClient(url, batches, retries=Retries())
     try:
         records = await load.closed_loop(client, 4, duration=22.0)
     finally:

@@ -29,14 +29,12 @@ def markdown(results: dict[str, Any]) -> str:
         "of this process doing decode-only (libjpeg-turbo at the gateway's DCT scale, every "
         "scan; timed right before and after each phase, the ratio to their mean) and the "
         "gateway's `preprocess()` alone (timed once, at the start). Images/s (wall clock) are "
-        "in cost.json for reference only: other work shared the cores. The client SDK's "
-        "uploads ask for binary answers, as the SDK does; the compact JPEGs and camera photos "
-        "for JSON floats.",
+        "in cost.json for reference only: other work shared the cores.",
         "",
-        "| images | workers | batch x concurrency | answers | requests ok | gateway img/CPU-s "
+        "| images | workers | batch x concurrency | requests ok | gateway img/CPU-s "
         "| decode-only img/CPU-s (before / after) | preprocess() img/CPU-s "
         "| gateway / decode-only | gateway CPU ÷ decode-only's |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in results["phases"]:
         local = results["local"][row["dataset"]]
@@ -44,8 +42,7 @@ def markdown(results: dict[str, Any]) -> str:
         ratio = row["decode_only_ratio"]
         lines.append(
             f"| {LABELS[row['dataset']]} | {row['workers']} "
-            f"| {row['batch']} x {row['concurrency']} | {row.get('answers', 'json')} "
-            f"| {row['ok']}/{row['requests']} "
+            f"| {row['batch']} x {row['concurrency']} | {row['ok']}/{row['requests']} "
             f"| {row['images_per_cpu_s']} | {before} / {after} | {local['preprocess']} "
             f"| {ratio} | {f'{1 / ratio:.2f}×' if ratio else '-'} |"
         )

@@ -244,10 +244,7 @@ async def _load(url: str, batch: int, concurrency: int, seconds: float, texts: b
         pool = pickle.loads(_read(os.environ["BENCH_HOST_UPLOADS"]))
         batches = Batches([[pool[(i * batch + j) % len(pool)] for j in range(batch)]
                            for i in range(16)])  # fmt: skip
-        # binary answers, as the SDK asks for them (its uploads are what these are): JSON floats
-        # cost the gateway ~10 µs an image to encode and this load process more to parse, on
-        # the cores the gateway is measured on
-        client = GatewayClient(url, batches, binary=True)
+        client = GatewayClient(url, batches)
         try:
             records = await load.closed_loop(client, concurrency, duration=seconds, warmup=2)
         finally:
@@ -676,7 +673,7 @@ def run(
     cores = machine.split()  # Triton's before it is measured; each phase measures its own
     state = Run(sweep, out, cache, gpu, phases)
     state.results = {"environment": environment(gpu, machine, cores), "sweep": asdict(sweep),
-                     "answers": {"images": "binary", "texts": "base64"}, "models": {}}  # fmt: skip
+                     "models": {}}  # fmt: skip
     state.save()
     exports = {}
     for model in sweep.models:
@@ -816,12 +813,6 @@ def _engine_section(model: str, found: dict[str, Any], ceiling: dict[str, Any]) 
     return lines
 
 
-def _answers(results: dict[str, Any]) -> str:
-    """How the load asked for its embeddings (runs before 2026-12-01 asked JSON floats)."""
-    answers = results.get("answers") or {"images": "json", "texts": "base64"}
-    return ", ".join(f"{kind} {form}" for kind, form in answers.items())
-
-
 def markdown(results: dict[str, Any]) -> str:
     env = results.get("environment", {})
     lines = ["# One host end to end: gateway → Triton → engine", "",
@@ -829,8 +820,7 @@ def markdown(results: dict[str, Any]) -> str:
              f"{env.get('nvidia_smi') or env.get('gpu') or 'none'}; Python {env.get('python')}, "
              f"{env.get('versions')}; imaging: {env.get('imaging')}; CPU topology: "
              f"{env.get('cpu_topology')}; cores pinned: {env.get('pinned')} (each phase's "
-             f"split below); commit {env.get('git_commit')}, {env.get('when')}. Answers: "
-             f"{_answers(results)}.", ""]  # fmt: skip
+             f"split below); commit {env.get('git_commit')}, {env.get('when')}.", ""]  # fmt: skip
     wall = results.get("cpu_wall", {})
     if wall.get("rows"):
         lines += ["## CPU wall: the gateway alone (null model), uploads at batch 32", "",
